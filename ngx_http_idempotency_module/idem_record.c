@@ -1,0 +1,154 @@
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <openssl/evp.h>
+
+#include "idem_record.h"
+
+
+static const char  idem_hexdigits[] = "0123456789abcdef";
+
+
+int
+idem_record_key(const char *scope, size_t scope_len, const char *key,
+    size_t key_len, char out[IDEM_RECORD_KEY_LEN + 1])
+{
+    int             i, ok;
+    unsigned int    n;
+    unsigned char   prefix[8], md[EVP_MAX_MD_SIZE];
+    EVP_MD_CTX     *md_ctx;
+
+    for (i = 0; i < 8; i++) {
+        prefix[i] = (unsigned char) ((uint64_t) scope_len >> (56 - 8 * i));
+    }
+
+    md_ctx = EVP_MD_CTX_new();
+    if (md_ctx == NULL) {
+        return -1;
+    }
+
+    ok = EVP_DigestInit_ex(md_ctx, EVP_sha256(), NULL)
+         && EVP_DigestUpdate(md_ctx, "idem-record-v1", 15)
+         && EVP_DigestUpdate(md_ctx, prefix, sizeof(prefix))
+         && EVP_DigestUpdate(md_ctx, scope, scope_len)
+         && EVP_DigestUpdate(md_ctx, key, key_len)
+         && EVP_DigestFinal_ex(md_ctx, md, &n);
+
+    EVP_MD_CTX_free(md_ctx);
+
+    if (!ok) {
+        return -1;
+    }
+
+    memcpy(out, "idem:{", 6);
+
+    for (i = 0; i < 16; i++) {
+        out[6 + 2 * i] = idem_hexdigits[md[i] >> 4];
+        out[6 + 2 * i + 1] = idem_hexdigits[md[i] & 0xf];
+    }
+
+    memcpy(out + 6 + 32, "}:r", 4);
+
+    return 0;
+}
+
+
+static size_t
+idem_dec_len(size_t n)
+{
+    size_t  len;
+
+    for (len = 1; n >= 10; n /= 10) {
+        len++;
+    }
+
+    return len;
+}
+
+
+size_t
+idem_hdrs_pair_len(size_t name_len, size_t value_len)
+{
+    return idem_dec_len(name_len) + 2 + name_len
+           + idem_dec_len(value_len) + 2 + value_len;
+}
+
+
+static char *
+idem_netstring_put(char *p, const char *s, size_t len)
+{
+    p += sprintf(p, "%zu:", len);
+    memcpy(p, s, len);
+    p += len;
+    *p++ = ',';
+
+    return p;
+}
+
+
+char *
+idem_hdrs_put(char *p, const char *name, size_t name_len, const char *value,
+    size_t value_len)
+{
+    p = idem_netstring_put(p, name, name_len);
+    return idem_netstring_put(p, value, value_len);
+}
+
+
+static int
+idem_netstring_get(idem_hdrs_iter_t *it, const char **s, size_t *len)
+{
+    size_t       n, digits;
+    const char  *p;
+
+    n = 0;
+    digits = 0;
+
+    for (p = it->pos; p < it->end && *p >= '0' && *p <= '9'; p++) {
+        if (digits == 1 && n == 0) {
+            return -1;                      /* leading zero */
+        }
+
+        n = n * 10 + (size_t) (*p - '0');
+        digits++;
+
+        if (n > IDEM_HDRS_FIELD_MAX) {
+            return -1;
+        }
+    }
+
+    if (digits == 0 || p >= it->end || *p != ':') {
+        return -1;
+    }
+
+    p++;
+
+    if ((size_t) (it->end - p) < n + 1 || p[n] != ',') {
+        return -1;
+    }
+
+    *s = p;
+    *len = n;
+    it->pos = p + n + 1;
+
+    return 0;
+}
+
+
+int
+idem_hdrs_next(idem_hdrs_iter_t *it, const char **name, size_t *name_len,
+    const char **value, size_t *value_len)
+{
+    if (it->pos == it->end) {
+        return 0;
+    }
+
+    if (idem_netstring_get(it, name, name_len) != 0
+        || *name_len == 0
+        || idem_netstring_get(it, value, value_len) != 0)
+    {
+        return -1;
+    }
+
+    return 1;
+}

@@ -1,0 +1,252 @@
+/*
+ * ngx_http_idempotency_module: shared types of the nginx glue.
+ */
+
+#ifndef NGX_HTTP_IDEMPOTENCY_H
+#define NGX_HTTP_IDEMPOTENCY_H
+
+#include <ngx_config.h>
+#include <ngx_core.h>
+#include <ngx_http.h>
+
+#include <hiredis/hiredis.h>
+#include <hiredis/async.h>
+
+#include "idem_fingerprint.h"
+#include "idem_key.h"
+#include "idem_record.h"
+
+
+#define NGX_HTTP_IDEM_TOKEN_HEX       32   /* 128 random bits as hex */
+#define NGX_HTTP_IDEM_SHA1_HEX        40
+
+#define NGX_HTTP_IDEM_FAILURE_CLOSED  0
+#define NGX_HTTP_IDEM_FAILURE_OPEN    1
+
+
+typedef enum {
+    NGX_HTTP_IDEM_SCRIPT_CLAIM = 0,
+    NGX_HTTP_IDEM_SCRIPT_COMPLETE,
+    NGX_HTTP_IDEM_SCRIPT_RELEASE,
+    NGX_HTTP_IDEM_SCRIPT_FAIL,
+    NGX_HTTP_IDEM_SCRIPT_RENEW,
+    NGX_HTTP_IDEM_NSCRIPTS
+} ngx_http_idem_script_e;
+
+
+typedef struct {
+    ngx_str_t                    text;
+    u_char                       sha1[NGX_HTTP_IDEM_SHA1_HEX];
+} ngx_http_idem_script_t;
+
+
+typedef enum {
+    NGX_HTTP_IDEM_REDIS_DOWN = 0,
+    NGX_HTTP_IDEM_REDIS_CONNECTING,
+    NGX_HTTP_IDEM_REDIS_READY
+} ngx_http_idem_redis_state_e;
+
+
+/*
+ * One configured Redis server.  The configuration part is set when the
+ * directive is parsed; the rest is each worker's own connection.
+ */
+typedef struct {
+    ngx_str_t                    name;          /* as written, for logs */
+    ngx_str_t                    host;          /* numeric address or path */
+    int                          port;          /* 0 for a unix socket */
+    ngx_str_t                    user;
+    ngx_str_t                    password;
+    ngx_int_t                    db;
+    ngx_msec_t                   connect_timeout;
+    ngx_msec_t                   timeout;
+
+    ngx_http_idem_script_t      *scripts;
+
+    ngx_log_t                   *log;
+    redisAsyncContext           *ac;
+    ngx_connection_t            *conn;
+    ngx_http_idem_redis_state_e  state;
+    ngx_msec_t                   backoff;
+    ngx_event_t                  reconnect;
+    ngx_event_t                  connect_timer;
+    ngx_event_t                  recycle;
+    redisAsyncContext           *recycle_ac;
+    unsigned                     exiting:1;
+} ngx_http_idem_redis_t;
+
+
+typedef struct ngx_http_idem_cmd_s  ngx_http_idem_cmd_t;
+
+/* reply is NULL when the command failed: no connection, timeout, closed */
+typedef void (*ngx_http_idem_reply_pt)(ngx_http_idem_cmd_t *cmd,
+    redisReply *reply);
+
+/*
+ * A command outlives the request that sent it (a reply may come after the
+ * client has gone), so it is allocated outside any pool; the request's
+ * pool cleanup clears "data" and the reply callback frees the command.
+ */
+struct ngx_http_idem_cmd_s {
+    ngx_http_idem_redis_t       *redis;
+    ngx_http_idem_script_e       script;
+    ngx_http_idem_reply_pt       handler;
+    void                        *data;
+    ngx_event_t                  timer;
+    ngx_uint_t                   argc;
+    const char                 **argv;
+    size_t                      *argvlen;
+    u_char                      *pos;       /* next free byte for args */
+    unsigned                     eval:1;    /* resent as EVAL (NOSCRIPT) */
+    unsigned                     failed:1;  /* handler already told */
+};
+
+
+typedef struct {
+    ngx_array_t                  servers;   /* ngx_http_idem_redis_t * */
+    ngx_http_idem_script_t      *scripts;
+    ngx_uint_t                   used;
+} ngx_http_idem_main_conf_t;
+
+
+typedef struct {
+    ngx_flag_t                   enable;
+    ngx_http_idem_redis_t       *redis;
+    ngx_uint_t                   methods;
+    ngx_str_t                    key_header;
+    ngx_flag_t                   required;
+    ngx_http_complex_value_t    *scope;
+    time_t                       ttl;
+    ngx_msec_t                   lease;
+    ngx_uint_t                   conflict_status;
+    size_t                       store_max;
+    ngx_array_t                 *store_headers;    /* ngx_str_t, lowercase */
+    ngx_uint_t                   store_failure;
+    ngx_array_t                 *fp_headers;       /* ngx_str_t, lowercase */
+    ngx_array_t                 *release_statuses; /* ngx_uint_t */
+} ngx_http_idem_loc_conf_t;
+
+
+typedef enum {
+    NGX_HTTP_IDEM_NEW = 0,
+    NGX_HTTP_IDEM_READING_BODY,
+    NGX_HTTP_IDEM_BODY_READ,
+    NGX_HTTP_IDEM_CLAIMING,
+    NGX_HTTP_IDEM_ANSWERED,
+    NGX_HTTP_IDEM_PASSED,       /* handed to the content handler */
+    NGX_HTTP_IDEM_DONE          /* the module answered or stepped aside */
+} ngx_http_idem_phase_e;
+
+
+typedef enum {
+    NGX_HTTP_IDEM_OUT_NONE = 0,
+    NGX_HTTP_IDEM_OUT_EXECUTED,
+    NGX_HTTP_IDEM_OUT_REPLAYED,
+    NGX_HTTP_IDEM_OUT_CONFLICT,
+    NGX_HTTP_IDEM_OUT_IN_PROGRESS,
+    NGX_HTTP_IDEM_OUT_UNKNOWN,
+    NGX_HTTP_IDEM_OUT_REJECTED,
+    NGX_HTTP_IDEM_OUT_BYPASSED
+} ngx_http_idem_outcome_e;
+
+
+/* What the claim script said. */
+typedef enum {
+    NGX_HTTP_IDEM_ANS_NONE = 0,
+    NGX_HTTP_IDEM_ANS_CLAIMED,
+    NGX_HTTP_IDEM_ANS_COMPLETED,
+    NGX_HTTP_IDEM_ANS_MISMATCH,
+    NGX_HTTP_IDEM_ANS_IN_PROGRESS,
+    NGX_HTTP_IDEM_ANS_UNKNOWN,
+    NGX_HTTP_IDEM_ANS_STORE_DOWN,    /* no reply: connection, timeout */
+    NGX_HTTP_IDEM_ANS_STORE_ERROR    /* a reply we do not understand */
+} ngx_http_idem_answer_e;
+
+
+/* How a claimed request ended, i.e. which script closes the record. */
+typedef enum {
+    NGX_HTTP_IDEM_END_NONE = 0,
+    NGX_HTTP_IDEM_END_COMPLETE,
+    NGX_HTTP_IDEM_END_RELEASE,
+    NGX_HTTP_IDEM_END_FAIL
+} ngx_http_idem_end_e;
+
+
+typedef struct {
+    ngx_http_request_t          *request;
+    ngx_http_idem_loc_conf_t    *conf;      /* where the key was claimed */
+    ngx_http_idem_phase_e        phase;
+    ngx_http_idem_outcome_e      outcome;
+
+    ngx_str_t                    route;
+    ngx_str_t                    key;
+    u_char                       fingerprint[IDEM_FP_HEX_LEN];
+    idem_body_form_t             body_form;
+    u_char                       rkey[IDEM_RECORD_KEY_LEN + 1];
+    u_char                       owner[NGX_HTTP_IDEM_TOKEN_HEX];
+    ngx_str_t                    op_id;
+
+    ngx_http_idem_cmd_t         *cmd;       /* claim in flight */
+
+    /* the claim's answer */
+    ngx_http_idem_answer_e       answer;
+    ngx_str_t                    state;
+    ngx_uint_t                   stored_status;
+    ngx_str_t                    stored_headers;
+    ngx_str_t                    stored_body;
+    unsigned                     body_stored:1;
+
+    /* capture of the upstream's response */
+    ngx_http_idem_end_e          end;
+    ngx_uint_t                   status;
+    ngx_str_t                    headers;
+    ngx_chain_t                 *body;
+    ngx_chain_t                **last;
+    size_t                       body_size;
+    off_t                        content_length;
+    ngx_event_t                  renew;
+    unsigned                     claimed:1;
+    unsigned                     capturing:1;
+    unsigned                     too_large:1;
+} ngx_http_idem_ctx_t;
+
+
+extern ngx_module_t  ngx_http_idempotency_module;
+
+
+/* ngx_http_idempotency_handler.c */
+ngx_int_t ngx_http_idem_rewrite_handler(ngx_http_request_t *r);
+ngx_int_t ngx_http_idem_precontent_handler(ngx_http_request_t *r);
+ngx_http_idem_ctx_t *ngx_http_idem_get_ctx(ngx_http_request_t *r);
+
+/* ngx_http_idempotency_reply.c */
+ngx_int_t ngx_http_idem_send_replay(ngx_http_request_t *r,
+    ngx_http_idem_ctx_t *ctx);
+ngx_int_t ngx_http_idem_send_answer(ngx_http_request_t *r,
+    ngx_http_idem_ctx_t *ctx);
+ngx_int_t ngx_http_idem_send_problem(ngx_http_request_t *r,
+    ngx_http_idem_ctx_t *ctx, ngx_uint_t status, const char *slug,
+    const char *title, const char *detail);
+
+/* ngx_http_idempotency_filter.c */
+ngx_int_t ngx_http_idem_filter_init(ngx_conf_t *cf);
+void ngx_http_idem_start_lease(ngx_http_request_t *r,
+    ngx_http_idem_ctx_t *ctx);
+void ngx_http_idem_finish(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
+    ngx_http_idem_end_e end);
+
+/* ngx_http_idempotency_redis.c */
+ngx_int_t ngx_http_idem_scripts_init(ngx_conf_t *cf,
+    ngx_http_idem_main_conf_t *mcf);
+ngx_int_t ngx_http_idem_redis_init_process(ngx_cycle_t *cycle);
+void ngx_http_idem_redis_exit_process(ngx_cycle_t *cycle);
+ngx_http_idem_cmd_t *ngx_http_idem_cmd_create(ngx_http_idem_redis_t *redis,
+    ngx_http_idem_script_e script, ngx_uint_t argc, size_t size,
+    ngx_log_t *log);
+void ngx_http_idem_cmd_arg(ngx_http_idem_cmd_t *cmd, const void *data,
+    size_t len);
+u_char *ngx_http_idem_cmd_arg_reserve(ngx_http_idem_cmd_t *cmd, size_t len);
+ngx_int_t ngx_http_idem_cmd_send(ngx_http_idem_cmd_t *cmd,
+    ngx_http_idem_reply_pt handler, void *data);
+
+#endif /* NGX_HTTP_IDEMPOTENCY_H */

@@ -1,0 +1,1038 @@
+/*
+ * The request flow of DESIGN.md section 2: read the body, fingerprint it,
+ * claim (scope, key) in Redis with one script, then act on the answer.
+ */
+
+#include <openssl/evp.h>
+#include <openssl/rand.h>
+
+#include "ngx_http_idempotency.h"
+
+
+#define NGX_HTTP_IDEM_READ_CHUNK  65536
+
+
+static ngx_int_t ngx_http_idem_start(ngx_http_request_t *r,
+    ngx_http_idem_ctx_t *ctx);
+static void ngx_http_idem_body_handler(ngx_http_request_t *r);
+static ngx_int_t ngx_http_idem_claim(ngx_http_request_t *r,
+    ngx_http_idem_ctx_t *ctx);
+static void ngx_http_idem_claim_done(ngx_http_idem_cmd_t *cmd,
+    redisReply *reply);
+static ngx_int_t ngx_http_idem_act(ngx_http_request_t *r,
+    ngx_http_idem_ctx_t *ctx);
+
+
+static void
+ngx_http_idem_cleanup(void *data)
+{
+    ngx_http_idem_ctx_t  *ctx = data;
+
+    ngx_http_request_t  *r;
+
+    r = ctx->request;
+
+    if (ctx->cmd) {
+        /* the reply finds no request and releases a claim it made */
+        ctx->cmd->data = NULL;
+        ctx->cmd = NULL;
+    }
+
+    if (ctx->renew.timer_set) {
+        ngx_del_timer(&ctx->renew);
+    }
+
+    if (ctx->claimed && ctx->end == NGX_HTTP_IDEM_END_NONE) {
+        /*
+         * The request ends without a complete response having passed the
+         * body filter: if nothing reached the upstream the key is free
+         * again, otherwise the upstream may have acted.
+         */
+        if (r->upstream && !r->upstream->request_sent) {
+            ngx_http_idem_finish(r, ctx, NGX_HTTP_IDEM_END_RELEASE);
+
+        } else {
+            ngx_log_error(NGX_LOG_WARN, r->connection->log, 0,
+                          "idempotency: no complete response for key "
+                          "\"%V\", outcome unknown", &ctx->key);
+            ngx_http_idem_finish(r, ctx, NGX_HTTP_IDEM_END_FAIL);
+        }
+    }
+}
+
+
+/*
+ * Internal redirects (error_page, named locations) wipe r->ctx; the pool
+ * cleanup still holds the context, so it is found again there.
+ */
+ngx_http_idem_ctx_t *
+ngx_http_idem_get_ctx(ngx_http_request_t *r)
+{
+    ngx_pool_cleanup_t   *cln;
+    ngx_http_idem_ctx_t  *ctx;
+
+    ctx = ngx_http_get_module_ctx(r, ngx_http_idempotency_module);
+    if (ctx) {
+        return ctx;
+    }
+
+    for (cln = r->pool->cleanup; cln; cln = cln->next) {
+        if (cln->handler == ngx_http_idem_cleanup) {
+            ctx = cln->data;
+            ngx_http_set_ctx(r, ctx, ngx_http_idempotency_module);
+            return ctx;
+        }
+    }
+
+    return NULL;
+}
+
+
+static ngx_http_idem_ctx_t *
+ngx_http_idem_create_ctx(ngx_http_request_t *r)
+{
+    ngx_pool_cleanup_t   *cln;
+    ngx_http_idem_ctx_t  *ctx;
+
+    ctx = ngx_pcalloc(r->pool, sizeof(ngx_http_idem_ctx_t));
+    if (ctx == NULL) {
+        return NULL;
+    }
+
+    cln = ngx_pool_cleanup_add(r->pool, 0);
+    if (cln == NULL) {
+        return NULL;
+    }
+
+    cln->handler = ngx_http_idem_cleanup;
+    cln->data = ctx;
+
+    ctx->request = r;
+    ctx->route = r->uri;
+
+    ngx_http_set_ctx(r, ctx, ngx_http_idempotency_module);
+
+    return ctx;
+}
+
+
+static ngx_uint_t
+ngx_http_idem_wants(ngx_http_request_t *r, ngx_http_idem_loc_conf_t *lcf)
+{
+    return r == r->main && lcf->enable && (r->method & lcf->methods);
+}
+
+
+ngx_int_t
+ngx_http_idem_rewrite_handler(ngx_http_request_t *r)
+{
+    ngx_http_idem_loc_conf_t  *lcf;
+
+    lcf = ngx_http_get_module_loc_conf(r, ngx_http_idempotency_module);
+
+    if (ngx_http_idem_wants(r, lcf) && ngx_http_idem_get_ctx(r) == NULL) {
+        if (ngx_http_idem_create_ctx(r) == NULL) {
+            return NGX_HTTP_INTERNAL_SERVER_ERROR;
+        }
+    }
+
+    return NGX_DECLINED;
+}
+
+
+ngx_int_t
+ngx_http_idem_precontent_handler(ngx_http_request_t *r)
+{
+    ngx_http_idem_ctx_t       *ctx;
+    ngx_http_idem_loc_conf_t  *lcf;
+
+    if (r != r->main) {
+        return NGX_DECLINED;
+    }
+
+    ctx = ngx_http_idem_get_ctx(r);
+
+    if (ctx == NULL || ctx->phase == NGX_HTTP_IDEM_NEW) {
+        lcf = ngx_http_get_module_loc_conf(r, ngx_http_idempotency_module);
+
+        if (!ngx_http_idem_wants(r, lcf)) {
+            return NGX_DECLINED;
+        }
+
+        if (ctx == NULL) {
+            ctx = ngx_http_idem_create_ctx(r);
+            if (ctx == NULL) {
+                return NGX_HTTP_INTERNAL_SERVER_ERROR;
+            }
+        }
+
+        ctx->conf = lcf;
+
+        return ngx_http_idem_start(r, ctx);
+    }
+
+    switch (ctx->phase) {
+
+    case NGX_HTTP_IDEM_READING_BODY:
+    case NGX_HTTP_IDEM_CLAIMING:
+        return NGX_DONE;
+
+    case NGX_HTTP_IDEM_BODY_READ:
+        return ngx_http_idem_claim(r, ctx);
+
+    case NGX_HTTP_IDEM_ANSWERED:
+        return ngx_http_idem_act(r, ctx);
+
+    default:
+        return NGX_DECLINED;
+    }
+}
+
+
+/* the phase handler has answered itself: the phases stop here */
+static ngx_int_t
+ngx_http_idem_finalize(ngx_http_request_t *r, ngx_int_t rc)
+{
+    ngx_http_finalize_request(r, rc);
+    return NGX_DONE;
+}
+
+
+static ngx_int_t
+ngx_http_idem_reject(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
+    const char *slug, const char *detail)
+{
+    ngx_int_t  rc;
+
+    ctx->phase = NGX_HTTP_IDEM_DONE;
+    ctx->outcome = NGX_HTTP_IDEM_OUT_REJECTED;
+    ngx_str_null(&ctx->key);
+
+    rc = ngx_http_discard_request_body(r);
+    if (rc != NGX_OK) {
+        return rc;
+    }
+
+    return ngx_http_idem_finalize(r,
+               ngx_http_idem_send_problem(r, ctx, NGX_HTTP_BAD_REQUEST, slug,
+                                          NULL, detail));
+}
+
+
+static ngx_table_elt_t *
+ngx_http_idem_find_header(ngx_http_request_t *r, ngx_str_t *name,
+    ngx_uint_t *count)
+{
+    ngx_uint_t        i;
+    ngx_list_part_t  *part;
+    ngx_table_elt_t  *h, *found;
+
+    found = NULL;
+    *count = 0;
+
+    part = &r->headers_in.headers.part;
+    h = part->elts;
+
+    for (i = 0; /* void */; i++) {
+
+        if (i >= part->nelts) {
+            if (part->next == NULL) {
+                break;
+            }
+
+            part = part->next;
+            h = part->elts;
+            i = 0;
+        }
+
+        if (h[i].key.len == name->len
+            && ngx_strncasecmp(h[i].key.data, name->data, name->len) == 0)
+        {
+            if (found == NULL) {
+                found = &h[i];
+            }
+
+            (*count)++;
+        }
+    }
+
+    return found;
+}
+
+
+static ngx_int_t
+ngx_http_idem_start(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
+{
+    size_t                     len;
+    ngx_int_t                  rc;
+    ngx_uint_t                 count;
+    idem_key_rc_t              krc;
+    ngx_table_elt_t           *h;
+    ngx_http_idem_loc_conf_t  *lcf;
+
+    lcf = ctx->conf;
+
+    h = ngx_http_idem_find_header(r, &lcf->key_header, &count);
+
+    if (h == NULL) {
+        if (lcf->required) {
+            return ngx_http_idem_reject(r, ctx, "key-missing",
+                                        "this endpoint requires an "
+                                        "idempotency key header");
+        }
+
+        ctx->phase = NGX_HTTP_IDEM_DONE;
+        ctx->outcome = NGX_HTTP_IDEM_OUT_BYPASSED;
+        return NGX_DECLINED;
+    }
+
+    if (count > 1) {
+        return ngx_http_idem_reject(r, ctx, "key-malformed",
+                                    "more than one idempotency key header");
+    }
+
+    ctx->key.data = ngx_pnalloc(r->pool, h->value.len + 1);
+    if (ctx->key.data == NULL) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    krc = idem_key_parse((char *) h->value.data, h->value.len,
+                         (char *) ctx->key.data, &len);
+    if (krc != IDEM_KEY_OK) {
+        return ngx_http_idem_reject(r, ctx, "key-malformed",
+                                    idem_key_strerror(krc));
+    }
+
+    ctx->key.len = len;
+    ctx->phase = NGX_HTTP_IDEM_READING_BODY;
+
+    rc = ngx_http_read_client_request_body(r, ngx_http_idem_body_handler);
+
+    if (rc >= NGX_HTTP_SPECIAL_RESPONSE) {
+        return rc;
+    }
+
+    ngx_http_finalize_request(r, NGX_DONE);
+    return NGX_DONE;
+}
+
+
+static void
+ngx_http_idem_body_handler(ngx_http_request_t *r)
+{
+    ngx_http_idem_ctx_t  *ctx;
+
+    ctx = ngx_http_idem_get_ctx(r);
+    ctx->phase = NGX_HTTP_IDEM_BODY_READ;
+
+    r->write_event_handler = ngx_http_core_run_phases;
+    ngx_http_core_run_phases(r);
+}
+
+
+/* body */
+
+typedef ngx_int_t (*ngx_http_idem_body_pt)(void *data, u_char *p, size_t n);
+
+
+/* Walks memory and temp-file parts alike, reading files in chunks. */
+static ngx_int_t
+ngx_http_idem_body_walk(ngx_http_request_t *r, ngx_http_idem_body_pt fn,
+    void *data)
+{
+    off_t         pos;
+    size_t        n;
+    ssize_t       got;
+    u_char       *chunk;
+    ngx_buf_t    *b;
+    ngx_chain_t  *cl;
+
+    chunk = NULL;
+
+    if (r->request_body == NULL) {
+        return NGX_OK;
+    }
+
+    for (cl = r->request_body->bufs; cl; cl = cl->next) {
+        b = cl->buf;
+
+        if (ngx_buf_in_memory(b)) {
+            if (fn(data, b->pos, b->last - b->pos) != NGX_OK) {
+                return NGX_ERROR;
+            }
+
+            continue;
+        }
+
+        if (!b->in_file) {
+            continue;
+        }
+
+        if (chunk == NULL) {
+            chunk = ngx_palloc(r->pool, NGX_HTTP_IDEM_READ_CHUNK);
+            if (chunk == NULL) {
+                return NGX_ERROR;
+            }
+        }
+
+        for (pos = b->file_pos; pos < b->file_last; pos += got) {
+            n = (size_t) ngx_min(b->file_last - pos,
+                                 NGX_HTTP_IDEM_READ_CHUNK);
+
+            got = ngx_read_file(b->file, chunk, n, pos);
+            if (got <= 0) {
+                return NGX_ERROR;
+            }
+
+            if (fn(data, chunk, (size_t) got) != NGX_OK) {
+                return NGX_ERROR;
+            }
+        }
+    }
+
+    if (chunk) {
+        ngx_pfree(r->pool, chunk);
+    }
+
+    return NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_http_idem_body_sha(void *data, u_char *p, size_t n)
+{
+    return EVP_DigestUpdate(data, p, n) ? NGX_OK : NGX_ERROR;
+}
+
+
+typedef struct {
+    u_char  *pos;
+    u_char  *end;
+} ngx_http_idem_copy_t;
+
+
+static ngx_int_t
+ngx_http_idem_body_copy(void *data, u_char *p, size_t n)
+{
+    ngx_http_idem_copy_t  *dst = data;
+
+    if ((size_t) (dst->end - dst->pos) < n) {
+        return NGX_ERROR;
+    }
+
+    dst->pos = ngx_cpymem(dst->pos, p, n);
+
+    return NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_http_idem_body_size(void *data, u_char *p, size_t n)
+{
+    *(size_t *) data += n;
+    return NGX_OK;
+}
+
+
+/* JSON is parsed, so it needs the whole body in one piece */
+static ngx_int_t
+ngx_http_idem_body_json(ngx_http_request_t *r, idem_fp_input_t *in)
+{
+    size_t                 size;
+    ngx_chain_t           *bufs;
+    ngx_http_idem_copy_t   dst;
+
+    bufs = r->request_body ? r->request_body->bufs : NULL;
+
+    if (bufs && bufs->next == NULL && ngx_buf_in_memory(bufs->buf)) {
+        in->body = (const char *) bufs->buf->pos;
+        in->body_len = bufs->buf->last - bufs->buf->pos;
+        return NGX_OK;
+    }
+
+    size = 0;
+    (void) ngx_http_idem_body_walk(r, ngx_http_idem_body_size, &size);
+
+    dst.pos = ngx_pnalloc(r->pool, size + 1);
+    if (dst.pos == NULL) {
+        return NGX_ERROR;
+    }
+
+    in->body = (const char *) dst.pos;
+    in->body_len = size;
+    dst.end = dst.pos + size;
+
+    return ngx_http_idem_body_walk(r, ngx_http_idem_body_copy, &dst);
+}
+
+
+static ngx_int_t
+ngx_http_idem_body_raw(ngx_http_request_t *r, idem_fp_input_t *in,
+    u_char *md)
+{
+    ngx_int_t     rc;
+    unsigned int  n;
+    EVP_MD_CTX   *sha;
+
+    sha = EVP_MD_CTX_new();
+    if (sha == NULL) {
+        return NGX_ERROR;
+    }
+
+    rc = NGX_ERROR;
+
+    if (EVP_DigestInit_ex(sha, EVP_sha256(), NULL)
+        && ngx_http_idem_body_walk(r, ngx_http_idem_body_sha, sha) == NGX_OK
+        && EVP_DigestFinal_ex(sha, md, &n))
+    {
+        in->body_sha256 = md;
+        rc = NGX_OK;
+    }
+
+    EVP_MD_CTX_free(sha);
+
+    return rc;
+}
+
+
+/* fingerprint */
+
+static ngx_str_t *
+ngx_http_idem_header_values(ngx_http_request_t *r, ngx_str_t *name)
+{
+    u_char           *p;
+    ngx_str_t        *v;
+    ngx_uint_t        i, n;
+    ngx_list_part_t  *part;
+    ngx_table_elt_t  *h, *found[16];
+
+    n = 0;
+    part = &r->headers_in.headers.part;
+    h = part->elts;
+
+    for (i = 0; /* void */; i++) {
+
+        if (i >= part->nelts) {
+            if (part->next == NULL) {
+                break;
+            }
+
+            part = part->next;
+            h = part->elts;
+            i = 0;
+        }
+
+        if (n < 16 && h[i].key.len == name->len
+            && ngx_strncasecmp(h[i].key.data, name->data, name->len) == 0)
+        {
+            found[n++] = &h[i];
+        }
+    }
+
+    if (n == 0) {
+        return NULL;
+    }
+
+    v = ngx_palloc(r->pool, sizeof(ngx_str_t));
+    if (v == NULL) {
+        return NULL;
+    }
+
+    if (n == 1) {
+        *v = found[0]->value;
+        return v;
+    }
+
+    /* repeated fields are one list, as HTTP combines them */
+    v->len = 0;
+    for (i = 0; i < n; i++) {
+        v->len += found[i]->value.len + 2;
+    }
+
+    v->data = ngx_pnalloc(r->pool, v->len);
+    if (v->data == NULL) {
+        return NULL;
+    }
+
+    p = v->data;
+    for (i = 0; i < n; i++) {
+        if (i) {
+            *p++ = ',';
+            *p++ = ' ';
+        }
+
+        p = ngx_cpymem(p, found[i]->value.data, found[i]->value.len);
+    }
+
+    v->len = p - v->data;
+
+    return v;
+}
+
+
+static ngx_int_t
+ngx_http_idem_fp_headers(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
+    idem_fp_input_t *in)
+{
+    ngx_str_t    *names, *value;
+    ngx_uint_t    i, n;
+    idem_str_t   *in_names, *in_values;
+    ngx_array_t  *conf;
+
+    conf = ctx->conf->fp_headers;
+    if (conf == NULL || conf->nelts == 0) {
+        return NGX_OK;
+    }
+
+    in_names = ngx_palloc(r->pool, conf->nelts * sizeof(idem_str_t));
+    in_values = ngx_palloc(r->pool, conf->nelts * sizeof(idem_str_t));
+    if (in_names == NULL || in_values == NULL) {
+        return NGX_ERROR;
+    }
+
+    names = conf->elts;
+    n = 0;
+
+    for (i = 0; i < conf->nelts; i++) {
+        value = ngx_http_idem_header_values(r, &names[i]);
+        if (value == NULL) {
+            continue;
+        }
+
+        in_names[n].data = (const char *) names[i].data;
+        in_names[n].len = names[i].len;
+        in_values[n].data = (const char *) value->data;
+        in_values[n].len = value->len;
+        n++;
+    }
+
+    in->header_names = in_names;
+    in->header_values = in_values;
+    in->nheaders = n;
+
+    return NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_http_idem_fingerprint(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
+{
+    u_char            md[EVP_MAX_MD_SIZE];
+    ngx_str_t         scope, *ct;
+    ngx_int_t         rc;
+    idem_fp_input_t   in;
+    idem_fp_result_t  res;
+
+    ngx_str_null(&scope);
+
+    if (ctx->conf->scope
+        && ngx_http_complex_value(r, ctx->conf->scope, &scope) != NGX_OK)
+    {
+        return NGX_ERROR;
+    }
+
+    ngx_memzero(&in, sizeof(idem_fp_input_t));
+
+    in.method.data = (const char *) r->method_name.data;
+    in.method.len = r->method_name.len;
+    in.route.data = (const char *) ctx->route.data;
+    in.route.len = ctx->route.len;
+    in.query.data = (const char *) r->args.data;
+    in.query.len = r->args.len;
+    in.scope.data = (const char *) scope.data;
+    in.scope.len = scope.len;
+
+    if (ngx_http_idem_fp_headers(r, ctx, &in) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
+    ct = r->headers_in.content_type ? &r->headers_in.content_type->value
+                                    : NULL;
+
+    in.body_json = ct && idem_media_type_is_json((const char *) ct->data,
+                                                 ct->len);
+
+    rc = in.body_json ? ngx_http_idem_body_json(r, &in)
+                      : ngx_http_idem_body_raw(r, &in, md);
+    if (rc != NGX_OK) {
+        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                      "idempotency: cannot read the request body");
+        return NGX_ERROR;
+    }
+
+    if (idem_fingerprint(&in, &res) != 0) {
+        return NGX_ERROR;
+    }
+
+    ngx_memcpy(ctx->fingerprint, res.hex, IDEM_FP_HEX_LEN);
+    ctx->body_form = res.body_form;
+
+    if (res.body_form == IDEM_BODY_RAW_INVALID_JSON) {
+        ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
+                      "idempotency: JSON body hashed raw: %s",
+                      idem_jcs_strerror(res.json_rc));
+    }
+
+    if (idem_record_key((const char *) scope.data, scope.len,
+                        (const char *) ctx->key.data, ctx->key.len,
+                        (char *) ctx->rkey)
+        != 0)
+    {
+        return NGX_ERROR;
+    }
+
+    return NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_http_idem_token(u_char *hex)
+{
+    u_char  raw[NGX_HTTP_IDEM_TOKEN_HEX / 2];
+
+    if (RAND_bytes(raw, sizeof(raw)) != 1) {
+        return NGX_ERROR;
+    }
+
+    ngx_hex_dump(hex, raw, sizeof(raw));
+
+    return NGX_OK;
+}
+
+
+/* claim */
+
+static ngx_int_t
+ngx_http_idem_claim(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
+{
+    u_char                    *p, lease[NGX_INT_T_LEN], ttl[NGX_TIME_T_LEN];
+    ngx_http_idem_cmd_t       *cmd;
+    ngx_http_idem_loc_conf_t  *lcf;
+
+    lcf = ctx->conf;
+
+    if (ngx_http_idem_fingerprint(r, ctx) != NGX_OK) {
+        return ngx_http_idem_finalize(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
+    }
+
+    ctx->op_id.data = ngx_pnalloc(r->pool, NGX_HTTP_IDEM_TOKEN_HEX);
+    if (ctx->op_id.data == NULL
+        || ngx_http_idem_token(ctx->op_id.data) != NGX_OK
+        || ngx_http_idem_token(ctx->owner) != NGX_OK)
+    {
+        return ngx_http_idem_finalize(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
+    }
+
+    ctx->op_id.len = NGX_HTTP_IDEM_TOKEN_HEX;
+    ctx->phase = NGX_HTTP_IDEM_CLAIMING;
+
+    cmd = ngx_http_idem_cmd_create(lcf->redis, NGX_HTTP_IDEM_SCRIPT_CLAIM, 6,
+                                   IDEM_RECORD_KEY_LEN + IDEM_FP_HEX_LEN
+                                   + 2 * NGX_HTTP_IDEM_TOKEN_HEX
+                                   + sizeof(lease) + sizeof(ttl),
+                                   r->connection->log);
+    if (cmd) {
+        ngx_http_idem_cmd_arg(cmd, ctx->rkey, IDEM_RECORD_KEY_LEN);
+        ngx_http_idem_cmd_arg(cmd, ctx->fingerprint, IDEM_FP_HEX_LEN);
+        ngx_http_idem_cmd_arg(cmd, ctx->owner, NGX_HTTP_IDEM_TOKEN_HEX);
+        ngx_http_idem_cmd_arg(cmd, ctx->op_id.data, NGX_HTTP_IDEM_TOKEN_HEX);
+        p = ngx_sprintf(lease, "%M", lcf->lease);
+        ngx_http_idem_cmd_arg(cmd, lease, p - lease);
+        p = ngx_sprintf(ttl, "%T", lcf->ttl);
+        ngx_http_idem_cmd_arg(cmd, ttl, p - ttl);
+
+        if (ngx_http_idem_cmd_send(cmd, ngx_http_idem_claim_done, ctx)
+            == NGX_OK)
+        {
+            ctx->cmd = cmd;
+            return NGX_DONE;
+        }
+    }
+
+    ctx->answer = NGX_HTTP_IDEM_ANS_STORE_DOWN;
+    ctx->phase = NGX_HTTP_IDEM_ANSWERED;
+
+    return ngx_http_idem_act(r, ctx);
+}
+
+
+static ngx_int_t
+ngx_http_idem_reply_str(redisReply *e, ngx_str_t *s)
+{
+    if (e->type != REDIS_REPLY_STRING && e->type != REDIS_REPLY_STATUS) {
+        return NGX_ERROR;
+    }
+
+    s->data = (u_char *) e->str;
+    s->len = e->len;
+
+    return NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_http_idem_copy_str(ngx_pool_t *pool, redisReply *e, ngx_str_t *dst)
+{
+    ngx_str_t  s;
+
+    if (ngx_http_idem_reply_str(e, &s) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
+    dst->len = s.len;
+    dst->data = ngx_pnalloc(pool, s.len + 1);
+    if (dst->data == NULL) {
+        return NGX_ERROR;
+    }
+
+    ngx_memcpy(dst->data, s.data, s.len);
+
+    return NGX_OK;
+}
+
+
+static ngx_uint_t
+ngx_http_idem_is_hex(ngx_str_t *s)
+{
+    size_t  i;
+
+    if (s->len == 0 || s->len > 64) {
+        return 0;
+    }
+
+    for (i = 0; i < s->len; i++) {
+        if (!((s->data[i] >= '0' && s->data[i] <= '9')
+              || (s->data[i] >= 'a' && s->data[i] <= 'f')))
+        {
+            return 0;
+        }
+    }
+
+    return 1;
+}
+
+
+static ngx_uint_t
+ngx_http_idem_is(ngx_str_t *s, const char *lit)
+{
+    size_t  len = ngx_strlen(lit);
+
+    return s->len == len && ngx_strncmp(s->data, lit, len) == 0;
+}
+
+
+static ngx_http_idem_answer_e
+ngx_http_idem_parse_completed(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
+    redisReply *reply)
+{
+    ngx_int_t  status;
+    ngx_str_t  s;
+
+    if (reply->elements != 6
+        || ngx_http_idem_reply_str(reply->element[2], &s) != NGX_OK)
+    {
+        return NGX_HTTP_IDEM_ANS_STORE_ERROR;
+    }
+
+    status = ngx_atoi(s.data, s.len);
+    if (status < 200 || status > 599) {
+        return NGX_HTTP_IDEM_ANS_STORE_ERROR;
+    }
+
+    ctx->stored_status = status;
+
+    if (ngx_http_idem_copy_str(r->pool, reply->element[3],
+                               &ctx->stored_headers) != NGX_OK
+        || ngx_http_idem_copy_str(r->pool, reply->element[4],
+                                  &ctx->stored_body) != NGX_OK
+        || ngx_http_idem_reply_str(reply->element[5], &s) != NGX_OK)
+    {
+        return NGX_HTTP_IDEM_ANS_STORE_ERROR;
+    }
+
+    ctx->body_stored = ngx_http_idem_is(&s, "1");
+    ngx_str_set(&ctx->state, "completed");
+
+    return NGX_HTTP_IDEM_ANS_COMPLETED;
+}
+
+
+static ngx_http_idem_answer_e
+ngx_http_idem_parse_claim(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
+    redisReply *reply)
+{
+    ngx_str_t   what, op;
+
+    if (reply == NULL) {
+        return NGX_HTTP_IDEM_ANS_STORE_DOWN;
+    }
+
+    if (reply->type == REDIS_REPLY_ERROR) {
+        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                      "idempotency: claim failed: %*s",
+                      (int) reply->len, reply->str);
+
+        /* our own script's complaint, or a foreign value under our key */
+        if (ngx_strstr(reply->str, "IDEMCORRUPT")
+            || ngx_strstr(reply->str, "WRONGTYPE"))
+        {
+            return NGX_HTTP_IDEM_ANS_STORE_ERROR;
+        }
+
+        return NGX_HTTP_IDEM_ANS_STORE_DOWN;
+    }
+
+    if (reply->type != REDIS_REPLY_ARRAY || reply->elements < 2
+        || ngx_http_idem_reply_str(reply->element[0], &what) != NGX_OK
+        || ngx_http_idem_reply_str(reply->element[1], &op) != NGX_OK
+        || !ngx_http_idem_is_hex(&op))
+    {
+        goto invalid;
+    }
+
+    if (ngx_http_idem_copy_str(r->pool, reply->element[1], &ctx->op_id)
+        != NGX_OK)
+    {
+        return NGX_HTTP_IDEM_ANS_STORE_ERROR;
+    }
+
+    if (ngx_http_idem_is(&what, "claimed")) {
+        ngx_str_set(&ctx->state, "in_progress");
+        return NGX_HTTP_IDEM_ANS_CLAIMED;
+    }
+
+    if (ngx_http_idem_is(&what, "completed")) {
+        return ngx_http_idem_parse_completed(r, ctx, reply);
+    }
+
+    if (ngx_http_idem_is(&what, "in_progress")) {
+        ngx_str_set(&ctx->state, "in_progress");
+        return NGX_HTTP_IDEM_ANS_IN_PROGRESS;
+    }
+
+    if (ngx_http_idem_is(&what, "unknown")) {
+        ngx_str_set(&ctx->state, "unknown");
+        return NGX_HTTP_IDEM_ANS_UNKNOWN;
+    }
+
+    if (ngx_http_idem_is(&what, "mismatch") && reply->elements == 3
+        && ngx_http_idem_reply_str(reply->element[2], &ctx->state) == NGX_OK)
+    {
+        if (ngx_http_idem_is(&ctx->state, "in_progress")) {
+            ngx_str_set(&ctx->state, "in_progress");
+            return NGX_HTTP_IDEM_ANS_MISMATCH;
+        }
+
+        if (ngx_http_idem_is(&ctx->state, "completed")) {
+            ngx_str_set(&ctx->state, "completed");
+            return NGX_HTTP_IDEM_ANS_MISMATCH;
+        }
+
+        if (ngx_http_idem_is(&ctx->state, "unknown")) {
+            ngx_str_set(&ctx->state, "unknown");
+            return NGX_HTTP_IDEM_ANS_MISMATCH;
+        }
+    }
+
+invalid:
+
+    ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                  "idempotency: unexpected reply to the claim script");
+
+    ngx_str_null(&ctx->state);
+    ngx_str_null(&ctx->op_id);
+
+    return NGX_HTTP_IDEM_ANS_STORE_ERROR;
+}
+
+
+/* a claim whose request has gone: give the key back at once */
+static void
+ngx_http_idem_claim_orphan(ngx_http_idem_cmd_t *cmd, redisReply *reply)
+{
+    ngx_http_idem_cmd_t  *rel;
+
+    if (reply == NULL || reply->type != REDIS_REPLY_ARRAY
+        || reply->elements < 1 || reply->element[0]->type != REDIS_REPLY_STRING
+        || ngx_strcmp(reply->element[0]->str, "claimed") != 0)
+    {
+        return;
+    }
+
+    rel = ngx_http_idem_cmd_create(cmd->redis, NGX_HTTP_IDEM_SCRIPT_RELEASE,
+                                   2, cmd->argvlen[3] + cmd->argvlen[5],
+                                   cmd->redis->log);
+    if (rel == NULL) {
+        return;
+    }
+
+    ngx_http_idem_cmd_arg(rel, cmd->argv[3], cmd->argvlen[3]);   /* key */
+    ngx_http_idem_cmd_arg(rel, cmd->argv[5], cmd->argvlen[5]);   /* owner */
+
+    (void) ngx_http_idem_cmd_send(rel, NULL, NULL);
+}
+
+
+static void
+ngx_http_idem_claim_done(ngx_http_idem_cmd_t *cmd, redisReply *reply)
+{
+    ngx_connection_t     *c;
+    ngx_http_request_t   *r;
+    ngx_http_idem_ctx_t  *ctx;
+
+    ctx = cmd->data;
+
+    if (ctx == NULL) {
+        ngx_http_idem_claim_orphan(cmd, reply);
+        return;
+    }
+
+    ctx->cmd = NULL;
+    r = ctx->request;
+    c = r->connection;
+
+    ctx->answer = ngx_http_idem_parse_claim(r, ctx, reply);
+    ctx->phase = NGX_HTTP_IDEM_ANSWERED;
+
+    /* r may be freed inside: only c is touched afterwards */
+    ngx_http_core_run_phases(r);
+    ngx_http_run_posted_requests(c);
+}
+
+
+static ngx_int_t
+ngx_http_idem_act(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
+{
+    ngx_http_idem_loc_conf_t  *lcf;
+
+    lcf = ctx->conf;
+
+    switch (ctx->answer) {
+
+    case NGX_HTTP_IDEM_ANS_CLAIMED:
+        ctx->phase = NGX_HTTP_IDEM_PASSED;
+        ctx->outcome = NGX_HTTP_IDEM_OUT_EXECUTED;
+        ctx->claimed = 1;
+        ngx_http_idem_start_lease(r, ctx);
+        return NGX_DECLINED;
+
+    case NGX_HTTP_IDEM_ANS_STORE_DOWN:
+        if (lcf->store_failure == NGX_HTTP_IDEM_FAILURE_OPEN) {
+            ngx_log_error(NGX_LOG_WARN, r->connection->log, 0,
+                          "idempotency: redis unavailable, passing key "
+                          "\"%V\" through unprotected", &ctx->key);
+            ctx->phase = NGX_HTTP_IDEM_DONE;
+            ctx->outcome = NGX_HTTP_IDEM_OUT_BYPASSED;
+            return NGX_DECLINED;
+        }
+
+        break;
+
+    default:
+        break;
+    }
+
+    ctx->phase = NGX_HTTP_IDEM_DONE;
+
+    return ngx_http_idem_finalize(r, ngx_http_idem_send_answer(r, ctx));
+}

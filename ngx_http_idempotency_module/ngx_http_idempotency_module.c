@@ -1,0 +1,895 @@
+/*
+ * ngx_http_idempotency_module: directives, configuration, variables and
+ * the module's registration.  The request flow is in _handler.c, the
+ * response capture in _filter.c, Redis in _redis.c.
+ */
+
+#include "ngx_http_idempotency.h"
+
+
+static ngx_int_t ngx_http_idem_add_variables(ngx_conf_t *cf);
+static ngx_int_t ngx_http_idem_postconfiguration(ngx_conf_t *cf);
+static void *ngx_http_idem_create_main_conf(ngx_conf_t *cf);
+static void *ngx_http_idem_create_loc_conf(ngx_conf_t *cf);
+static char *ngx_http_idem_merge_loc_conf(ngx_conf_t *cf, void *parent,
+    void *child);
+static char *ngx_http_idem_enable(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+static char *ngx_http_idem_redis(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+static char *ngx_http_idem_methods(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+static char *ngx_http_idem_lowercase_list(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+static char *ngx_http_idem_conflict_status(ngx_conf_t *cf,
+    ngx_command_t *cmd, void *conf);
+static char *ngx_http_idem_release_statuses(ngx_conf_t *cf,
+    ngx_command_t *cmd, void *conf);
+static char *ngx_http_idem_check_positive_sec(ngx_conf_t *cf, void *post,
+    void *data);
+static char *ngx_http_idem_check_positive_msec(ngx_conf_t *cf, void *post,
+    void *data);
+static ngx_int_t ngx_http_idem_init_process(ngx_cycle_t *cycle);
+static void ngx_http_idem_exit_process(ngx_cycle_t *cycle);
+
+
+static ngx_conf_enum_t  ngx_http_idem_failure_modes[] = {
+    { ngx_string("closed"), NGX_HTTP_IDEM_FAILURE_CLOSED },
+    { ngx_string("open"), NGX_HTTP_IDEM_FAILURE_OPEN },
+    { ngx_null_string, 0 }
+};
+
+static ngx_conf_post_t  ngx_http_idem_positive_sec =
+    { ngx_http_idem_check_positive_sec };
+
+static ngx_conf_post_t  ngx_http_idem_positive_msec =
+    { ngx_http_idem_check_positive_msec };
+
+
+#define NGX_HTTP_IDEM_CONF_ANY                                               \
+    (NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF)
+
+
+static ngx_command_t  ngx_http_idem_commands[] = {
+
+    { ngx_string("idempotency"),
+      NGX_HTTP_IDEM_CONF_ANY|NGX_CONF_FLAG,
+      ngx_http_idem_enable,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_idem_loc_conf_t, enable),
+      NULL },
+
+    { ngx_string("idempotency_redis"),
+      NGX_HTTP_IDEM_CONF_ANY|NGX_CONF_1MORE,
+      ngx_http_idem_redis,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      0,
+      NULL },
+
+    { ngx_string("idempotency_methods"),
+      NGX_HTTP_IDEM_CONF_ANY|NGX_CONF_1MORE,
+      ngx_http_idem_methods,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_idem_loc_conf_t, methods),
+      NULL },
+
+    { ngx_string("idempotency_key_header"),
+      NGX_HTTP_IDEM_CONF_ANY|NGX_CONF_TAKE1,
+      ngx_conf_set_str_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_idem_loc_conf_t, key_header),
+      NULL },
+
+    { ngx_string("idempotency_required"),
+      NGX_HTTP_IDEM_CONF_ANY|NGX_CONF_FLAG,
+      ngx_conf_set_flag_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_idem_loc_conf_t, required),
+      NULL },
+
+    { ngx_string("idempotency_scope"),
+      NGX_HTTP_IDEM_CONF_ANY|NGX_CONF_TAKE1,
+      ngx_http_set_complex_value_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_idem_loc_conf_t, scope),
+      NULL },
+
+    { ngx_string("idempotency_ttl"),
+      NGX_HTTP_IDEM_CONF_ANY|NGX_CONF_TAKE1,
+      ngx_conf_set_sec_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_idem_loc_conf_t, ttl),
+      &ngx_http_idem_positive_sec },
+
+    { ngx_string("idempotency_lease"),
+      NGX_HTTP_IDEM_CONF_ANY|NGX_CONF_TAKE1,
+      ngx_conf_set_msec_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_idem_loc_conf_t, lease),
+      &ngx_http_idem_positive_msec },
+
+    { ngx_string("idempotency_conflict_status"),
+      NGX_HTTP_IDEM_CONF_ANY|NGX_CONF_TAKE1,
+      ngx_http_idem_conflict_status,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_idem_loc_conf_t, conflict_status),
+      NULL },
+
+    { ngx_string("idempotency_store_max"),
+      NGX_HTTP_IDEM_CONF_ANY|NGX_CONF_TAKE1,
+      ngx_conf_set_size_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_idem_loc_conf_t, store_max),
+      NULL },
+
+    { ngx_string("idempotency_store_headers"),
+      NGX_HTTP_IDEM_CONF_ANY|NGX_CONF_1MORE,
+      ngx_http_idem_lowercase_list,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_idem_loc_conf_t, store_headers),
+      NULL },
+
+    { ngx_string("idempotency_store_failure"),
+      NGX_HTTP_IDEM_CONF_ANY|NGX_CONF_TAKE1,
+      ngx_conf_set_enum_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_idem_loc_conf_t, store_failure),
+      &ngx_http_idem_failure_modes },
+
+    { ngx_string("idempotency_release_statuses"),
+      NGX_HTTP_IDEM_CONF_ANY|NGX_CONF_1MORE,
+      ngx_http_idem_release_statuses,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_idem_loc_conf_t, release_statuses),
+      NULL },
+
+    { ngx_string("idempotency_fingerprint_headers"),
+      NGX_HTTP_IDEM_CONF_ANY|NGX_CONF_1MORE,
+      ngx_http_idem_lowercase_list,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_idem_loc_conf_t, fp_headers),
+      NULL },
+
+      ngx_null_command
+};
+
+
+static ngx_http_module_t  ngx_http_idem_module_ctx = {
+    ngx_http_idem_add_variables,           /* preconfiguration */
+    ngx_http_idem_postconfiguration,       /* postconfiguration */
+
+    ngx_http_idem_create_main_conf,        /* create main configuration */
+    NULL,                                  /* init main configuration */
+
+    NULL,                                  /* create server configuration */
+    NULL,                                  /* merge server configuration */
+
+    ngx_http_idem_create_loc_conf,         /* create location configuration */
+    ngx_http_idem_merge_loc_conf           /* merge location configuration */
+};
+
+
+ngx_module_t  ngx_http_idempotency_module = {
+    NGX_MODULE_V1,
+    &ngx_http_idem_module_ctx,             /* module context */
+    ngx_http_idem_commands,                /* module directives */
+    NGX_HTTP_MODULE,                       /* module type */
+    NULL,                                  /* init master */
+    NULL,                                  /* init module */
+    ngx_http_idem_init_process,            /* init process */
+    NULL,                                  /* init thread */
+    NULL,                                  /* exit thread */
+    ngx_http_idem_exit_process,            /* exit process */
+    NULL,                                  /* exit master */
+    NGX_MODULE_V1_PADDING
+};
+
+
+/* variables */
+
+static ngx_str_t  ngx_http_idem_outcomes[] = {
+    ngx_null_string,
+    ngx_string("executed"),
+    ngx_string("replayed"),
+    ngx_string("conflict"),
+    ngx_string("in_progress"),
+    ngx_string("unknown"),
+    ngx_string("rejected"),
+    ngx_string("bypassed")
+};
+
+
+enum {
+    NGX_HTTP_IDEM_VAR_KEY = 0,
+    NGX_HTTP_IDEM_VAR_OUTCOME,
+    NGX_HTTP_IDEM_VAR_FINGERPRINT,
+    NGX_HTTP_IDEM_VAR_OPERATION_ID,
+    NGX_HTTP_IDEM_VAR_BODY_FORM
+};
+
+
+static ngx_int_t
+ngx_http_idem_variable(ngx_http_request_t *r, ngx_http_variable_value_t *v,
+    uintptr_t data)
+{
+    const char           *s;
+    ngx_str_t             value;
+    ngx_http_idem_ctx_t  *ctx;
+
+    ctx = ngx_http_idem_get_ctx(r->main);
+
+    ngx_str_null(&value);
+
+    if (ctx) {
+        switch (data) {
+
+        case NGX_HTTP_IDEM_VAR_KEY:
+            value = ctx->key;
+            break;
+
+        case NGX_HTTP_IDEM_VAR_OUTCOME:
+            value = ngx_http_idem_outcomes[ctx->outcome];
+            break;
+
+        case NGX_HTTP_IDEM_VAR_FINGERPRINT:
+            if (ctx->phase >= NGX_HTTP_IDEM_CLAIMING) {
+                value.data = ctx->fingerprint;
+                value.len = IDEM_FP_HEX_LEN;
+            }
+            break;
+
+        case NGX_HTTP_IDEM_VAR_OPERATION_ID:
+            value = ctx->op_id;
+            break;
+
+        default: /* NGX_HTTP_IDEM_VAR_BODY_FORM */
+            if (ctx->phase >= NGX_HTTP_IDEM_CLAIMING) {
+                s = idem_body_form_name(ctx->body_form);
+                value.data = (u_char *) s;
+                value.len = ngx_strlen(s);
+            }
+            break;
+        }
+    }
+
+    if (value.len == 0) {
+        v->not_found = 1;
+        return NGX_OK;
+    }
+
+    v->len = value.len;
+    v->data = value.data;
+    v->valid = 1;
+    v->no_cacheable = 0;
+    v->not_found = 0;
+
+    return NGX_OK;
+}
+
+
+static ngx_http_variable_t  ngx_http_idem_vars[] = {
+
+    { ngx_string("idempotency_key"), NULL, ngx_http_idem_variable,
+      NGX_HTTP_IDEM_VAR_KEY, NGX_HTTP_VAR_NOCACHEABLE, 0 },
+
+    { ngx_string("idempotency_outcome"), NULL, ngx_http_idem_variable,
+      NGX_HTTP_IDEM_VAR_OUTCOME, NGX_HTTP_VAR_NOCACHEABLE, 0 },
+
+    { ngx_string("idempotency_fingerprint"), NULL, ngx_http_idem_variable,
+      NGX_HTTP_IDEM_VAR_FINGERPRINT, NGX_HTTP_VAR_NOCACHEABLE, 0 },
+
+    { ngx_string("idempotency_operation_id"), NULL, ngx_http_idem_variable,
+      NGX_HTTP_IDEM_VAR_OPERATION_ID, NGX_HTTP_VAR_NOCACHEABLE, 0 },
+
+    { ngx_string("idempotency_body_form"), NULL, ngx_http_idem_variable,
+      NGX_HTTP_IDEM_VAR_BODY_FORM, NGX_HTTP_VAR_NOCACHEABLE, 0 },
+
+      ngx_http_null_variable
+};
+
+
+static ngx_int_t
+ngx_http_idem_add_variables(ngx_conf_t *cf)
+{
+    ngx_http_variable_t  *var, *v;
+
+    for (v = ngx_http_idem_vars; v->name.len; v++) {
+        var = ngx_http_add_variable(cf, &v->name, v->flags);
+        if (var == NULL) {
+            return NGX_ERROR;
+        }
+
+        var->get_handler = v->get_handler;
+        var->data = v->data;
+    }
+
+    return NGX_OK;
+}
+
+
+/* configuration */
+
+static void *
+ngx_http_idem_create_main_conf(ngx_conf_t *cf)
+{
+    ngx_http_idem_main_conf_t  *mcf;
+
+    mcf = ngx_pcalloc(cf->pool, sizeof(ngx_http_idem_main_conf_t));
+    if (mcf == NULL) {
+        return NULL;
+    }
+
+    if (ngx_array_init(&mcf->servers, cf->pool, 1,
+                       sizeof(ngx_http_idem_redis_t *))
+        != NGX_OK)
+    {
+        return NULL;
+    }
+
+    return mcf;
+}
+
+
+static void *
+ngx_http_idem_create_loc_conf(ngx_conf_t *cf)
+{
+    ngx_http_idem_loc_conf_t  *conf;
+
+    conf = ngx_pcalloc(cf->pool, sizeof(ngx_http_idem_loc_conf_t));
+    if (conf == NULL) {
+        return NULL;
+    }
+
+    /*
+     * set by ngx_pcalloc():
+     *
+     *     conf->redis = NULL;
+     *     conf->methods = 0;
+     *     conf->key_header = { 0, NULL };
+     *     conf->scope = NULL;
+     */
+
+    conf->enable = NGX_CONF_UNSET;
+    conf->required = NGX_CONF_UNSET;
+    conf->ttl = NGX_CONF_UNSET;
+    conf->lease = NGX_CONF_UNSET_MSEC;
+    conf->conflict_status = NGX_CONF_UNSET_UINT;
+    conf->store_max = NGX_CONF_UNSET_SIZE;
+    conf->store_headers = NGX_CONF_UNSET_PTR;
+    conf->store_failure = NGX_CONF_UNSET_UINT;
+    conf->fp_headers = NGX_CONF_UNSET_PTR;
+    conf->release_statuses = NGX_CONF_UNSET_PTR;
+
+    return conf;
+}
+
+
+/* 429 and 503 mean "not done, try later": the key is given back */
+static ngx_array_t *
+ngx_http_idem_default_releases(ngx_conf_t *cf)
+{
+    ngx_uint_t   *s;
+    ngx_array_t  *a;
+
+    a = ngx_array_create(cf->pool, 2, sizeof(ngx_uint_t));
+    if (a == NULL) {
+        return NULL;
+    }
+
+    s = ngx_array_push_n(a, 2);
+    if (s == NULL) {
+        return NULL;
+    }
+
+    s[0] = NGX_HTTP_TOO_MANY_REQUESTS;
+    s[1] = NGX_HTTP_SERVICE_UNAVAILABLE;
+
+    return a;
+}
+
+
+static char *
+ngx_http_idem_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
+{
+    ngx_http_idem_loc_conf_t *prev = parent;
+    ngx_http_idem_loc_conf_t *conf = child;
+
+    ngx_conf_merge_value(conf->enable, prev->enable, 0);
+
+    if (conf->redis == NULL) {
+        conf->redis = prev->redis;
+    }
+
+    ngx_conf_merge_bitmask_value(conf->methods, prev->methods,
+                                 NGX_CONF_BITMASK_SET
+                                 |NGX_HTTP_POST|NGX_HTTP_PATCH);
+
+    ngx_conf_merge_str_value(conf->key_header, prev->key_header,
+                             "Idempotency-Key");
+    ngx_conf_merge_value(conf->required, prev->required, 0);
+
+    if (conf->scope == NULL) {
+        conf->scope = prev->scope;
+    }
+
+    ngx_conf_merge_sec_value(conf->ttl, prev->ttl, 86400);
+    ngx_conf_merge_msec_value(conf->lease, prev->lease, 60000);
+    ngx_conf_merge_uint_value(conf->conflict_status, prev->conflict_status,
+                              NGX_HTTP_CONFLICT);
+    ngx_conf_merge_size_value(conf->store_max, prev->store_max,
+                              1024 * 1024);
+    ngx_conf_merge_ptr_value(conf->store_headers, prev->store_headers, NULL);
+    ngx_conf_merge_uint_value(conf->store_failure, prev->store_failure,
+                              NGX_HTTP_IDEM_FAILURE_CLOSED);
+    ngx_conf_merge_ptr_value(conf->fp_headers, prev->fp_headers, NULL);
+
+    if (conf->release_statuses == NGX_CONF_UNSET_PTR) {
+        if (prev->release_statuses == NGX_CONF_UNSET_PTR) {
+            prev->release_statuses = ngx_http_idem_default_releases(cf);
+            if (prev->release_statuses == NULL) {
+                return NGX_CONF_ERROR;
+            }
+        }
+
+        conf->release_statuses = prev->release_statuses;
+    }
+
+    if (conf->enable && conf->redis == NULL) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"idempotency on\" needs \"idempotency_redis\" "
+                           "in the same or an enclosing block");
+        return NGX_CONF_ERROR;
+    }
+
+    return NGX_CONF_OK;
+}
+
+
+static char *
+ngx_http_idem_enable(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    char                       *rv;
+    ngx_http_idem_loc_conf_t   *lcf = conf;
+    ngx_http_idem_main_conf_t  *mcf;
+
+    rv = ngx_conf_set_flag_slot(cf, cmd, conf);
+
+    if (rv == NGX_CONF_OK && lcf->enable) {
+        mcf = ngx_http_conf_get_module_main_conf(cf,
+                                                 ngx_http_idempotency_module);
+        mcf->used = 1;
+    }
+
+    return rv;
+}
+
+
+static char *
+ngx_http_idem_check_positive_sec(ngx_conf_t *cf, void *post, void *data)
+{
+    time_t  *t = data;
+
+    if (*t <= 0) {
+        return "must be greater than zero";
+    }
+
+    return NGX_CONF_OK;
+}
+
+
+static char *
+ngx_http_idem_check_positive_msec(ngx_conf_t *cf, void *post, void *data)
+{
+    ngx_msec_t  *t = data;
+
+    if (*t == 0) {
+        return "must be greater than zero";
+    }
+
+    return NGX_CONF_OK;
+}
+
+
+static char *
+ngx_http_idem_conflict_status(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_http_idem_loc_conf_t  *lcf = conf;
+
+    ngx_str_t  *value;
+
+    if (lcf->conflict_status != NGX_CONF_UNSET_UINT) {
+        return "is duplicate";
+    }
+
+    value = cf->args->elts;
+
+    if (ngx_strcmp(value[1].data, "409") == 0) {
+        lcf->conflict_status = NGX_HTTP_CONFLICT;
+
+    } else if (ngx_strcmp(value[1].data, "422") == 0) {
+        lcf->conflict_status = 422;
+
+    } else {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "invalid value \"%V\" in \"%V\" directive, "
+                           "it must be 409 or 422", &value[1], &cmd->name);
+        return NGX_CONF_ERROR;
+    }
+
+    return NGX_CONF_OK;
+}
+
+
+static char *
+ngx_http_idem_release_statuses(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf)
+{
+    ngx_http_idem_loc_conf_t  *lcf = conf;
+
+    ngx_int_t    n;
+    ngx_str_t   *value;
+    ngx_uint_t   i, *s;
+
+    if (lcf->release_statuses != NGX_CONF_UNSET_PTR) {
+        return "is duplicate";
+    }
+
+    value = cf->args->elts;
+
+    if (cf->args->nelts == 2 && ngx_strcmp(value[1].data, "off") == 0) {
+        lcf->release_statuses = NULL;
+        return NGX_CONF_OK;
+    }
+
+    lcf->release_statuses = ngx_array_create(cf->pool, cf->args->nelts - 1,
+                                             sizeof(ngx_uint_t));
+    if (lcf->release_statuses == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    for (i = 1; i < cf->args->nelts; i++) {
+        n = ngx_atoi(value[i].data, value[i].len);
+
+        if (n < 200 || n > 599) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "invalid status \"%V\" in \"%V\" directive, "
+                               "it must be from 200 to 599 or \"off\"",
+                               &value[i], &cmd->name);
+            return NGX_CONF_ERROR;
+        }
+
+        s = ngx_array_push(lcf->release_statuses);
+        if (s == NULL) {
+            return NGX_CONF_ERROR;
+        }
+
+        *s = (ngx_uint_t) n;
+    }
+
+    return NGX_CONF_OK;
+}
+
+
+static char *
+ngx_http_idem_methods(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_http_idem_loc_conf_t  *lcf = conf;
+
+    ngx_str_t   *value;
+    ngx_uint_t   i, m;
+
+    static ngx_conf_bitmask_t  methods[] = {
+        { ngx_string("POST"), NGX_HTTP_POST },
+        { ngx_string("PUT"), NGX_HTTP_PUT },
+        { ngx_string("PATCH"), NGX_HTTP_PATCH },
+        { ngx_string("DELETE"), NGX_HTTP_DELETE },
+        { ngx_null_string, 0 }
+    };
+
+    if (lcf->methods) {
+        return "is duplicate";
+    }
+
+    value = cf->args->elts;
+
+    for (i = 1; i < cf->args->nelts; i++) {
+        for (m = 0; methods[m].name.len; m++) {
+            if (value[i].len == methods[m].name.len
+                && ngx_strcmp(value[i].data, methods[m].name.data) == 0)
+            {
+                break;
+            }
+        }
+
+        if (methods[m].name.len == 0) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "invalid method \"%V\" in \"%V\" directive, "
+                               "it must be POST, PUT, PATCH or DELETE",
+                               &value[i], &cmd->name);
+            return NGX_CONF_ERROR;
+        }
+
+        lcf->methods |= methods[m].mask;
+    }
+
+    lcf->methods |= NGX_CONF_BITMASK_SET;
+
+    return NGX_CONF_OK;
+}
+
+
+static char *
+ngx_http_idem_lowercase_list(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    char  *p = conf;
+
+    ngx_str_t     *value, *name;
+    ngx_uint_t     i;
+    ngx_array_t  **a;
+
+    a = (ngx_array_t **) (p + cmd->offset);
+
+    if (*a != NGX_CONF_UNSET_PTR) {
+        return "is duplicate";
+    }
+
+    *a = ngx_array_create(cf->pool, cf->args->nelts, sizeof(ngx_str_t));
+    if (*a == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    value = cf->args->elts;
+
+    for (i = 1; i < cf->args->nelts; i++) {
+        name = ngx_array_push(*a);
+        if (name == NULL) {
+            return NGX_CONF_ERROR;
+        }
+
+        name->len = value[i].len;
+        name->data = ngx_pnalloc(cf->pool, name->len);
+        if (name->data == NULL) {
+            return NGX_CONF_ERROR;
+        }
+
+        ngx_strlow(name->data, value[i].data, name->len);
+    }
+
+    return NGX_CONF_OK;
+}
+
+
+static char *
+ngx_http_idem_redis_param(ngx_conf_t *cf, ngx_command_t *cmd,
+    ngx_http_idem_redis_t *rd, ngx_str_t *v)
+{
+    ngx_int_t  n;
+    ngx_str_t  s;
+
+    if (ngx_strncmp(v->data, "password=", 9) == 0) {
+        rd->password.data = v->data + 9;
+        rd->password.len = v->len - 9;
+        return NGX_CONF_OK;
+    }
+
+    if (ngx_strncmp(v->data, "user=", 5) == 0) {
+        rd->user.data = v->data + 5;
+        rd->user.len = v->len - 5;
+        return NGX_CONF_OK;
+    }
+
+    if (ngx_strncmp(v->data, "db=", 3) == 0) {
+        n = ngx_atoi(v->data + 3, v->len - 3);
+        if (n == NGX_ERROR) {
+            goto invalid;
+        }
+
+        rd->db = n;
+        return NGX_CONF_OK;
+    }
+
+    if (ngx_strncmp(v->data, "connect_timeout=", 16) == 0) {
+        s.data = v->data + 16;
+        s.len = v->len - 16;
+        n = ngx_parse_time(&s, 0);
+        if (n == NGX_ERROR || n == 0) {
+            goto invalid;
+        }
+
+        rd->connect_timeout = (ngx_msec_t) n;
+        return NGX_CONF_OK;
+    }
+
+    if (ngx_strncmp(v->data, "timeout=", 8) == 0) {
+        s.data = v->data + 8;
+        s.len = v->len - 8;
+        n = ngx_parse_time(&s, 0);
+        if (n == NGX_ERROR || n == 0) {
+            goto invalid;
+        }
+
+        rd->timeout = (ngx_msec_t) n;
+        return NGX_CONF_OK;
+    }
+
+invalid:
+
+    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                       "invalid parameter \"%V\" in \"%V\" directive",
+                       v, &cmd->name);
+    return NGX_CONF_ERROR;
+}
+
+
+/* resolve now: getaddrinfo would block a worker */
+static char *
+ngx_http_idem_redis_address(ngx_conf_t *cf, ngx_command_t *cmd,
+    ngx_http_idem_redis_t *rd, ngx_str_t *addr)
+{
+    u_char              *p;
+    ngx_url_t            u;
+    struct sockaddr_un  *sun;
+
+    ngx_memzero(&u, sizeof(ngx_url_t));
+    u.url = *addr;
+    u.default_port = 6379;
+
+    if (ngx_parse_url(cf->pool, &u) != NGX_OK || u.naddrs == 0) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "invalid address \"%V\" in \"%V\" directive%s%s",
+                           addr, &cmd->name, u.err ? ": " : "",
+                           u.err ? u.err : "");
+        return NGX_CONF_ERROR;
+    }
+
+    if (u.addrs[0].sockaddr->sa_family == AF_UNIX) {
+        sun = (struct sockaddr_un *) u.addrs[0].sockaddr;
+        rd->host.len = ngx_strlen(sun->sun_path);
+        rd->host.data = (u_char *) sun->sun_path;
+        rd->port = 0;
+        return NGX_CONF_OK;
+    }
+
+    p = ngx_pnalloc(cf->pool, NGX_SOCKADDR_STRLEN + 1);
+    if (p == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    rd->host.len = ngx_sock_ntop(u.addrs[0].sockaddr, u.addrs[0].socklen,
+                                 p, NGX_SOCKADDR_STRLEN, 0);
+    p[rd->host.len] = '\0';
+    rd->host.data = p;
+    rd->port = (int) ngx_inet_get_port(u.addrs[0].sockaddr);
+
+    return NGX_CONF_OK;
+}
+
+
+static ngx_uint_t
+ngx_http_idem_redis_same(ngx_http_idem_redis_t *a, ngx_http_idem_redis_t *b)
+{
+    return a->port == b->port
+           && a->db == b->db
+           && a->connect_timeout == b->connect_timeout
+           && a->timeout == b->timeout
+           && a->host.len == b->host.len
+           && ngx_strncmp(a->host.data, b->host.data, a->host.len) == 0
+           && a->user.len == b->user.len
+           && ngx_strncmp(a->user.data, b->user.data, a->user.len) == 0
+           && a->password.len == b->password.len
+           && ngx_strncmp(a->password.data, b->password.data,
+                          a->password.len) == 0;
+}
+
+
+static char *
+ngx_http_idem_redis(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_http_idem_loc_conf_t  *lcf = conf;
+
+    ngx_str_t                  *value;
+    ngx_uint_t                  i;
+    ngx_http_idem_redis_t      *rd, **servers, **slot;
+    ngx_http_idem_main_conf_t  *mcf;
+
+    if (lcf->redis) {
+        return "is duplicate";
+    }
+
+    value = cf->args->elts;
+
+    rd = ngx_pcalloc(cf->pool, sizeof(ngx_http_idem_redis_t));
+    if (rd == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    rd->name = value[1];
+    rd->connect_timeout = 1000;
+    rd->timeout = 1000;
+
+    if (ngx_http_idem_redis_address(cf, cmd, rd, &value[1]) != NGX_CONF_OK) {
+        return NGX_CONF_ERROR;
+    }
+
+    for (i = 2; i < cf->args->nelts; i++) {
+        if (ngx_http_idem_redis_param(cf, cmd, rd, &value[i]) != NGX_CONF_OK) {
+            return NGX_CONF_ERROR;
+        }
+    }
+
+    /* locations naming the same server share one connection per worker */
+    mcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_idempotency_module);
+    servers = mcf->servers.elts;
+
+    for (i = 0; i < mcf->servers.nelts; i++) {
+        if (ngx_http_idem_redis_same(servers[i], rd)) {
+            lcf->redis = servers[i];
+            return NGX_CONF_OK;
+        }
+    }
+
+    slot = ngx_array_push(&mcf->servers);
+    if (slot == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    *slot = rd;
+    lcf->redis = rd;
+
+    return NGX_CONF_OK;
+}
+
+
+static ngx_int_t
+ngx_http_idem_postconfiguration(ngx_conf_t *cf)
+{
+    ngx_http_handler_pt        *h;
+    ngx_http_core_main_conf_t  *cmcf;
+    ngx_http_idem_main_conf_t  *mcf;
+
+    mcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_idempotency_module);
+
+    if (!mcf->used) {
+        /* nothing to do: no servers are connected, no handlers run */
+        mcf->servers.nelts = 0;
+        return NGX_OK;
+    }
+
+    if (ngx_http_idem_scripts_init(cf, mcf) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
+    cmcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_core_module);
+
+    /* remembers the route before this location's rewrites */
+    h = ngx_array_push(&cmcf->phases[NGX_HTTP_REWRITE_PHASE].handlers);
+    if (h == NULL) {
+        return NGX_ERROR;
+    }
+
+    *h = ngx_http_idem_rewrite_handler;
+
+    /* after every access check, so rejected requests never reach Redis */
+    h = ngx_array_push(&cmcf->phases[NGX_HTTP_PRECONTENT_PHASE].handlers);
+    if (h == NULL) {
+        return NGX_ERROR;
+    }
+
+    *h = ngx_http_idem_precontent_handler;
+
+    return ngx_http_idem_filter_init(cf);
+}
+
+
+static ngx_int_t
+ngx_http_idem_init_process(ngx_cycle_t *cycle)
+{
+    return ngx_http_idem_redis_init_process(cycle);
+}
+
+
+static void
+ngx_http_idem_exit_process(ngx_cycle_t *cycle)
+{
+    ngx_http_idem_redis_exit_process(cycle);
+}

@@ -1,0 +1,62 @@
+-- Claim (scope, key) for one attempt, or report what already holds it.
+-- One script, so the check and the claim are a single atomic step.
+--
+-- KEYS[1]  record key
+-- ARGV[1]  request fingerprint (64 hex)
+-- ARGV[2]  owner token (fences complete/release/fail)
+-- ARGV[3]  operation id for a new record
+-- ARGV[4]  lease in milliseconds
+-- ARGV[5]  retention TTL in seconds
+--
+-- Replies (all strings):
+--   {"claimed", op}
+--   {"completed", op, status, headers, body, stored}
+--   {"mismatch", op, state}
+--   {"in_progress", op, lease_left_ms}
+--   {"unknown", op}
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+local r = redis.call('HMGET', KEYS[1], 'v', 'state', 'fp', 'op', 'lease')
+
+if not r[2] then
+    redis.call('HSET', KEYS[1],
+               'v', '1', 'state', 'in_progress', 'fp', ARGV[1],
+               'owner', ARGV[2], 'op', ARGV[3],
+               'lease', tostring(now + tonumber(ARGV[4])),
+               'created', tostring(now))
+    redis.call('EXPIRE', KEYS[1], tonumber(ARGV[5]))
+    return {'claimed', ARGV[3]}
+end
+
+if r[1] ~= '1' or not r[3] or not r[4] then
+    return redis.error_reply('IDEMCORRUPT record has an unknown layout')
+end
+
+if r[3] ~= ARGV[1] then
+    return {'mismatch', r[4], r[2]}
+end
+
+if r[2] == 'completed' then
+    local c = redis.call('HMGET', KEYS[1], 'status', 'hdr', 'body', 'stored')
+    return {'completed', r[4], c[1] or '', c[2] or '', c[3] or '', c[4] or '0'}
+end
+
+if r[2] == 'in_progress' then
+    local left = tonumber(r[5] or '0') - now
+    if left > 0 then
+        return {'in_progress', r[4], tostring(left)}
+    end
+    -- The owner stopped renewing its lease: it may or may not have reached
+    -- the upstream, so the outcome is unknown, never free.
+    redis.call('HSET', KEYS[1], 'state', 'unknown', 'unknown_at', tostring(now))
+    redis.call('HDEL', KEYS[1], 'owner')
+    return {'unknown', r[4]}
+end
+
+if r[2] == 'unknown' then
+    return {'unknown', r[4]}
+end
+
+return redis.error_reply('IDEMCORRUPT record has an unknown state')

@@ -1,0 +1,17 @@
+-- Forget a claim whose request never reached the upstream, so that a retry
+-- executes.  Fenced by the owner token.
+--
+-- KEYS[1]  record key
+-- ARGV[1]  owner token
+--
+-- Reply: 1 when released, 0 when the claim was not ours any more.
+
+local r = redis.call('HMGET', KEYS[1], 'state', 'owner')
+
+if r[1] ~= 'in_progress' or r[2] ~= ARGV[1] then
+    return 0
+end
+
+redis.call('DEL', KEYS[1])
+
+return 1
