@@ -72,8 +72,22 @@ typedef struct {
     ngx_event_t                  connect_timer;
     ngx_event_t                  recycle;
     redisAsyncContext           *recycle_ac;
+    ngx_array_t                 *orphans;   /* ngx_http_idem_orphan_t */
     unsigned                     exiting:1;
 } ngx_http_idem_redis_t;
+
+
+/*
+ * A claim sent without an answer (timeout, lost connection) may or may not
+ * have been made; it is released, fenced by its owner token, once the
+ * connection is back, so that the key is not blocked until its lease ends.
+ */
+typedef struct {
+    u_char                       key[IDEM_RECORD_KEY_LEN];
+    u_char                       owner[NGX_HTTP_IDEM_TOKEN_HEX];
+} ngx_http_idem_orphan_t;
+
+#define NGX_HTTP_IDEM_ORPHANS_MAX    4096
 
 
 typedef struct ngx_http_idem_cmd_s  ngx_http_idem_cmd_t;

@@ -54,7 +54,12 @@ ngx_http_idem_cleanup(void *data)
         } else {
             ngx_log_error(NGX_LOG_WARN, r->connection->log, 0,
                           "idempotency: no complete response for key "
-                          "\"%V\", outcome unknown", &ctx->key);
+                          "\"%V\", outcome unknown%s", &ctx->key,
+                          r->connection->error
+                          ? " (the client went away first; "
+                            "\"proxy_ignore_client_abort on\" lets the "
+                            "response be read and recorded)"
+                          : "");
             ngx_http_idem_finish(r, ctx, NGX_HTTP_IDEM_END_FAIL);
         }
     }
@@ -1023,6 +1028,7 @@ ngx_http_idem_act(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
                           "\"%V\" through unprotected", &ctx->key);
             ctx->phase = NGX_HTTP_IDEM_DONE;
             ctx->outcome = NGX_HTTP_IDEM_OUT_BYPASSED;
+            ngx_str_null(&ctx->op_id);
             return NGX_DECLINED;
         }
 

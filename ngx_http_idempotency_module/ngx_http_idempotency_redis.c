@@ -19,6 +19,7 @@ static void ngx_http_idem_redis_schedule(ngx_http_idem_redis_t *rd);
 static void ngx_http_idem_redis_recycle_later(ngx_http_idem_redis_t *rd);
 static void ngx_http_idem_redis_reply(redisAsyncContext *ac, void *r,
     void *privdata);
+static void ngx_http_idem_orphans_release(ngx_http_idem_redis_t *rd);
 
 
 static const char  *ngx_http_idem_script_texts[NGX_HTTP_IDEM_NSCRIPTS] = {
@@ -216,6 +217,8 @@ ngx_http_idem_redis_on_connect(const redisAsyncContext *ac, int status)
 
     rd->state = NGX_HTTP_IDEM_REDIS_READY;
     rd->backoff = 0;
+
+    ngx_http_idem_orphans_release(rd);
 }
 
 
@@ -591,6 +594,79 @@ ngx_http_idem_cmd_arg(ngx_http_idem_cmd_t *cmd, const void *data, size_t len)
 
 
 static void
+ngx_http_idem_orphan_add(ngx_http_idem_cmd_t *cmd)
+{
+    ngx_http_idem_redis_t   *rd;
+    ngx_http_idem_orphan_t  *o;
+
+    rd = cmd->redis;
+
+    if (cmd->script != NGX_HTTP_IDEM_SCRIPT_CLAIM || rd->exiting) {
+        return;
+    }
+
+    if (rd->orphans == NULL) {
+        rd->orphans = ngx_array_create(ngx_cycle->pool, 16,
+                                       sizeof(ngx_http_idem_orphan_t));
+        if (rd->orphans == NULL) {
+            return;
+        }
+    }
+
+    if (rd->orphans->nelts >= NGX_HTTP_IDEM_ORPHANS_MAX) {
+        ngx_log_error(NGX_LOG_WARN, rd->log, 0,
+                      "idempotency: too many unanswered claims, one will "
+                      "turn unknown when its lease lapses");
+        return;
+    }
+
+    o = ngx_array_push(rd->orphans);
+    if (o == NULL) {
+        return;
+    }
+
+    /* argv: EVALSHA sha 1 key fingerprint owner ... */
+    ngx_memcpy(o->key, cmd->argv[3], IDEM_RECORD_KEY_LEN);
+    ngx_memcpy(o->owner, cmd->argv[5], NGX_HTTP_IDEM_TOKEN_HEX);
+}
+
+
+static void
+ngx_http_idem_orphans_release(ngx_http_idem_redis_t *rd)
+{
+    ngx_uint_t               i;
+    ngx_http_idem_cmd_t     *cmd;
+    ngx_http_idem_orphan_t  *o;
+
+    if (rd->orphans == NULL || rd->orphans->nelts == 0) {
+        return;
+    }
+
+    ngx_log_error(NGX_LOG_NOTICE, rd->log, 0,
+                  "idempotency: releasing %ui unanswered claims",
+                  rd->orphans->nelts);
+
+    o = rd->orphans->elts;
+
+    for (i = 0; i < rd->orphans->nelts; i++) {
+        cmd = ngx_http_idem_cmd_create(rd, NGX_HTTP_IDEM_SCRIPT_RELEASE, 2,
+                                       IDEM_RECORD_KEY_LEN
+                                       + NGX_HTTP_IDEM_TOKEN_HEX, rd->log);
+        if (cmd == NULL) {
+            break;
+        }
+
+        ngx_http_idem_cmd_arg(cmd, o[i].key, IDEM_RECORD_KEY_LEN);
+        ngx_http_idem_cmd_arg(cmd, o[i].owner, NGX_HTTP_IDEM_TOKEN_HEX);
+
+        (void) ngx_http_idem_cmd_send(cmd, NULL, NULL);
+    }
+
+    rd->orphans->nelts = 0;
+}
+
+
+static void
 ngx_http_idem_cmd_timeout(ngx_event_t *ev)
 {
     ngx_http_idem_cmd_t  *cmd = ev->data;
@@ -604,6 +680,7 @@ ngx_http_idem_cmd_timeout(ngx_event_t *ev)
 
     /* the command stays allocated until hiredis lets go of it */
     cmd->failed = 1;
+    ngx_http_idem_orphan_add(cmd);
 
     if (cmd->handler) {
         cmd->handler(cmd, NULL);
@@ -685,6 +762,11 @@ ngx_http_idem_redis_reply(redisAsyncContext *ac, void *r, void *privdata)
 
     if (cmd->timer.timer_set) {
         ngx_del_timer(&cmd->timer);
+    }
+
+    if (reply == NULL && !cmd->failed) {
+        /* written, maybe executed, never answered: the connection went */
+        ngx_http_idem_orphan_add(cmd);
     }
 
     if (!cmd->failed && cmd->handler) {

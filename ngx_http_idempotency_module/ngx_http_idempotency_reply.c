@@ -331,6 +331,11 @@ ngx_http_idem_send_answer(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
 
     conflict = ctx->conf->conflict_status;
 
+    if (ctx->answer == NGX_HTTP_IDEM_ANS_STORE_DOWN) {
+        /* the operation id drawn for the claim never reached a record */
+        ngx_str_null(&ctx->op_id);
+    }
+
     switch (ctx->answer) {
 
     case NGX_HTTP_IDEM_ANS_COMPLETED:
