@@ -1,0 +1,688 @@
+/*
+ * RFC 8785 canonicalization: the upstream vectors (argv[1] is t/data/jcs),
+ * every line of the number files, and the rejections of DESIGN.md 3.
+ */
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <float.h>
+
+#include <cjson/cJSON.h>
+
+#include "idem_jcs.h"
+#include "tap.h"
+
+
+typedef struct {
+    char    *data;
+    size_t   len;
+    size_t   size;
+    int      fail_after;    /* > 0: the sink fails after so many writes */
+} mem_t;
+
+
+static int
+mem_write(idem_sink_t *sink, const char *p, size_t n)
+{
+    mem_t  *m;
+    char   *d;
+
+    m = sink->data;
+
+    if (m->fail_after > 0 && --m->fail_after == 0) {
+        return -1;
+    }
+
+    if (m->len + n + 1 > m->size) {
+        m->size = (m->len + n + 1) * 2;
+        d = realloc(m->data, m->size);
+        if (d == NULL) {
+            return -1;
+        }
+        m->data = d;
+    }
+
+    memcpy(m->data + m->len, p, n);
+    m->len += n;
+    m->data[m->len] = '\0';
+
+    return 0;
+}
+
+
+/* canonical form of in[0..len) into a fresh string (free it), or NULL */
+static char *
+canon_n(const char *in, size_t len, idem_jcs_rc_t *rc, size_t *out_len)
+{
+    mem_t        m;
+    idem_sink_t  sink;
+
+    memset(&m, 0, sizeof(mem_t));
+    sink.write = mem_write;
+    sink.data = &m;
+
+    *rc = idem_jcs_canonicalize(in, len, &sink);
+
+    if (*rc != IDEM_JCS_OK) {
+        free(m.data);
+        return NULL;
+    }
+
+    if (m.data == NULL) {
+        m.data = calloc(1, 1);
+    }
+
+    if (out_len != NULL) {
+        *out_len = m.len;
+    }
+
+    return m.data;
+}
+
+
+static void
+is_canon(const char *in, const char *expected, const char *name)
+{
+    idem_jcs_rc_t   rc;
+    char           *out;
+
+    out = canon_n(in, strlen(in), &rc, NULL);
+    is_str(out, expected, "%s", name);
+
+    if (out == NULL) {
+        diag("  rc: %s", idem_jcs_strerror(rc));
+    }
+
+    free(out);
+}
+
+
+static void
+is_rc(const char *in, size_t len, idem_jcs_rc_t expected, const char *name)
+{
+    idem_jcs_rc_t   rc;
+    char           *out;
+
+    out = canon_n(in, len, &rc, NULL);
+    free(out);
+
+    if (!ok(rc == expected, "%s -> %s", name, idem_jcs_strerror(expected))) {
+        diag("  got: %s", idem_jcs_strerror(rc));
+    }
+}
+
+#define IS_RC(lit, expected, name)  is_rc(lit, sizeof(lit) - 1, expected, name)
+
+
+static char *
+read_file(const char *path, size_t *len)
+{
+    FILE    *f;
+    char    *buf;
+    long     n;
+
+    f = fopen(path, "rb");
+    if (f == NULL) {
+        return NULL;
+    }
+
+    fseek(f, 0, SEEK_END);
+    n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+
+    buf = malloc(n + 1);
+    if (buf != NULL && fread(buf, 1, n, f) != (size_t) n) {
+        free(buf);
+        buf = NULL;
+    }
+
+    fclose(f);
+
+    if (buf != NULL) {
+        buf[n] = '\0';
+        *len = n;
+    }
+
+    return buf;
+}
+
+
+static void
+test_vectors(const char *dir)
+{
+    static const char  *names[] = {
+        "arrays", "french", "structures", "unicode", "values", "weird"
+    };
+
+    char            path[1024];
+    char           *in, *expected, *out;
+    size_t          in_len, exp_len, out_len;
+    idem_jcs_rc_t   rc;
+    size_t          i;
+
+    for (i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        snprintf(path, sizeof(path), "%s/input/%s.json", dir, names[i]);
+        in = read_file(path, &in_len);
+
+        snprintf(path, sizeof(path), "%s/output/%s.json", dir, names[i]);
+        expected = read_file(path, &exp_len);
+
+        if (in == NULL || expected == NULL) {
+            ok(0, "vector %s: cannot read %s", names[i], path);
+            free(in);
+            free(expected);
+            continue;
+        }
+
+        out = canon_n(in, in_len, &rc, &out_len);
+
+        if (!ok(out != NULL && out_len == exp_len
+                && memcmp(out, expected, exp_len) == 0,
+                "vector %s: byte-exact canonical form", names[i]))
+        {
+            diag("  rc: %s", idem_jcs_strerror(rc));
+            diag("  got:      %s", out ? out : "(null)");
+            diag("  expected: %s", expected);
+        }
+
+        free(in);
+        free(expected);
+        free(out);
+    }
+}
+
+
+/* one TAP line per file: formatting, then reading the text back */
+static void
+test_number_file(const char *dir, const char *file)
+{
+    char            path[1024], line[128], buf[IDEM_JCS_NUMBER_MAX];
+    char           *comma, *nl;
+    FILE           *f;
+    uint64_t        bits, back_bits;
+    double          d;
+    cJSON          *tree;
+    idem_jcs_rc_t   rc;
+    long            lines, fails, read_fails;
+
+    snprintf(path, sizeof(path), "%s/%s", dir, file);
+    f = fopen(path, "r");
+
+    if (f == NULL) {
+        ok(0, "%s: cannot open %s", file, path);
+        ok(0, "%s: parser reads expected strings back", file);
+        return;
+    }
+
+    lines = 0;
+    fails = 0;
+    read_fails = 0;
+
+    while (fgets(line, sizeof(line), f) != NULL) {
+        nl = strchr(line, '\n');
+        if (nl != NULL) {
+            *nl = '\0';
+        }
+
+        comma = strchr(line, ',');
+        if (comma == NULL) {
+            continue;
+        }
+
+        *comma++ = '\0';
+        lines++;
+
+        bits = strtoull(line, NULL, 16);
+        memcpy(&d, &bits, sizeof(d));
+
+        idem_jcs_format_number(d, buf);
+
+        if (strcmp(buf, comma) != 0 && ++fails <= 5) {
+            diag("%s: %s: got %s, expected %s", file, line, buf, comma);
+        }
+
+        /* our parser must read the expected text back to the same bits */
+        rc = idem_jcs_parse(comma, strlen(comma), &tree);
+
+        if (rc == IDEM_JCS_OK) {
+            memcpy(&back_bits, &tree->valuedouble, sizeof(back_bits));
+            cJSON_Delete(tree);
+        }
+
+        if ((rc != IDEM_JCS_OK
+             || (back_bits != bits && bits != 0x8000000000000000ULL))
+            && ++read_fails <= 5)
+        {
+            diag("%s: %s: '%s' does not parse back", file, line, comma);
+        }
+    }
+
+    fclose(f);
+
+    ok(lines > 0 && fails == 0, "%s: %ld lines, %ld formatting failures",
+       file, lines, fails);
+    ok(lines > 0 && read_fails == 0,
+       "%s: %ld lines, %ld parse-back failures", file, lines, read_fails);
+}
+
+
+static void
+test_numbers(void)
+{
+    char    buf[IDEM_JCS_NUMBER_MAX];
+    double  zero;
+
+    zero = 0.0;
+
+    is_int(idem_jcs_format_number(zero / zero, buf), 0, "NaN not formatted");
+    is_int(idem_jcs_format_number(1 / zero, buf), 0, "+Inf not formatted");
+    is_int(idem_jcs_format_number(-1 / zero, buf), 0, "-Inf not formatted");
+
+    idem_jcs_format_number(-0.0, buf);
+    is_str(buf, "0", "-0 formats as 0");
+
+    idem_jcs_format_number(1e21, buf);
+    is_str(buf, "1e+21", "1e21 in exponent form");
+
+    idem_jcs_format_number(1e20, buf);
+    is_str(buf, "100000000000000000000", "1e20 in full");
+
+    idem_jcs_format_number(1.5e-7, buf);
+    is_str(buf, "1.5e-7", "1.5e-7");
+
+    idem_jcs_format_number(0.000001, buf);
+    is_str(buf, "0.000001", "1e-6 in fixed form");
+
+    idem_jcs_format_number(-1.5, buf);
+    is_str(buf, "-1.5", "-1.5");
+
+    idem_jcs_format_number(9007199254740991.0, buf);
+    is_str(buf, "9007199254740991", "2^53 - 1 (integer fast path)");
+
+    idem_jcs_format_number(-DBL_MAX, buf);
+    is_str(buf, "-1.7976931348623157e+308", "-DBL_MAX");
+}
+
+
+static void
+test_numbers_in_json(void)
+{
+    char  buf[200];
+
+    is_canon("-0", "0", "-0 -> 0");
+    is_canon("[-0.0,0e10,-0E-3]", "[0,0,0]", "negative zeros in an array");
+    is_canon("[1E30,4.50,56.0,1e-7,0.1]", "[1e+30,4.5,56,1e-7,0.1]",
+             "number spellings");
+    is_canon("1e-400", "0", "underflow reads as 0, like JSON.parse");
+
+    /* long valid numbers: upstream cJSON copies only 63 characters */
+    strcpy(buf, "0.");
+    memset(buf + 2, '0', 68);
+    strcpy(buf + 70, "1");
+    is_canon(buf, "1e-69", "0.(68 zeros)1, 71 characters");
+
+    memset(buf, '1', 70);
+    buf[70] = '\0';
+    is_canon(buf, "1.1111111111111112e+69", "70-digit integer");
+
+    strcpy(buf, "[1.");
+    memset(buf + 3, '0', 70);
+    strcpy(buf + 73, "1]");
+    is_canon(buf, "[1]", "1.(70 zeros)1 rounds to 1");
+
+    strcpy(buf, "-");
+    memset(buf + 1, '9', 100);
+    strcpy(buf + 101, "e-100");
+    is_canon(buf, "-1", "100 nines e-100");
+
+    IS_RC("1e400", IDEM_JCS_ENUMBER, "1e400");
+    IS_RC("[-1e400]", IDEM_JCS_ENUMBER, "-1e400");
+    IS_RC("1e99999999999999999999", IDEM_JCS_ENUMBER, "huge exponent");
+    IS_RC("01", IDEM_JCS_ESYNTAX, "leading zero");
+    IS_RC("-01", IDEM_JCS_ESYNTAX, "negative leading zero");
+    IS_RC("[00]", IDEM_JCS_ESYNTAX, "double zero");
+    IS_RC("1.", IDEM_JCS_ESYNTAX, "no fraction digits");
+    IS_RC(".5", IDEM_JCS_ESYNTAX, "no integer digits");
+    IS_RC("+1", IDEM_JCS_ESYNTAX, "plus sign");
+    IS_RC("1e", IDEM_JCS_ESYNTAX, "no exponent digits");
+    IS_RC("1e+", IDEM_JCS_ESYNTAX, "no exponent digits after sign");
+    IS_RC("-", IDEM_JCS_ESYNTAX, "lone minus");
+    IS_RC("0x10", IDEM_JCS_ESYNTAX, "hex");
+    IS_RC("NaN", IDEM_JCS_ESYNTAX, "NaN");
+    IS_RC("Infinity", IDEM_JCS_ESYNTAX, "Infinity");
+}
+
+
+static void
+test_strings(void)
+{
+    is_canon("\"\\u001f\\u0001\\b\\f\\n\\r\\t\\\"\\\\\"",
+             "\"\\u001f\\u0001\\b\\f\\n\\r\\t\\\"\\\\\"",
+             "control characters and short escapes");
+    is_canon("\"\\/\\u2028\\u007f\\u00e9\"", "\"/\xe2\x80\xa8\x7f\xc3\xa9\"",
+             "'/', U+2028, DEL, e-acute are not escaped");
+    is_canon("\"\\uD83D\\uDE00\"", "\"\xf0\x9f\x98\x80\"",
+             "surrogate pair decoded");
+    is_canon("\"\\u00E9\"", "\"\xc3\xa9\"", "uppercase hex escape");
+
+    IS_RC("\"\\u0000\"", IDEM_JCS_ENUL, "\\u0000");
+    IS_RC("{\"a\\u0000b\":1}", IDEM_JCS_ENUL, "\\u0000 in a name");
+    IS_RC("\"\\uD800\"", IDEM_JCS_ESURROGATE, "lone high surrogate");
+    IS_RC("\"\\uDC00\"", IDEM_JCS_ESURROGATE, "lone low surrogate");
+    IS_RC("\"\\uD800\\u0041\"", IDEM_JCS_ESURROGATE, "high + non-low");
+    IS_RC("\"\\uDC00\\uD800\"", IDEM_JCS_ESURROGATE, "low before high");
+    IS_RC("\"\\uD800\\uD800\"", IDEM_JCS_ESURROGATE, "two highs");
+    IS_RC("\"\\uD800x\"", IDEM_JCS_ESURROGATE, "high + plain char");
+    IS_RC("\"\x01\"", IDEM_JCS_ESYNTAX, "raw control character");
+    IS_RC("\"a\0b\"", IDEM_JCS_ESYNTAX, "raw NUL byte");
+    IS_RC("\"\\x\"", IDEM_JCS_ESYNTAX, "unknown escape");
+    IS_RC("\"\\u12\"", IDEM_JCS_ESYNTAX, "short \\u escape");
+    IS_RC("\"\\u12G4\"", IDEM_JCS_ESYNTAX, "bad hex digit");
+    IS_RC("\"abc", IDEM_JCS_ESYNTAX, "unterminated string");
+    IS_RC("'a'", IDEM_JCS_ESYNTAX, "single quotes");
+
+    IS_RC("\"\xc0\x80\"", IDEM_JCS_EUTF8, "overlong NUL");
+    IS_RC("\"\xe0\x80\xaf\"", IDEM_JCS_EUTF8, "overlong 3-byte");
+    IS_RC("\"\xf0\x80\x80\xaf\"", IDEM_JCS_EUTF8, "overlong 4-byte");
+    IS_RC("\"\xed\xa0\x80\"", IDEM_JCS_EUTF8, "UTF-8 encoded surrogate");
+    IS_RC("\"\xf4\x90\x80\x80\"", IDEM_JCS_EUTF8, "above U+10FFFF");
+    IS_RC("\"\xf5\x80\x80\x80\"", IDEM_JCS_EUTF8, "F5 lead byte");
+    IS_RC("\"\x80\"", IDEM_JCS_EUTF8, "lone continuation byte");
+    IS_RC("\"\xe2\x82\"", IDEM_JCS_EUTF8, "truncated sequence");
+    IS_RC("\"\xff\"", IDEM_JCS_EUTF8, "FF byte");
+    IS_RC("{\"\xc3\":1}", IDEM_JCS_EUTF8, "invalid UTF-8 in a name");
+    IS_RC("[1,\xff]", IDEM_JCS_EUTF8, "invalid UTF-8 outside strings");
+    IS_RC("\xef\xbb\xbf{}", IDEM_JCS_ESYNTAX, "byte order mark");
+    is_canon("\"\xf4\x8f\xbf\xbf\"", "\"\xf4\x8f\xbf\xbf\"", "U+10FFFF ok");
+
+    ok(idem_utf8_valid("a\0b\xc3\xa9", 5), "utf8_valid: NUL and e-acute");
+    ok(!idem_utf8_valid("\xc3", 1), "utf8_valid: truncated");
+    ok(!idem_utf8_valid("\xed\xbf\xbf", 3), "utf8_valid: surrogate");
+    ok(idem_utf8_valid("", 0), "utf8_valid: empty");
+}
+
+
+static void
+test_structure(void)
+{
+    is_canon(" \t\r\n{ \"b\" : [ 1 , 2 ] , \"a\" : { } } \n",
+             "{\"a\":{},\"b\":[1,2]}", "whitespace removed, members sorted");
+    is_canon("[3,1,2]", "[3,1,2]", "array order kept");
+    is_canon("[true,false,null,\"\",[],{}]",
+             "[true,false,null,\"\",[],{}]", "literals and empties");
+    is_canon("{\"b\":{\"d\":1,\"c\":2},\"a\":[{\"z\":1,\"y\":2}]}",
+             "{\"a\":[{\"y\":2,\"z\":1}],\"b\":{\"c\":2,\"d\":1}}",
+             "nested objects sorted");
+
+    /* U+1F600 is D83D DE00 in UTF-16 and sorts before U+E000 */
+    is_canon("{\"\\uE000\":1,\"\\uD83D\\uDE00\":2}",
+             "{\"\xf0\x9f\x98\x80\":2,\"\xee\x80\x80\":1}",
+             "UTF-16 order: U+1F600 before U+E000");
+    is_canon("{\"\xee\x80\x80\":1,\"\xf0\x9f\x98\x80\":2,\"\xef\xbf\xbd\":3,"
+             "\"\xed\x9f\xbf\":4}",
+             "{\"\xed\x9f\xbf\":4,\"\xf0\x9f\x98\x80\":2,\"\xee\x80\x80\":1,"
+             "\"\xef\xbf\xbd\":3}",
+             "UTF-16 order with raw UTF-8 names");
+    is_canon("{\"ab\":1,\"a\":2,\"\":3}", "{\"\":3,\"a\":2,\"ab\":1}",
+             "prefixes sort first");
+    is_canon("{\"B\":1,\"a\":2,\"A\":3}", "{\"A\":3,\"B\":1,\"a\":2}",
+             "upper case before lower case");
+
+    IS_RC("{\"a\":1,\"a\":2}", IDEM_JCS_EDUP, "duplicate names");
+    IS_RC("{\"a\":1,\"b\":2,\"\\u0061\":3}", IDEM_JCS_EDUP,
+          "duplicate through an escape");
+    IS_RC("[{\"x\":{\"b\":1,\"b\":1}}]", IDEM_JCS_EDUP, "nested duplicate");
+    is_canon("[{\"a\":1},{\"a\":2}]", "[{\"a\":1},{\"a\":2}]",
+             "same name in sibling objects is fine");
+
+    IS_RC("[1,]", IDEM_JCS_ESYNTAX, "trailing comma in array");
+    IS_RC("{\"a\":1,}", IDEM_JCS_ESYNTAX, "trailing comma in object");
+    IS_RC("[,1]", IDEM_JCS_ESYNTAX, "leading comma");
+    IS_RC("[1 2]", IDEM_JCS_ESYNTAX, "missing comma");
+    IS_RC("{\"a\" 1}", IDEM_JCS_ESYNTAX, "missing colon");
+    IS_RC("{a:1}", IDEM_JCS_ESYNTAX, "unquoted name");
+    IS_RC("{1:1}", IDEM_JCS_ESYNTAX, "number as a name");
+    IS_RC("[1}", IDEM_JCS_ESYNTAX, "mismatched close");
+    IS_RC("[1", IDEM_JCS_ESYNTAX, "unclosed array");
+    IS_RC("{\"a\":", IDEM_JCS_ESYNTAX, "missing value");
+    IS_RC("tru", IDEM_JCS_ESYNTAX, "short literal");
+    IS_RC("True", IDEM_JCS_ESYNTAX, "capitalized literal");
+    IS_RC("nulls", IDEM_JCS_ESYNTAX, "literal with garbage");
+    IS_RC("1 x", IDEM_JCS_ESYNTAX, "trailing garbage");
+    IS_RC("{} {}", IDEM_JCS_ESYNTAX, "two values");
+    IS_RC("[1]]", IDEM_JCS_ESYNTAX, "extra close");
+    IS_RC("\"a\"\0", IDEM_JCS_ESYNTAX, "trailing NUL byte");
+    IS_RC("", IDEM_JCS_ESYNTAX, "empty input");
+    IS_RC(" \n", IDEM_JCS_ESYNTAX, "whitespace only");
+    IS_RC("\f1", IDEM_JCS_ESYNTAX, "form feed is not whitespace");
+    IS_RC("[1,\v2]", IDEM_JCS_ESYNTAX, "vertical tab is not whitespace");
+}
+
+
+/* depth levels of open, then close; mixes arrays and objects */
+static char *
+nest(int depth, int objects, size_t *len)
+{
+    char    *s, *p;
+    int      i;
+
+    s = malloc((size_t) depth * 6 + 8);
+    p = s;
+
+    for (i = 0; i < depth; i++) {
+        if (objects && i % 2) {
+            memcpy(p, "{\"k\":", 5);
+            p += 5;
+        } else {
+            *p++ = '[';
+        }
+    }
+
+    *p++ = '1';
+
+    for (i = depth - 1; i >= 0; i--) {
+        *p++ = (objects && i % 2) ? '}' : ']';
+    }
+
+    *p = '\0';
+    *len = p - s;
+
+    return s;
+}
+
+
+static void
+test_depth(void)
+{
+    idem_jcs_rc_t   rc;
+    clock_t         t0;
+    double          secs;
+    size_t          len;
+    char           *s, *out;
+
+    s = nest(IDEM_JCS_MAX_DEPTH, 0, &len);
+    out = canon_n(s, len, &rc, NULL);
+    ok(out != NULL && strcmp(out, s) == 0, "depth 128 of arrays accepted");
+    free(out);
+    free(s);
+
+    s = nest(IDEM_JCS_MAX_DEPTH, 1, &len);
+    out = canon_n(s, len, &rc, NULL);
+    ok(out != NULL && strcmp(out, s) == 0, "depth 128 arrays+objects ok");
+    free(out);
+    free(s);
+
+    s = nest(IDEM_JCS_MAX_DEPTH + 1, 0, &len);
+    is_rc(s, len, IDEM_JCS_EDEPTH, "depth 129 of arrays");
+    free(s);
+
+    s = nest(IDEM_JCS_MAX_DEPTH + 1, 1, &len);
+    is_rc(s, len, IDEM_JCS_EDEPTH, "depth 129 arrays+objects");
+    free(s);
+
+    /* 100000 opening brackets: iterative, rejected at 129 */
+    s = malloc(100000);
+    memset(s, '[', 100000);
+    t0 = clock();
+    rc = idem_jcs_parse(s, 100000, NULL);
+    secs = (double) (clock() - t0) / CLOCKS_PER_SEC;
+    ok(rc == IDEM_JCS_EDEPTH && secs < 0.5,
+       "100000-deep nesting rejected with EDEPTH in %.3fs", secs);
+    free(s);
+}
+
+
+/* 200k members given in reverse order: qsort, not quadratic */
+static void
+test_many_members(void)
+{
+    idem_jcs_rc_t   rc;
+    clock_t         t0;
+    double          secs;
+    size_t          n, i, len, out_len;
+    char           *in, *expected, *p, *out;
+
+    n = 200000;
+    in = malloc(n * 24 + 4);
+    expected = malloc(n * 24 + 4);
+
+    p = in;
+    *p++ = '{';
+    for (i = 0; i < n; i++) {
+        p += sprintf(p, "%s\"k%06zu\":%zu", i ? "," : "", n - 1 - i,
+                     n - 1 - i);
+    }
+    *p++ = '}';
+    len = p - in;
+
+    p = expected;
+    *p++ = '{';
+    for (i = 0; i < n; i++) {
+        p += sprintf(p, "%s\"k%06zu\":%zu", i ? "," : "", i, i);
+    }
+    *p++ = '}';
+    *p = '\0';
+
+    t0 = clock();
+    out = canon_n(in, len, &rc, &out_len);
+    secs = (double) (clock() - t0) / CLOCKS_PER_SEC;
+
+    ok(out != NULL && strcmp(out, expected) == 0,
+       "200000 members sorted (%.3fs)", secs);
+
+    free(out);
+
+    /* the same members plus a duplicate at the far end */
+    memcpy(in + len - 1, ",\"k000000\":7}", 13);
+    is_rc(in, len + 12, IDEM_JCS_EDUP, "200001 members, one duplicate");
+
+    free(in);
+    free(expected);
+}
+
+
+static void
+test_tree_api(void)
+{
+    mem_t           m;
+    idem_sink_t     sink;
+    cJSON          *tree, *obj;
+    idem_jcs_rc_t   rc;
+    double          zero;
+    int             i;
+
+    memset(&m, 0, sizeof(mem_t));
+    sink.write = mem_write;
+    sink.data = &m;
+
+    rc = idem_jcs_parse("{\"b\":1,\"a\":[2]}", 15, &tree);
+    ok(rc == IDEM_JCS_OK && tree != NULL
+       && strcmp(tree->child->string, "a") == 0
+       && strcmp(tree->child->next->string, "b") == 0
+       && tree->child->prev == tree->child->next,
+       "idem_jcs_parse returns members in canonical order");
+
+    rc = idem_jcs_write_value(tree, &sink);
+    is_str(rc == IDEM_JCS_OK ? m.data : NULL, "{\"a\":[2],\"b\":1}",
+           "idem_jcs_write_value of the parsed tree");
+    cJSON_Delete(tree);
+
+    /* a tree built by hand: unsorted, then bad contents */
+    obj = cJSON_CreateObject();
+    cJSON_AddNumberToObject(obj, "z", 0.1);
+    cJSON_AddStringToObject(obj, "y", "\xe2\x82\xac");
+    cJSON_AddNullToObject(obj, "x");
+
+    m.len = 0;
+    rc = idem_jcs_write_value(obj, &sink);
+    is_str(rc == IDEM_JCS_OK ? m.data : NULL,
+           "{\"x\":null,\"y\":\"\xe2\x82\xac\",\"z\":0.1}",
+           "foreign unsorted tree is written sorted");
+
+    cJSON_AddTrueToObject(obj, "x");
+    m.len = 0;
+    is_int(idem_jcs_write_value(obj, &sink), IDEM_JCS_EDUP,
+           "foreign tree with duplicate names -> EDUP");
+    cJSON_Delete(obj);
+
+    zero = 0.0;
+    obj = cJSON_CreateNumber(1 / zero);
+    is_int(idem_jcs_write_value(obj, &sink), IDEM_JCS_ENUMBER,
+           "infinite number -> ENUMBER");
+    cJSON_Delete(obj);
+
+    obj = cJSON_CreateString("\xc3(");
+    is_int(idem_jcs_write_value(obj, &sink), IDEM_JCS_EUTF8,
+           "invalid UTF-8 string -> EUTF8");
+    cJSON_Delete(obj);
+
+    obj = cJSON_CreateArray();
+    tree = obj;
+    for (i = 0; i < IDEM_JCS_MAX_DEPTH; i++) {
+        cJSON_AddItemToArray(tree, cJSON_CreateArray());
+        tree = tree->child;
+    }
+    is_int(idem_jcs_write_value(obj, &sink), IDEM_JCS_EDEPTH,
+           "foreign tree deeper than 128 -> EDEPTH");
+    cJSON_Delete(obj);
+
+    /* the sink failing on its third write */
+    m.len = 0;
+    m.fail_after = 3;
+    rc = idem_jcs_canonicalize("{\"a\":[1,2,3]}", 13, &sink);
+    is_int(rc, IDEM_JCS_ESINK, "sink failure -> ESINK");
+
+    free(m.data);
+
+    for (i = IDEM_JCS_OK; i <= IDEM_JCS_ESINK; i++) {
+        if (strcmp(idem_jcs_strerror(i), "unknown error") == 0) {
+            break;
+        }
+    }
+    ok(i == IDEM_JCS_ESINK + 1, "every rc has a message");
+}
+
+
+int
+main(int argc, char **argv)
+{
+    if (argc < 2) {
+        fprintf(stderr, "usage: %s DATA_DIR (t/data/jcs)\n", argv[0]);
+        return 2;
+    }
+
+    test_vectors(argv[1]);
+    test_number_file(argv[1], "numbers.txt");
+    test_number_file(argv[1], "numbers-pow2.txt");
+    test_numbers();
+    test_numbers_in_json();
+    test_strings();
+    test_structure();
+    test_depth();
+    test_many_members();
+    test_tree_api();
+
+    return done_testing();
+}
