@@ -30,6 +30,8 @@ typedef enum {
     NGX_HTTP_IDEM_SCRIPT_RELEASE,
     NGX_HTTP_IDEM_SCRIPT_FAIL,
     NGX_HTTP_IDEM_SCRIPT_RENEW,
+    NGX_HTTP_IDEM_SCRIPT_STATUS,
+    NGX_HTTP_IDEM_SCRIPT_ADMIN,
     NGX_HTTP_IDEM_NSCRIPTS
 } ngx_http_idem_script_e;
 
@@ -138,6 +140,7 @@ typedef struct {
     ngx_uint_t                   store_failure;
     ngx_array_t                 *fp_headers;       /* ngx_str_t, lowercase */
     ngx_array_t                 *release_statuses; /* ngx_uint_t */
+    ngx_uint_t                   ops;    /* status or admin location */
 } ngx_http_idem_loc_conf_t;
 
 
@@ -186,7 +189,14 @@ typedef enum {
 } ngx_http_idem_end_e;
 
 
-typedef struct {
+typedef struct ngx_http_idem_ctx_s  ngx_http_idem_ctx_t;
+
+/* how an operations endpoint turns a script's reply into a response */
+typedef ngx_int_t (*ngx_http_idem_ops_answer_pt)(ngx_http_request_t *r,
+    ngx_http_idem_ctx_t *ctx, redisReply *reply);
+
+
+struct ngx_http_idem_ctx_s {
     ngx_http_request_t          *request;
     ngx_http_idem_loc_conf_t    *conf;      /* where the key was claimed */
     ngx_http_idem_phase_e        phase;
@@ -219,10 +229,11 @@ typedef struct {
     size_t                       body_size;
     off_t                        content_length;
     ngx_event_t                  renew;
+    ngx_http_idem_ops_answer_pt  ops_answer;
     unsigned                     claimed:1;
     unsigned                     capturing:1;
     unsigned                     too_large:1;
-} ngx_http_idem_ctx_t;
+};
 
 
 extern ngx_module_t  ngx_http_idempotency_module;
@@ -232,6 +243,20 @@ extern ngx_module_t  ngx_http_idempotency_module;
 ngx_int_t ngx_http_idem_rewrite_handler(ngx_http_request_t *r);
 ngx_int_t ngx_http_idem_precontent_handler(ngx_http_request_t *r);
 ngx_http_idem_ctx_t *ngx_http_idem_get_ctx(ngx_http_request_t *r);
+ngx_http_idem_ctx_t *ngx_http_idem_create_ctx(ngx_http_request_t *r);
+ngx_int_t ngx_http_idem_parse_key(ngx_http_request_t *r,
+    ngx_http_idem_ctx_t *ctx, ngx_str_t *name, const char **detail);
+ngx_int_t ngx_http_idem_record_key(ngx_http_request_t *r,
+    ngx_http_idem_ctx_t *ctx, ngx_str_t *scope);
+ngx_int_t ngx_http_idem_reply_str(redisReply *e, ngx_str_t *s);
+ngx_int_t ngx_http_idem_copy_str(ngx_pool_t *pool, redisReply *e,
+    ngx_str_t *dst);
+ngx_uint_t ngx_http_idem_is(ngx_str_t *s, const char *lit);
+ngx_uint_t ngx_http_idem_is_hex(ngx_str_t *s);
+
+/* ngx_http_idempotency_ops.c */
+ngx_int_t ngx_http_idem_status_handler(ngx_http_request_t *r);
+ngx_int_t ngx_http_idem_admin_handler(ngx_http_request_t *r);
 
 /* ngx_http_idempotency_reply.c */
 ngx_int_t ngx_http_idem_send_replay(ngx_http_request_t *r,
@@ -241,6 +266,10 @@ ngx_int_t ngx_http_idem_send_answer(ngx_http_request_t *r,
 ngx_int_t ngx_http_idem_send_problem(ngx_http_request_t *r,
     ngx_http_idem_ctx_t *ctx, ngx_uint_t status, const char *slug,
     const char *title, const char *detail);
+ngx_int_t ngx_http_idem_send_json(ngx_http_request_t *r, ngx_uint_t status,
+    u_char *body, size_t len);
+u_char *ngx_http_idem_json_str(u_char *p, u_char *end, u_char *s,
+    size_t len);
 
 /* ngx_http_idempotency_filter.c */
 ngx_int_t ngx_http_idem_filter_init(ngx_conf_t *cf);

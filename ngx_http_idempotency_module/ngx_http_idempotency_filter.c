@@ -328,7 +328,8 @@ ngx_http_idem_filter_init(ngx_conf_t *cf)
 static void
 ngx_http_idem_closed(ngx_http_idem_cmd_t *cmd, redisReply *reply)
 {
-    static const char  *what[] = { "", "complete", "release", "fail", "renew" };
+    static const char  *what[] = { "claim", "complete", "release", "fail",
+                                   "renew", "status", "admin" };
 
     ngx_log_t  *log;
 

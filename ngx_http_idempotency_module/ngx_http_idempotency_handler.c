@@ -93,7 +93,7 @@ ngx_http_idem_get_ctx(ngx_http_request_t *r)
 }
 
 
-static ngx_http_idem_ctx_t *
+ngx_http_idem_ctx_t *
 ngx_http_idem_create_ctx(ngx_http_request_t *r)
 {
     ngx_pool_cleanup_t   *cln;
@@ -265,21 +265,87 @@ ngx_http_idem_find_header(ngx_http_request_t *r, ngx_str_t *name,
 }
 
 
+/*
+ * NGX_OK with ctx->key set, NGX_DECLINED when there is no key header,
+ * NGX_ERROR with *detail when it is malformed.
+ */
+ngx_int_t
+ngx_http_idem_parse_key(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
+    ngx_str_t *name, const char **detail)
+{
+    size_t            len;
+    ngx_uint_t        count;
+    idem_key_rc_t     krc;
+    ngx_table_elt_t  *h;
+
+    h = ngx_http_idem_find_header(r, name, &count);
+
+    if (h == NULL) {
+        return NGX_DECLINED;
+    }
+
+    if (count > 1) {
+        *detail = "more than one idempotency key header";
+        return NGX_ERROR;
+    }
+
+    ctx->key.data = ngx_pnalloc(r->pool, h->value.len + 1);
+    if (ctx->key.data == NULL) {
+        *detail = "out of memory";
+        return NGX_ERROR;
+    }
+
+    krc = idem_key_parse((char *) h->value.data, h->value.len,
+                         (char *) ctx->key.data, &len);
+    if (krc != IDEM_KEY_OK) {
+        ngx_str_null(&ctx->key);
+        *detail = idem_key_strerror(krc);
+        return NGX_ERROR;
+    }
+
+    ctx->key.len = len;
+
+    return NGX_OK;
+}
+
+
+/* the record key: a digest of the evaluated scope and the key */
+ngx_int_t
+ngx_http_idem_record_key(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
+    ngx_str_t *scope)
+{
+    ngx_str_null(scope);
+
+    if (ctx->conf->scope
+        && ngx_http_complex_value(r, ctx->conf->scope, scope) != NGX_OK)
+    {
+        return NGX_ERROR;
+    }
+
+    if (idem_record_key((const char *) scope->data, scope->len,
+                        (const char *) ctx->key.data, ctx->key.len,
+                        (char *) ctx->rkey)
+        != 0)
+    {
+        return NGX_ERROR;
+    }
+
+    return NGX_OK;
+}
+
+
 static ngx_int_t
 ngx_http_idem_start(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
 {
-    size_t                     len;
     ngx_int_t                  rc;
-    ngx_uint_t                 count;
-    idem_key_rc_t              krc;
-    ngx_table_elt_t           *h;
+    const char                *detail;
     ngx_http_idem_loc_conf_t  *lcf;
 
     lcf = ctx->conf;
 
-    h = ngx_http_idem_find_header(r, &lcf->key_header, &count);
+    rc = ngx_http_idem_parse_key(r, ctx, &lcf->key_header, &detail);
 
-    if (h == NULL) {
+    if (rc == NGX_DECLINED) {
         if (lcf->required) {
             return ngx_http_idem_reject(r, ctx, "key-missing",
                                         "this endpoint requires an "
@@ -291,24 +357,10 @@ ngx_http_idem_start(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
         return NGX_DECLINED;
     }
 
-    if (count > 1) {
-        return ngx_http_idem_reject(r, ctx, "key-malformed",
-                                    "more than one idempotency key header");
+    if (rc != NGX_OK) {
+        return ngx_http_idem_reject(r, ctx, "key-malformed", detail);
     }
 
-    ctx->key.data = ngx_pnalloc(r->pool, h->value.len + 1);
-    if (ctx->key.data == NULL) {
-        return NGX_HTTP_INTERNAL_SERVER_ERROR;
-    }
-
-    krc = idem_key_parse((char *) h->value.data, h->value.len,
-                         (char *) ctx->key.data, &len);
-    if (krc != IDEM_KEY_OK) {
-        return ngx_http_idem_reject(r, ctx, "key-malformed",
-                                    idem_key_strerror(krc));
-    }
-
-    ctx->key.len = len;
     ctx->phase = NGX_HTTP_IDEM_READING_BODY;
 
     rc = ngx_http_read_client_request_body(r, ngx_http_idem_body_handler);
@@ -628,11 +680,7 @@ ngx_http_idem_fingerprint(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
     idem_fp_input_t   in;
     idem_fp_result_t  res;
 
-    ngx_str_null(&scope);
-
-    if (ctx->conf->scope
-        && ngx_http_complex_value(r, ctx->conf->scope, &scope) != NGX_OK)
-    {
+    if (ngx_http_idem_record_key(r, ctx, &scope) != NGX_OK) {
         return NGX_ERROR;
     }
 
@@ -676,14 +724,6 @@ ngx_http_idem_fingerprint(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
         ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
                       "idempotency: JSON body hashed raw: %s",
                       idem_jcs_strerror(res.json_rc));
-    }
-
-    if (idem_record_key((const char *) scope.data, scope.len,
-                        (const char *) ctx->key.data, ctx->key.len,
-                        (char *) ctx->rkey)
-        != 0)
-    {
-        return NGX_ERROR;
     }
 
     return NGX_OK;
@@ -761,7 +801,7 @@ ngx_http_idem_claim(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
 }
 
 
-static ngx_int_t
+ngx_int_t
 ngx_http_idem_reply_str(redisReply *e, ngx_str_t *s)
 {
     if (e->type != REDIS_REPLY_STRING && e->type != REDIS_REPLY_STATUS) {
@@ -775,7 +815,7 @@ ngx_http_idem_reply_str(redisReply *e, ngx_str_t *s)
 }
 
 
-static ngx_int_t
+ngx_int_t
 ngx_http_idem_copy_str(ngx_pool_t *pool, redisReply *e, ngx_str_t *dst)
 {
     ngx_str_t  s;
@@ -796,7 +836,7 @@ ngx_http_idem_copy_str(ngx_pool_t *pool, redisReply *e, ngx_str_t *dst)
 }
 
 
-static ngx_uint_t
+ngx_uint_t
 ngx_http_idem_is_hex(ngx_str_t *s)
 {
     size_t  i;
@@ -817,7 +857,7 @@ ngx_http_idem_is_hex(ngx_str_t *s)
 }
 
 
-static ngx_uint_t
+ngx_uint_t
 ngx_http_idem_is(ngx_str_t *s, const char *lit)
 {
     size_t  len = ngx_strlen(lit);

@@ -29,6 +29,10 @@ static char *ngx_http_idem_check_positive_sec(ngx_conf_t *cf, void *post,
     void *data);
 static char *ngx_http_idem_check_positive_msec(ngx_conf_t *cf, void *post,
     void *data);
+static char *ngx_http_idem_status(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+static char *ngx_http_idem_admin(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
 static ngx_int_t ngx_http_idem_init_process(ngx_cycle_t *cycle);
 static void ngx_http_idem_exit_process(ngx_cycle_t *cycle);
 
@@ -148,6 +152,20 @@ static ngx_command_t  ngx_http_idem_commands[] = {
       ngx_http_idem_lowercase_list,
       NGX_HTTP_LOC_CONF_OFFSET,
       offsetof(ngx_http_idem_loc_conf_t, fp_headers),
+      NULL },
+
+    { ngx_string("idempotency_status"),
+      NGX_HTTP_LOC_CONF|NGX_CONF_NOARGS,
+      ngx_http_idem_status,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      0,
+      NULL },
+
+    { ngx_string("idempotency_admin"),
+      NGX_HTTP_LOC_CONF|NGX_CONF_FLAG,
+      ngx_http_idem_admin,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      0,
       NULL },
 
       ngx_null_command
@@ -434,10 +452,12 @@ ngx_http_idem_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
         conf->release_statuses = prev->release_statuses;
     }
 
-    if (conf->enable && conf->redis == NULL) {
+    if ((conf->enable || conf->ops) && conf->redis == NULL) {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "\"idempotency on\" needs \"idempotency_redis\" "
-                           "in the same or an enclosing block");
+                           "\"%s\" needs \"idempotency_redis\" "
+                           "in the same or an enclosing block",
+                           conf->enable ? "idempotency on"
+                                        : "idempotency_status/admin");
         return NGX_CONF_ERROR;
     }
 
@@ -837,6 +857,66 @@ ngx_http_idem_redis(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     lcf->redis = rd;
 
     return NGX_CONF_OK;
+}
+
+
+/* a content handler that needs Redis like "idempotency on" does */
+static char *
+ngx_http_idem_ops_location(ngx_conf_t *cf, ngx_http_handler_pt handler)
+{
+    ngx_http_core_loc_conf_t   *clcf;
+    ngx_http_idem_main_conf_t  *mcf;
+
+    clcf = ngx_http_conf_get_module_loc_conf(cf, ngx_http_core_module);
+
+    if (clcf->handler) {
+        return "is duplicate: the location already has a content handler";
+    }
+
+    clcf->handler = handler;
+
+    mcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_idempotency_module);
+    mcf->used = 1;
+
+    return NGX_CONF_OK;
+}
+
+
+static char *
+ngx_http_idem_status(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_http_idem_loc_conf_t  *lcf = conf;
+
+    lcf->ops = 1;
+
+    return ngx_http_idem_ops_location(cf, ngx_http_idem_status_handler);
+}
+
+
+static char *
+ngx_http_idem_admin(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_http_idem_loc_conf_t  *lcf = conf;
+
+    ngx_str_t  *value;
+
+    value = cf->args->elts;
+
+    if (ngx_strcasecmp(value[1].data, (u_char *) "off") == 0) {
+        return NGX_CONF_OK;
+    }
+
+    if (ngx_strcasecmp(value[1].data, (u_char *) "on") != 0) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "invalid value \"%V\" in \"%V\" directive, "
+                           "it must be \"on\" or \"off\"",
+                           &value[1], &cmd->name);
+        return NGX_CONF_ERROR;
+    }
+
+    lcf->ops = 1;
+
+    return ngx_http_idem_ops_location(cf, ngx_http_idem_admin_handler);
 }
 
 

@@ -27,7 +27,9 @@ static const char  *ngx_http_idem_script_texts[NGX_HTTP_IDEM_NSCRIPTS] = {
     ngx_http_idem_script_complete,
     ngx_http_idem_script_release,
     ngx_http_idem_script_fail,
-    ngx_http_idem_script_renew
+    ngx_http_idem_script_renew,
+    ngx_http_idem_script_status,
+    ngx_http_idem_script_admin
 };
 
 

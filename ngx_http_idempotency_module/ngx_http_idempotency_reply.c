@@ -105,7 +105,7 @@ ngx_http_idem_send_body(ngx_http_request_t *r, u_char *data, size_t len)
 
 
 /* JSON text: escapes what JSON requires; non-UTF-8 becomes null */
-static u_char *
+u_char *
 ngx_http_idem_json_str(u_char *p, u_char *end, u_char *s, size_t len)
 {
     size_t  i;
@@ -218,8 +218,31 @@ ngx_http_idem_send_problem(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
 
     p = ngx_slprintf(p, end, "}\n");
 
-    r->headers_out.status = status;
+    if ((ngx_strcmp(slug, "in-progress") == 0
+         || ngx_strcmp(slug, "store-unavailable") == 0)
+        && ngx_http_idem_add_header(r, "Retry-After", 11,
+                                    (u_char *) "1", 1) == NULL)
+    {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
     ngx_str_set(&r->headers_out.content_type, "application/problem+json");
+
+    return ngx_http_idem_send_json(r, status, body, p - body);
+}
+
+
+/* status and content type are the caller's when it set one */
+ngx_int_t
+ngx_http_idem_send_json(ngx_http_request_t *r, ngx_uint_t status,
+    u_char *body, size_t len)
+{
+    r->headers_out.status = status;
+
+    if (r->headers_out.content_type.len == 0) {
+        ngx_str_set(&r->headers_out.content_type, "application/json");
+    }
+
     r->headers_out.content_type_len = r->headers_out.content_type.len;
     r->headers_out.content_type_lowcase = NULL;
 
@@ -229,15 +252,7 @@ ngx_http_idem_send_problem(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
     }
 
-    if ((ngx_strcmp(slug, "in-progress") == 0
-         || ngx_strcmp(slug, "store-unavailable") == 0)
-        && ngx_http_idem_add_header(r, "Retry-After", 11,
-                                    (u_char *) "1", 1) == NULL)
-    {
-        return NGX_HTTP_INTERNAL_SERVER_ERROR;
-    }
-
-    return ngx_http_idem_send_body(r, body, p - body);
+    return ngx_http_idem_send_body(r, body, len);
 }
 
 
