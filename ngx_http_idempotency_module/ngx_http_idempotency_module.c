@@ -23,6 +23,8 @@ static char *ngx_http_idem_lowercase_list(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 static char *ngx_http_idem_conflict_status(ngx_conf_t *cf,
     ngx_command_t *cmd, void *conf);
+static char *ngx_http_idem_enum(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
 static char *ngx_http_idem_release_statuses(ngx_conf_t *cf,
     ngx_command_t *cmd, void *conf);
 static char *ngx_http_idem_check_positive_sec(ngx_conf_t *cf, void *post,
@@ -135,7 +137,7 @@ static ngx_command_t  ngx_http_idem_commands[] = {
 
     { ngx_string("idempotency_store_failure"),
       NGX_HTTP_IDEM_CONF_ANY|NGX_CONF_TAKE1,
-      ngx_conf_set_enum_slot,
+      ngx_http_idem_enum,
       NGX_HTTP_LOC_CONF_OFFSET,
       offsetof(ngx_http_idem_loc_conf_t, store_failure),
       &ngx_http_idem_failure_modes },
@@ -382,6 +384,80 @@ ngx_http_idem_create_loc_conf(ngx_conf_t *cf)
 }
 
 
+/*
+ * DESIGN.md section 3: tracing, connection and the key header itself never
+ * count, and a name listed twice would make the headers object ambiguous.
+ */
+static char *
+ngx_http_idem_check_fp_headers(ngx_conf_t *cf, ngx_http_idem_loc_conf_t *conf)
+{
+    ngx_str_t   *names;
+    ngx_uint_t   i, j;
+
+    static ngx_str_t  never[] = {
+        ngx_string("connection"), ngx_string("keep-alive"),
+        ngx_string("te"), ngx_string("trailer"),
+        ngx_string("transfer-encoding"), ngx_string("upgrade"),
+        ngx_string("proxy-connection"), ngx_string("content-length"),
+        ngx_string("traceparent"), ngx_string("tracestate"),
+        ngx_string("baggage"), ngx_string("x-request-id"),
+        ngx_string("x-b3-traceid"), ngx_string("x-b3-spanid"),
+        ngx_string("x-b3-parentspanid"), ngx_string("x-b3-sampled"),
+        ngx_string("b3"), ngx_string("uber-trace-id"),
+        ngx_string("x-amzn-trace-id"), ngx_string("x-cloud-trace-context"),
+        ngx_null_string
+    };
+
+    if (conf->fp_headers == NULL) {
+        return NGX_CONF_OK;
+    }
+
+    names = conf->fp_headers->elts;
+
+    for (i = 0; i < conf->fp_headers->nelts; i++) {
+
+        for (j = 0; never[j].len; j++) {
+            if (names[i].len == never[j].len
+                && ngx_strncmp(names[i].data, never[j].data, never[j].len)
+                   == 0)
+            {
+                goto excluded;
+            }
+        }
+
+        if (names[i].len == conf->key_header.len
+            && ngx_strncasecmp(names[i].data, conf->key_header.data,
+                               names[i].len) == 0)
+        {
+            goto excluded;
+        }
+
+        for (j = 0; j < i; j++) {
+            if (names[i].len == names[j].len
+                && ngx_strncmp(names[i].data, names[j].data, names[i].len)
+                   == 0)
+            {
+                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                                   "header \"%V\" is listed twice in "
+                                   "\"idempotency_fingerprint_headers\"",
+                                   &names[i]);
+                return NGX_CONF_ERROR;
+            }
+        }
+    }
+
+    return NGX_CONF_OK;
+
+excluded:
+
+    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                       "header \"%V\" in \"idempotency_fingerprint_headers\" "
+                       "never counts toward the fingerprint (connection, "
+                       "tracing or the key header itself)", &names[i]);
+    return NGX_CONF_ERROR;
+}
+
+
 /* 429 and 503 mean "not done, try later": the key is given back */
 static ngx_array_t *
 ngx_http_idem_default_releases(ngx_conf_t *cf)
@@ -452,6 +528,10 @@ ngx_http_idem_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
         conf->release_statuses = prev->release_statuses;
     }
 
+    if (ngx_http_idem_check_fp_headers(cf, conf) != NGX_CONF_OK) {
+        return NGX_CONF_ERROR;
+    }
+
     if ((conf->enable || conf->ops) && conf->redis == NULL) {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                            "\"%s\" needs \"idempotency_redis\" "
@@ -507,6 +587,42 @@ ngx_http_idem_check_positive_msec(ngx_conf_t *cf, void *post, void *data)
     }
 
     return NGX_CONF_OK;
+}
+
+
+/* ngx_conf_set_enum_slot(), with an error that names the directive */
+static char *
+ngx_http_idem_enum(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    char  *p = conf;
+
+    ngx_str_t        *value;
+    ngx_uint_t       *np, i;
+    ngx_conf_enum_t  *e;
+
+    np = (ngx_uint_t *) (p + cmd->offset);
+
+    if (*np != NGX_CONF_UNSET_UINT) {
+        return "is duplicate";
+    }
+
+    value = cf->args->elts;
+
+    for (e = cmd->post, i = 0; e[i].name.len != 0; i++) {
+        if (e[i].name.len == value[1].len
+            && ngx_strcasecmp(e[i].name.data, value[1].data) == 0)
+        {
+            *np = e[i].value;
+            return NGX_CONF_OK;
+        }
+    }
+
+    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                       "invalid value \"%V\" in \"%V\" directive, "
+                       "it must be \"closed\" or \"open\"",
+                       &value[1], &cmd->name);
+
+    return NGX_CONF_ERROR;
 }
 
 

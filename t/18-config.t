@@ -1,0 +1,167 @@
+#!/usr/bin/perl
+# Configuration: `nginx -t` rejects bad values and names the directive,
+# succeeds without Redis; `nginx -s reload` with live Redis connections
+# leaves no alerts and requests keep working.
+
+use strict;
+use warnings;
+use FindBin;
+use lib "$FindBin::Bin/lib";
+use Test::More;
+use Idem::Test;
+
+my $t = Idem::Test->new;
+
+# A free port where nothing listens: Redis must not be needed by `nginx -t`.
+my $dead = Idem::Test::free_port();
+
+sub conf {
+    my ($loc, $srv) = @_;
+    $srv //= '';
+    return <<"EOF";
+server {
+    listen 127.0.0.1:%%PORT%%;
+    $srv
+    location / {
+        $loc
+        proxy_pass http://127.0.0.1:1;
+    }
+}
+EOF
+}
+
+my $R = "idempotency_redis 127.0.0.1:$dead;";
+
+# ---- valid configurations, no Redis running
+for my $c (
+    [ 'minimal', "idempotency on; $R" ],
+    [ 'every directive', join ' ', "idempotency on;",
+        "idempotency_redis 127.0.0.1:$dead password=secret db=2 connect_timeout=200ms timeout=2s;",
+        'idempotency_methods POST PUT PATCH DELETE;', 'idempotency_key_header X-Idem-Key;',
+        'idempotency_required on;', 'idempotency_scope $http_authorization;',
+        'idempotency_ttl 1h;', 'idempotency_lease 30s;', 'idempotency_conflict_status 422;',
+        'idempotency_store_max 512k;', 'idempotency_store_headers Location Content-Type X-Request-Id;',
+        'idempotency_store_failure open;', 'idempotency_fingerprint_headers X-Tenant Accept-Language;' ],
+    [ 'unix socket', 'idempotency on; idempotency_redis unix:/tmp/no-such-redis.sock;' ],
+    [ 'hostname', "idempotency on; idempotency_redis localhost:$dead;" ],
+    [ 'IPv6 literal', "idempotency on; idempotency_redis [::1]:$dead;" ],
+    [ 'redis at http level, on per location', "idempotency on;", '' , "$R" ],
+    [ 'off without redis', 'idempotency off;' ],
+    [ 'conflict status 409', "idempotency on; $R idempotency_conflict_status 409;" ],
+) {
+    my ($what, $loc, $srv, $http) = @$c;
+    my ($rc, $out) = $t->nginx_test_conf(($http // '') . "\n" . conf($loc, $srv));
+    is($rc, 0, "nginx -t accepts: $what (no Redis running)") or diag($out);
+    like($out, qr/test is successful/, "nginx -t: $what: test is successful");
+}
+
+# ---- invalid values: nginx -t fails and names the directive
+for my $c (
+    [ 'negative ttl',            'idempotency_ttl',             "idempotency on; $R idempotency_ttl -1s;" ],
+    [ 'zero ttl',                'idempotency_ttl',             "idempotency on; $R idempotency_ttl 0;" ],
+    [ 'ttl garbage',             'idempotency_ttl',             "idempotency on; $R idempotency_ttl soon;" ],
+    [ 'zero lease',              'idempotency_lease',           "idempotency on; $R idempotency_lease 0s;" ],
+    [ 'negative lease',          'idempotency_lease',           "idempotency on; $R idempotency_lease -5s;" ],
+    [ 'method GET',              'idempotency_methods',         "idempotency on; $R idempotency_methods POST GET;" ],
+    [ 'method FOO',              'idempotency_methods',         "idempotency on; $R idempotency_methods FOO;" ],
+    [ 'lowercase method',        'idempotency_methods',         "idempotency on; $R idempotency_methods post;" ],
+    [ 'redis bad port',          'idempotency_redis',           'idempotency on; idempotency_redis nosuchport:abc;' ],
+    [ 'redis empty unix path',   'idempotency_redis',           'idempotency on; idempotency_redis unix:;' ],
+    [ 'redis port out of range', 'idempotency_redis',           'idempotency on; idempotency_redis 127.0.0.1:70000;' ],
+    [ 'redis unknown parameter', 'idempotency_redis',           "idempotency on; idempotency_redis 127.0.0.1:$dead foo=bar;" ],
+    [ 'redis bad db',            'idempotency_redis',           "idempotency on; idempotency_redis 127.0.0.1:$dead db=x;" ],
+    [ 'redis bad timeout',       'idempotency_redis',           "idempotency on; idempotency_redis 127.0.0.1:$dead timeout=never;" ],
+    [ 'redis unresolvable host', 'idempotency_redis',           'idempotency on; idempotency_redis no-such-host.invalid:6379;' ],
+    [ 'conflict status 500',     'idempotency_conflict_status', "idempotency on; $R idempotency_conflict_status 500;" ],
+    [ 'conflict status 410',     'idempotency_conflict_status', "idempotency on; $R idempotency_conflict_status 410;" ],
+    [ 'store_failure maybe',     'idempotency_store_failure',   "idempotency on; $R idempotency_store_failure maybe;" ],
+    [ 'store_max garbage',       'idempotency_store_max',       "idempotency on; $R idempotency_store_max lots;" ],
+    [ 'on without redis',        'idempotency_redis',           'idempotency on;' ],
+    [ 'idempotency maybe',       'idempotency',                 "idempotency maybe; $R" ],
+) {
+    my ($what, $dir, $loc) = @$c;
+    my ($rc, $out) = $t->nginx_test_conf(conf($loc));
+    isnt($rc, 0, "nginx -t rejects: $what");
+    like($out, qr/\Q$dir\E/, "nginx -t: $what: the message names $dir") or diag($out);
+    like($out, qr/\[emerg\]/, "nginx -t: $what: reported as [emerg]");
+}
+
+# ---- reload with live Redis connections
+$t->start_redis;
+$t->start_upstream;
+my $conf = <<'EOF';
+server {
+    listen 127.0.0.1:%%PORT%%;
+    location / {
+        idempotency on;
+        idempotency_redis %%REDIS%%;
+        proxy_pass http://%%UPSTREAM%%;
+    }
+}
+EOF
+$t->start_nginx($conf, workers => 2);
+
+my @keys;
+for (1 .. 6) {
+    my $k = $t->key('reload');
+    push @keys, $k;
+    my $r = $t->http(POST => '/r', key => $k, json => { k => $k });
+    is($r->{status}, 201, "before reload: $_ executes");
+}
+my $clients = $t->redis('CLIENT', 'LIST');
+my $nclients = () = ($clients // '') =~ /^id=/mg;
+ok($nclients >= 2, "workers hold Redis connections ($nclients clients, including this one)")
+    or diag($clients);
+
+my @old = $t->worker_pids;
+ok($t->reload_nginx, 'reload: new workers up, old workers gone');
+my @new = $t->worker_pids;
+is(scalar(@new), 2, 'two workers after reload');
+ok(!grep({ my $o = $_; grep { $_ == $o } @new } @old), 'all workers replaced');
+
+for my $k (@keys) {
+    my $r = $t->http(POST => '/r', key => $k, json => { k => $k });
+    is($r->{headers}{'idempotent-replayed'}, 'true', 'after reload: earlier key replays');
+}
+{
+    my $k = $t->key('reload');
+    my $a = $t->http(POST => '/r', key => $k, json => {});
+    is($a->{status}, 201, 'after reload: new key executes');
+    my $b = $t->http(POST => '/r', key => $k, json => {});
+    is($b->{headers}{'idempotent-replayed'}, 'true', 'after reload: new key replays');
+}
+is($t->effects, 7, 'reload: 7 effects (6 before, 1 after), no re-execution');
+
+# reload during a slow request: the old worker finishes and records it
+{
+    my $k = $t->key('reload-slow');
+    my $res = $t->parallel(2, sub {
+        my $i = shift;
+        if ($i == 0) {
+            return $t->http(POST => '/slow', key => $k, json => {}, headers => [ 'X-Delay' => 1.5 ]);
+        }
+        sleep 0.5;
+        return { reloaded => $t->reload_nginx ? 1 : 0 };
+    });
+    is($res->[0] && $res->[0]{status}, 201, 'slow request across a reload completes');
+    my $r = $t->http(POST => '/slow', key => $k, json => {});
+    is($r->{headers}{'idempotent-replayed'}, 'true', 'slow request across a reload was recorded');
+    is($t->effects(key => $k), 1, 'slow request across a reload: one effect');
+}
+
+# reload to a changed configuration (new ttl) and again
+ok($t->reload_nginx($conf =~ s/idempotency on;/idempotency on; idempotency_ttl 1h;/r), 'reload with a changed ttl');
+{
+    my $k = $t->key('reload-ttl');
+    $t->http(POST => '/ttl', key => $k, json => {});
+    my @ttls = map { $t->redis('TTL', $_) } $t->redis_keys;
+    ok(scalar(grep { $_ > 0 && $_ <= 3600 } @ttls) >= 1, 'new ttl in effect after reload') or diag("@ttls");
+    my $b = $t->http(POST => '/ttl', key => $k, json => {});
+    is($b->{headers}{'idempotent-replayed'}, 'true', 'replay after second reload');
+    is($t->effects(key => $k), 1, 'second reload: one effect');
+}
+ok($t->reload_nginx, 'third reload');
+is($t->http(POST => '/last', key => $t->key('last'), json => {})->{status}, 201, 'requests work after three reloads');
+
+$t->check_logs;
+done_testing;

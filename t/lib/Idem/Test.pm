@@ -1,0 +1,959 @@
+package Idem::Test;
+
+# Integration-test harness: one temp prefix per test file, a real redis-server,
+# the counting upstream (t/lib/upstream.pl) and the stock nginx with the built
+# module, all on free loopback ports, all started and stopped by PID.
+#
+#   use lib 't/lib';  use Idem::Test;
+#   my $t = Idem::Test->new;            # fails loudly if the .so or redis-server is missing
+#   $t->start_redis; $t->start_upstream;
+#   $t->start_nginx(<<'EOF');
+#   server { listen 127.0.0.1:%%PORT%%;
+#            location / { idempotency on; idempotency_redis %%REDIS%%;
+#                         proxy_pass http://%%UPSTREAM%%; } }
+#   EOF
+#   my $r = $t->http(POST => '/things', key => $t->key, json => {a => 1});
+#   is $t->effects, 1;
+#   ...
+#   $t->check_logs; done_testing;
+#
+# Environment: IDEM_MODULE (path of the .so), IDEM_NGINX (nginx binary),
+# IDEM_REDIS_SERVER (redis-server binary), IDEM_TEST_KEEP=1 (keep the prefix,
+# its path is printed), IDEM_ALLOW_SKIP=1 (skip instead of failing when the
+# module or redis-server is missing).
+
+use strict;
+use warnings;
+
+use Cwd qw(abs_path);
+use Fcntl qw(:flock);
+use File::Basename qw(dirname);
+use File::Path qw(make_path);
+use File::Spec;
+use File::Temp qw(tempdir);
+use IO::Select;
+use IO::Socket::INET;
+use JSON::PP;
+use POSIX qw(WNOHANG);
+use Test::More;
+use Time::HiRes qw(time sleep);
+
+our $LIB  = abs_path(File::Spec->catdir(dirname(__FILE__), '..'));
+our $REPO = abs_path(File::Spec->catdir($LIB, '..', '..'));
+
+require "$LIB/upstream.pl";    # Idem::Upstream::body_bytes
+
+my $JSON = JSON::PP->new->canonical->allow_nonref->latin1;
+my @INSTANCES;
+my $KEY_COUNTER = 0;
+
+# ---------------------------------------------------------------- setup
+
+sub new {
+    my ($class, %o) = @_;
+
+    my $module = $ENV{IDEM_MODULE} // "$REPO/build/ngx_http_idempotency_module.so";
+    my $nginx  = $ENV{IDEM_NGINX} // '/usr/sbin/nginx';
+    my $redis  = $ENV{IDEM_REDIS_SERVER} // _which('redis-server') // '/usr/bin/redis-server';
+
+    my @missing;
+    push @missing, "module $module (run `make module`)" unless -f $module;
+    push @missing, "nginx binary $nginx" unless -x $nginx;
+    push @missing, "redis-server ($redis)" unless -x $redis;
+    if (@missing) {
+        if ($ENV{IDEM_ALLOW_SKIP}) {
+            plan skip_all => 'missing: ' . join(', ', @missing);
+        }
+        fail("prerequisite present: $_") for @missing;
+        diag('integration tests need these; set IDEM_ALLOW_SKIP=1 to skip instead');
+        done_testing();
+        exit 1;
+    }
+
+    my $keep = $ENV{IDEM_TEST_KEEP} ? 1 : 0;
+    my $prefix = tempdir('idem-test-XXXXXX', TMPDIR => 1, CLEANUP => !$keep);
+    # nginx workers run as an unprivileged user when the master is root:
+    # they must traverse the prefix (temp files, redis unix socket).
+    chmod 0755, $prefix;
+    diag("test prefix kept: $prefix") if $keep;
+
+    my $self = bless {
+        %o,
+        module   => abs_path($module),
+        nginx    => $nginx,
+        redis_bin => $redis,
+        prefix   => $prefix,
+        owner    => $$,
+        test_confs => 0,
+    }, $class;
+    make_path("$prefix/redis");
+    chmod 0755, "$prefix/redis";
+    push @INSTANCES, $self;
+    return $self;
+}
+
+sub prefix { $_[0]{prefix} }
+sub module { $_[0]{module} }
+
+# A fresh idempotency key, unique across test files and runs.
+sub key {
+    my ($self, $tag) = @_;
+    $KEY_COUNTER++;
+    return 'k-' . ($tag // 't') . '-' . int(time) . "-$$-$KEY_COUNTER";
+}
+
+sub _which {
+    my ($prog) = @_;
+    for my $d (split /:/, $ENV{PATH} // '') {
+        return "$d/$prog" if -x "$d/$prog";
+    }
+    return undef;
+}
+
+sub free_port {
+    my $s = IO::Socket::INET->new(
+        LocalAddr => '127.0.0.1', LocalPort => 0, Proto => 'tcp', Listen => 1,
+    ) or die "free_port: $!";
+    my $p = $s->sockport;
+    close $s;
+    return $p;
+}
+
+sub _port_open {
+    my ($port) = @_;
+    my $s = IO::Socket::INET->new(
+        PeerAddr => '127.0.0.1', PeerPort => $port, Proto => 'tcp', Timeout => 1,
+    );
+    return 0 unless $s;
+    close $s;
+    return 1;
+}
+
+# Polls $cond every 50 ms until it returns true or $timeout seconds pass;
+# returns the last value of $cond.
+sub wait_for {
+    my ($self, $cond, $timeout) = @_;
+    $timeout //= 5;
+    my $end = time + $timeout;
+    while (1) {
+        my $v = $cond->();
+        return $v if $v || time >= $end;
+        sleep 0.05;
+    }
+}
+
+sub _spawn {
+    my (%o) = @_;    # argv, stdout, pgrp
+    my $pid = fork;
+    die "fork: $!" unless defined $pid;
+    if ($pid == 0) {
+        POSIX::setpgid(0, 0) if $o{pgrp};
+        open STDIN, '<', '/dev/null';
+        if ($o{stdout}) {
+            open STDOUT, '>>', $o{stdout};
+            open STDERR, '>&', \*STDOUT;
+        }
+        { no warnings "exec"; exec { $o{argv}[0] } @{ $o{argv} }; }
+        print STDERR "exec $o{argv}[0]: $!\n";
+        POSIX::_exit(127);
+    }
+    return $pid;
+}
+
+# Sends $sig to $pid (or to its process group with $group), then waits up to
+# $wait seconds for it to go away, then KILLs it. Returns true when it went
+# away before the KILL.
+sub _stop_pid {
+    my ($pid, $sig, $wait, %o) = @_;
+    return 1 unless $pid;
+    my $target = $o{group} ? -$pid : $pid;
+    kill $sig, $target;
+    my $end = time + $wait;
+    while (time < $end) {
+        my $r = waitpid($pid, WNOHANG);
+        return 1 if $r == $pid || ($r == -1 && !kill(0, $pid));
+        sleep 0.02;
+    }
+    kill 'KILL', $target;
+    waitpid($pid, 0);
+    return 0;
+}
+
+# ---------------------------------------------------------------- redis
+
+# start_redis(appendonly => 1, unixsocket => 1, port => P, args => [...])
+sub start_redis {
+    my ($self, %o) = @_;
+    %o = (%{ $self->{redis_opts} // {} }, %o);
+    $self->{redis_opts} = \%o;
+    my $port = $self->{redis_port} = $o{port} // $self->{redis_port} // free_port();
+    my $dir = "$self->{prefix}/redis";
+    my @argv = ($self->{redis_bin},
+        '--port', $port, '--bind', '127.0.0.1', '--save', '',
+        '--appendonly', ($o{appendonly} ? 'yes' : 'no'),
+        '--dir', $dir, '--daemonize', 'no', '--logfile', "$dir/redis.log");
+    if ($o{unixsocket}) {
+        push @argv, '--unixsocket', $self->redis_socket, '--unixsocketperm', '777';
+    }
+    push @argv, @{ $o{args} // [] };
+    $self->{redis_pid} = _spawn(argv => \@argv, stdout => "$dir/redis.stdout");
+
+    my $ok = $self->wait_for(sub {
+        return 1 if ($self->redis('PING') // '') eq 'PONG';
+        if (waitpid($self->{redis_pid}, WNOHANG) == $self->{redis_pid}) {
+            delete $self->{redis_pid};
+            return -1;
+        }
+        0;
+    }, 10);
+    if (!$ok || $ok == -1) {
+        my $log = _slurp("$dir/redis.log") . _slurp("$dir/redis.stdout");
+        die "redis-server did not start on port $port:\n$log";
+    }
+    return $port;
+}
+
+sub stop_redis {
+    my ($self) = @_;
+    my $pid = delete $self->{redis_pid} or return;
+    _stop_pid($pid, 'TERM', 10);
+}
+
+sub restart_redis {
+    my ($self, %o) = @_;
+    $self->stop_redis;
+    $self->start_redis(%o);
+}
+
+sub redis_port   { $_[0]{redis_port} }
+sub redis_addr   { '127.0.0.1:' . $_[0]{redis_port} }
+sub redis_socket { "$_[0]{prefix}/redis/redis.sock" }
+sub redis_running { $_[0]{redis_pid} ? 1 : 0 }
+
+# redis(@cmd): one command over a fresh connection; the decoded reply:
+# simple/bulk strings as strings, nil as undef, integers as numbers, arrays as
+# arrayrefs, errors (and connection failures) as Idem::Test::RedisError objects.
+sub redis {
+    my ($self, @cmd) = @_;
+    my @r = $self->redis_multi(\@cmd);
+    return $r[-1];
+}
+
+# redis_multi([cmd...], [cmd...]): several commands on one connection (so
+# SELECT applies to the following ones); the list of replies.
+sub redis_multi {
+    my ($self, @cmds) = @_;
+    my $s = IO::Socket::INET->new(
+        PeerAddr => '127.0.0.1', PeerPort => $self->{redis_port}, Proto => 'tcp',
+        Timeout => 3,
+    ) or return (Idem::Test::RedisError->new("ERRCONN connect: $!"));
+    binmode $s;
+    my $req = join '', map {
+        my @cmd = @$_;
+        '*' . @cmd . "\r\n" . join('', map { '$' . length($_) . "\r\n$_\r\n" } @cmd)
+    } @cmds;
+    my $off = 0;
+    while ($off < length $req) {
+        my $w = syswrite($s, $req, length($req) - $off, $off);
+        return Idem::Test::RedisError->new("ERRCONN write: $!") unless $w;
+        $off += $w;
+    }
+    my $rd = { sock => $s, buf => '', deadline => time + 10 };
+    my @replies;
+    for (@cmds) {
+        my $reply = eval { _resp_read($rd) };
+        return (@replies, Idem::Test::RedisError->new("ERRCONN read: $@")) if $@;
+        push @replies, $reply;
+    }
+    close $s;
+    return @replies;
+}
+
+sub is_redis_error { ref($_[-1]) && ref($_[-1]) eq 'Idem::Test::RedisError' }
+
+sub _resp_fill {
+    my ($rd, $want) = @_;
+    my $sel = IO::Select->new($rd->{sock});
+    until ($want->()) {
+        my $left = $rd->{deadline} - time;
+        die "timeout\n" if $left <= 0;
+        next unless $sel->can_read($left);
+        my $n = sysread($rd->{sock}, $rd->{buf}, 65536, length $rd->{buf});
+        die "eof\n" unless $n;
+    }
+}
+
+sub _resp_line {
+    my ($rd) = @_;
+    _resp_fill($rd, sub { index($rd->{buf}, "\r\n") >= 0 });
+    my $i = index($rd->{buf}, "\r\n");
+    my $l = substr($rd->{buf}, 0, $i);
+    substr($rd->{buf}, 0, $i + 2) = '';
+    return $l;
+}
+
+sub _resp_read {
+    my ($rd) = @_;
+    my $l = _resp_line($rd);
+    my ($t, $v) = (substr($l, 0, 1), substr($l, 1));
+    return $v if $t eq '+';
+    return Idem::Test::RedisError->new($v) if $t eq '-';
+    return 0 + $v if $t eq ':';
+    if ($t eq '$') {
+        return undef if $v < 0;
+        _resp_fill($rd, sub { length($rd->{buf}) >= $v + 2 });
+        my $s = substr($rd->{buf}, 0, $v);
+        substr($rd->{buf}, 0, $v + 2) = '';
+        return $s;
+    }
+    if ($t eq '*') {
+        return undef if $v < 0;
+        return [ map { _resp_read($rd) } 1 .. $v ];
+    }
+    die "bad RESP line: $l\n";
+}
+
+# All keys matching $pattern (SCAN, default 'idem:*'), sorted.
+sub redis_keys {
+    my ($self, $pattern) = @_;
+    $pattern //= 'idem:*';
+    my ($cursor, %k) = (0);
+    do {
+        my $r = $self->redis('SCAN', $cursor, 'MATCH', $pattern, 'COUNT', 1000);
+        die "SCAN: $r" if is_redis_error($r);
+        $cursor = $r->[0];
+        $k{$_} = 1 for @{ $r->[1] };
+    } while ($cursor ne '0');
+    my @k = sort keys %k;
+    return @k;
+}
+
+# ---------------------------------------------------------------- upstream
+
+sub start_upstream {
+    my ($self, %o) = @_;
+    my $port = $self->{upstream_port} = $o{port} // $self->{upstream_port} // free_port();
+    $self->{upstream_pid} = _spawn(
+        argv => [ $^X, "$LIB/upstream.pl", '--port', $port, '--dir', $self->{prefix} ],
+        stdout => "$self->{prefix}/upstream.log",
+        pgrp => 1,
+    );
+    my $ok = $self->wait_for(sub { _port_open($port) }, 10);
+    die "upstream did not start on port $port:\n" . _slurp("$self->{prefix}/upstream.log")
+        unless $ok;
+    return $port;
+}
+
+# Stops the upstream and every connection it is still serving (its process group).
+sub stop_upstream {
+    my ($self) = @_;
+    my $pid = delete $self->{upstream_pid} or return;
+    _stop_pid($pid, 'TERM', 5, group => 1);
+    kill 'KILL', -$pid;    # stragglers serving slow requests
+}
+
+sub upstream_port { $_[0]{upstream_port} }
+sub upstream_addr { '127.0.0.1:' . $_[0]{upstream_port} }
+
+# effect_list(key => K, uri => U, method => M): the effects recorded by the
+# upstream (hashrefs n, method, uri, key, len, sha, ct, auth, t), in order.
+sub effect_list {
+    my ($self, %f) = @_;
+    my @e;
+    open my $fh, '<', "$self->{prefix}/effects.log" or return ();
+    open my $lock, '>>', "$self->{prefix}/effects.lock" or die "effects.lock: $!";
+    flock($lock, LOCK_SH);
+    while (my $l = <$fh>) {
+        chomp $l;
+        next unless length $l;
+        my $e = $JSON->decode($l);
+        next if exists $f{key} && !_same($e->{key}, $f{key});
+        next if exists $f{uri} && $e->{uri} ne $f{uri};
+        next if exists $f{method} && $e->{method} ne $f{method};
+        push @e, $e;
+    }
+    close $lock;
+    return @e;
+}
+
+sub _same { (!defined $_[0] && !defined $_[1]) || (defined $_[0] && defined $_[1] && $_[0] eq $_[1]) }
+
+# Number of upstream effects, optionally filtered like effect_list.
+sub effects {
+    my ($self, %f) = @_;
+    my @e = $self->effect_list(%f);
+    return scalar @e;
+}
+
+# The N-byte body the upstream answers to X-Body-Size: N.
+sub upstream_body { shift; Idem::Upstream::body_bytes(@_) }
+
+# ---------------------------------------------------------------- nginx
+
+sub _conf_text {
+    my ($self, $snippet, %o) = @_;
+    my $p = $self->{prefix};
+    my $errlog = $o{error_log_file} // "$p/error.log";
+    my $level = $o{error_log_level} // $self->{error_log_level} // $ENV{IDEM_ERROR_LOG_LEVEL} // 'info';
+    my $workers = $o{workers} // 1;
+    my $log_format = $o{log_format} // join(' ',
+        '$remote_addr [$time_local] "$request" $status $body_bytes_sent',
+        'outcome=$idempotency_outcome key="$idempotency_key"',
+        'fp=$idempotency_fingerprint op=$idempotency_operation_id rt=$request_time');
+    $log_format =~ s/'/\\'/g;
+
+    my $conf = <<"EOF";
+load_module $self->{module};
+daemon off;
+master_process on;
+worker_processes $workers;
+pid $p/nginx.pid;
+error_log $errlog $level;
+@{[ $o{main} // '' ]}
+events {
+    worker_connections 1024;
+}
+
+http {
+    client_body_temp_path $p/client_body_temp;
+    proxy_temp_path       $p/proxy_temp;
+    fastcgi_temp_path     $p/fastcgi_temp;
+    uwsgi_temp_path       $p/uwsgi_temp;
+    scgi_temp_path        $p/scgi_temp;
+
+    log_format idem '$log_format';
+    access_log $p/access.log idem;
+
+$snippet
+}
+EOF
+    return $self->_subst($conf);
+}
+
+sub _subst {
+    my ($self, $s) = @_;
+    my %v = (
+        PORT     => $self->{nginx_port},
+        REDIS    => defined $self->{redis_port} ? $self->redis_addr : undef,
+        REDIS_SOCKET => $self->redis_socket,
+        UPSTREAM => defined $self->{upstream_port} ? $self->upstream_addr : undef,
+        PREFIX   => $self->{prefix},
+    );
+    $s =~ s{%%(\w+)%%}{
+        defined $v{$1} ? $v{$1} : die "placeholder %%$1%% has no value (start that service first)\n"
+    }ge;
+    return $s;
+}
+
+# start_nginx($http_snippet, workers => N, error_log_level => 'debug',
+#             main => 'extra main-context lines', log_format => '...')
+sub start_nginx {
+    my ($self, $snippet, %o) = @_;
+    my $p = $self->{prefix};
+    $self->{nginx_port} //= free_port();
+    $self->{nginx_snippet} = $snippet;
+    $self->{nginx_opts} = \%o;
+    $self->{workers} = $o{workers} // 1;
+    _spew("$p/nginx.conf", $self->_conf_text($snippet, %o));
+    unlink "$p/nginx.pid";
+
+    my $pid = $self->{nginx_pid} = _spawn(
+        argv => [ $self->{nginx}, '-p', "$p/", '-c', "$p/nginx.conf", '-e', "$p/error.log" ],
+        stdout => "$p/nginx.stdout",
+    );
+    my $ok = $self->wait_for(sub {
+        if (waitpid($pid, WNOHANG) == $pid) {
+            delete $self->{nginx_pid};
+            return -1;
+        }
+        my $pf = _slurp("$p/nginx.pid");
+        return 0 unless $pf =~ /^(\d+)/ && $1 == $pid;
+        return 0 unless scalar($self->worker_pids) >= $self->{workers};
+        return _port_open($self->{nginx_port});
+    }, 10);
+    if (!$ok || $ok == -1) {
+        my $why = _slurp("$p/nginx.stdout") . _tail("$p/error.log", 30);
+        $self->stop_nginx;
+        die "nginx did not start:\n$why";
+    }
+    $self->{nginx_started} = 1;
+    return $pid;
+}
+
+sub nginx_port { $_[0]{nginx_port} }
+sub nginx_pid  { $_[0]{nginx_pid} }
+
+# Pids of the master's children (workers, and old workers while they exit).
+sub worker_pids {
+    my ($self) = @_;
+    my $m = $self->{nginx_pid} or return ();
+    my @w;
+    opendir my $d, '/proc' or return ();
+    for my $pid (grep { /^\d+$/ } readdir $d) {
+        my $st = _slurp("/proc/$pid/stat");
+        next unless $st =~ /\)\s+\S+\s+(\d+)/;
+        push @w, $pid if $1 == $m;
+    }
+    @w = sort { $a <=> $b } @w;
+    return @w;
+}
+
+# reload_nginx($new_snippet?, %opts): rewrites nginx.conf when a snippet is
+# given, sends HUP, waits until a full set of new workers runs and the old
+# ones are gone. Returns true on success.
+sub reload_nginx {
+    my ($self, $snippet, %o) = @_;
+    my $p = $self->{prefix};
+    if (defined $snippet) {
+        %o = (%{ $self->{nginx_opts} }, %o);
+        $self->{nginx_snippet} = $snippet;
+        $self->{nginx_opts} = \%o;
+        $self->{workers} = $o{workers} // 1;
+        _spew("$p/nginx.conf", $self->_conf_text($snippet, %o));
+    }
+    my %old = map { $_ => 1 } $self->worker_pids;
+    kill 'HUP', $self->{nginx_pid} or return 0;
+    return $self->wait_for(sub {
+        my @w = $self->worker_pids;
+        return 0 if grep { $old{$_} } @w;
+        return scalar(@w) >= $self->{workers};
+    }, 15) ? 1 : 0;
+}
+
+# Graceful stop (QUIT); KILL after $wait seconds (default 10). Returns true
+# when nginx exited gracefully in time.
+sub stop_nginx {
+    my ($self, $wait) = @_;
+    my $pid = $self->{nginx_pid} or return 1;
+    my @workers = $self->worker_pids;
+    my $ok = _stop_pid($pid, 'QUIT', $wait // 10);
+    kill 'KILL', $_ for grep { kill 0, $_ } @workers;
+    delete $self->{nginx_pid};
+    $self->{nginx_stop_failed} = 1 unless $ok;
+    return $ok;
+}
+
+# nginx_test_conf($snippet, %start_opts) -> (exit code, output of `nginx -t`
+# including the error log it wrote).
+sub nginx_test_conf {
+    my ($self, $snippet, %o) = @_;
+    my $p = $self->{prefix};
+    my $n = ++$self->{test_confs};
+    local $self->{nginx_port} = $self->{nginx_port} // free_port();
+    my $log = "$p/test-$n.log";
+    _spew("$p/test-$n.conf", $self->_conf_text($snippet, %o, error_log_file => $log));
+    my $cmd = join ' ', map { _sh_quote($_) }
+        $self->{nginx}, '-t', '-p', "$p/", '-c', "$p/test-$n.conf", '-e', $log;
+    my $out = `$cmd 2>&1`;
+    my $rc = $? >> 8;
+    my $logtext = _slurp($log);
+    $out .= $logtext unless index($out, $logtext) >= 0;
+    return ($rc, $out);
+}
+
+sub _sh_quote { my $s = shift; $s =~ s/'/'\\''/g; "'$s'" }
+
+# ---------------------------------------------------------------- clients
+
+# request_bytes(METHOD, path, headers => [Name => value, ...] or {...},
+#   key => K, body => BYTES, json => DATA, chunked => [sizes] | 1,
+#   host => ..., connection => 'close'|'keep-alive'|undef)
+sub request_bytes {
+    my ($self, $method, $path, %o) = @_;
+    my @h = ref $o{headers} eq 'HASH' ? %{ $o{headers} } : @{ $o{headers} // [] };
+    my $body = $o{body};
+    if (exists $o{json}) {
+        $body = ref $o{json} ? $JSON->encode($o{json}) : $o{json};
+        push @h, 'Content-Type' => 'application/json'
+            unless grep { lc($_) eq 'content-type' } @h[ grep { !($_ % 2) } 0 .. $#h ];
+    }
+    unshift @h, 'Idempotency-Key' => $o{key} if defined $o{key};
+    my $conn = exists $o{connection} ? $o{connection} : 'close';
+    my $req = "$method $path HTTP/1.1\r\n"
+        . 'Host: ' . ($o{host} // "127.0.0.1:$self->{nginx_port}") . "\r\n";
+    $req .= "Connection: $conn\r\n" if defined $conn;
+    for (my $i = 0; $i < @h; $i += 2) {
+        $req .= "$h[$i]: $h[$i + 1]\r\n";
+    }
+    if ($o{chunked}) {
+        $req .= "Transfer-Encoding: chunked\r\n\r\n";
+        $body //= '';
+        my @sizes = ref $o{chunked} ? @{ $o{chunked} } : (length $body);
+        my $off = 0;
+        while ($off < length $body) {
+            my $sz = @sizes ? shift @sizes : length($body) - $off;
+            $sz = length($body) - $off if $sz > length($body) - $off || $sz <= 0;
+            $req .= sprintf("%x\r\n", $sz) . substr($body, $off, $sz) . "\r\n";
+            $off += $sz;
+        }
+        $req .= "0\r\n\r\n";
+    } elsif (defined $body || $method =~ /^(POST|PUT|PATCH)$/) {
+        $body //= '';
+        $req .= 'Content-Length: ' . length($body) . "\r\n\r\n" . $body;
+    } else {
+        $req .= "\r\n";
+    }
+    return $req;
+}
+
+# http(METHOD, path, %request_bytes_opts, timeout => S) -> {status, reason,
+# headers (lowercased names; repeated ones joined by ", "), header_list
+# ([name, value] as sent), content, raw}. status 599 + error on failure.
+sub http {
+    my ($self, $method, $path, %o) = @_;
+    my $raw = $self->raw($self->request_bytes($method, $path, %o),
+        timeout => $o{timeout}, responses => 1,
+        ($method eq 'HEAD' ? (head => 1) : ()));
+    my ($r) = $self->parse_responses($raw, head => $method eq 'HEAD');
+    return $r // { status => 599, error => 'no complete response', raw => $raw,
+                   headers => {}, header_list => [], content => '' };
+}
+
+# raw($bytes | [$piece, $delay, $piece, ...], timeout => S, responses => N):
+# sends the bytes on one connection, reads until EOF, timeout or N complete
+# responses; returns everything read.
+sub raw {
+    my ($self, $data, %o) = @_;
+    my $timeout = $o{timeout} // 10;
+    my $s = IO::Socket::INET->new(
+        PeerAddr => '127.0.0.1', PeerPort => $self->{nginx_port}, Proto => 'tcp',
+        Timeout => $timeout,
+    ) or return '';
+    binmode $s;
+    local $SIG{PIPE} = 'IGNORE';
+    my @pieces = ref $data ? @$data : ($data);
+    while (@pieces) {
+        my $piece = shift @pieces;
+        my $off = 0;
+        while ($off < length $piece) {
+            my $w = syswrite($s, $piece, length($piece) - $off, $off);
+            last unless $w;
+            $off += $w;
+        }
+        sleep(shift @pieces) if @pieces;
+    }
+    my $buf = '';
+    my $sel = IO::Select->new($s);
+    my $end = time + $timeout;
+    while ((my $left = $end - time) > 0) {
+        last unless $sel->can_read($left);
+        my $n = sysread($s, $buf, 65536, length $buf);
+        last unless $n;
+        if ($o{responses}) {
+            my @r = $self->parse_responses($buf, head => $o{head});
+            last if @r >= $o{responses};
+        }
+    }
+    close $s;
+    return $buf;
+}
+
+# conn(): one client connection to nginx for keep-alive sequences:
+#   my $c = $t->conn; $c->send($t->request_bytes(..., connection => undef));
+#   my $r = $c->response;   # next complete response (parsed), undef on timeout/EOF
+#   $c->eof;                # true once the server closed
+sub conn {
+    my ($self, %o) = @_;
+    my $s = IO::Socket::INET->new(
+        PeerAddr => '127.0.0.1', PeerPort => $self->{nginx_port}, Proto => 'tcp',
+        Timeout => $o{timeout} // 10,
+    ) or die "connect to nginx: $!";
+    binmode $s;
+    return bless { t => $self, sock => $s, buf => '', eof => 0 }, 'Idem::Test::Conn';
+}
+
+# Complete HTTP/1.x responses found one after another in $buf.
+sub parse_responses {
+    my ($self, $buf, %o) = @_;
+    my @out;
+    my $pos = 0;
+    while ($pos < length $buf) {
+        my $hend = index($buf, "\r\n\r\n", $pos);
+        last if $hend < 0;
+        my $head = substr($buf, $pos, $hend - $pos);
+        my ($sl, @lines) = split /\r\n/, $head;
+        last unless $sl =~ m{^HTTP/\d\.\d (\d{3})(?: (.*))?$};
+        my %r = (status => $1, reason => $2 // '', header_list => [], headers => {},
+                 raw_headers => $head);
+        for (@lines) {
+            my ($n, $v) = /^([^:]+):[ \t]*(.*?)[ \t]*$/ or next;
+            push @{ $r{header_list} }, [ $n, $v ];
+            my $ln = lc $n;
+            $r{headers}{$ln} = exists $r{headers}{$ln} ? "$r{headers}{$ln}, $v" : $v;
+        }
+        my $p = $hend + 4;
+        my $content = '';
+        my $bodyless = $o{head} || $r{status} =~ /^(1..|204|304)$/;
+        if ($bodyless) {
+            # nothing
+        } elsif (($r{headers}{'transfer-encoding'} // '') =~ /chunked/i) {
+            my $done = 0;
+            while (1) {
+                my $e = index($buf, "\r\n", $p);
+                last if $e < 0;
+                my ($sz) = substr($buf, $p, $e - $p) =~ /^([0-9a-fA-F]+)/ or last;
+                $sz = hex $sz;
+                if ($sz == 0) {
+                    my $t = index($buf, "\r\n\r\n", $e);
+                    # no trailers: "0\r\n\r\n"
+                    if (substr($buf, $e, 4) eq "\r\n\r\n") { $p = $e + 4; $done = 1 }
+                    elsif ($t >= 0) { $p = $t + 4; $done = 1 }
+                    last;
+                }
+                last if length($buf) < $e + 2 + $sz + 2;
+                $content .= substr($buf, $e + 2, $sz);
+                $p = $e + 2 + $sz + 2;
+            }
+            last unless $done;
+        } elsif (defined $r{headers}{'content-length'}) {
+            my $len = $r{headers}{'content-length'};
+            last if length($buf) < $p + $len;
+            $content = substr($buf, $p, $len);
+            $p += $len;
+        } else {
+            $content = substr($buf, $p);    # until EOF
+            $p = length $buf;
+        }
+        $r{content} = $content;
+        $r{raw} = substr($buf, $pos, $p - $pos);
+        push @out, \%r;
+        $pos = $p;
+    }
+    return @out;
+}
+
+# parallel(N, sub { my $i = shift; ...; return $result }): forks N clients that
+# all start at the same instant (a barrier on a shared start time) and returns
+# their results (JSON-serializable) as an arrayref in index order; undef for a
+# client that died or did not finish within `timeout` (default 60 s).
+sub parallel {
+    my ($self, $n, $code, %o) = @_;
+    my $dir = tempdir('par-XXXXXX', DIR => $self->{prefix}, CLEANUP => 0);
+    my $start = time + 0.5 + $n * 0.02;
+    my %kids;
+    for my $i (0 .. $n - 1) {
+        my $pid = fork;
+        die "fork: $!" unless defined $pid;
+        if ($pid == 0) {
+            my $rc = 0;
+            eval {
+                my $d = $start - time;
+                sleep $d if $d > 0;
+                my $res = $code->($i);
+                _spew("$dir/$i.json.tmp", $JSON->encode($res));
+                rename "$dir/$i.json.tmp", "$dir/$i.json";
+                1;
+            } or do { print STDERR "parallel client $i: $@"; $rc = 1 };
+            POSIX::_exit($rc);
+        }
+        $kids{$pid} = $i;
+    }
+    my $end = time + ($o{timeout} // 60);
+    while (%kids && time < $end) {
+        my $pid = waitpid(-1, WNOHANG);
+        if ($pid > 0) { delete $kids{$pid}; next }
+        sleep 0.02;
+    }
+    for my $pid (keys %kids) { kill 'KILL', $pid; waitpid($pid, 0) }
+    my @res;
+    for my $i (0 .. $n - 1) {
+        my $f = "$dir/$i.json";
+        push @res, -f $f ? $JSON->decode(_slurp($f)) : undef;
+    }
+    return \@res;
+}
+
+# ---------------------------------------------------------------- assertions
+
+# The decoded problem+json body of $r, or undef.
+sub problem {
+    my ($self, $r) = @_;
+    return undef unless ($r->{headers}{'content-type'} // '') =~ m{^application/problem\+json\b};
+    my $p = eval { JSON::PP->new->decode($r->{content}) };
+    return ref $p eq 'HASH' ? $p : undef;
+}
+
+# is_problem($r, $status, $slug, key => K|undef, state => S, operation_id => 1|0,
+#            retry_after => 1|0, name => ...): one subtest.
+sub is_problem {
+    my ($self, $r, $status, $slug, %o) = @_;
+    my $name = $o{name} // "$status $slug problem";
+    local $Test::Builder::Level = $Test::Builder::Level + 1;
+    subtest $name => sub {
+        is($r->{status}, $status, 'status') or diag(_show($r));
+        like($r->{headers}{'content-type'} // '', qr{^application/problem\+json\b},
+            'Content-Type application/problem+json');
+        like($r->{headers}{'cache-control'} // '', qr/\bno-store\b/, 'Cache-Control: no-store');
+        ok(!exists $r->{headers}{'idempotent-replayed'}, 'no Idempotent-Replayed header');
+        my $p = $self->problem($r);
+        ok($p, 'body is a JSON object') or return;
+        is($p->{type}, "urn:ngx-idempotency:problem:$slug", 'type');
+        is($p->{status}, $status, 'status member');
+        ok(defined $p->{title} && !ref $p->{title} && length $p->{title}, 'title');
+        ok(defined $p->{detail} && !ref $p->{detail} && length $p->{detail}, 'detail');
+        if (exists $o{key}) {
+            ok(exists $p->{idempotency_key}, 'idempotency_key member present');
+            is($p->{idempotency_key}, $o{key}, 'idempotency_key');
+        }
+        if (exists $o{state}) {
+            is($p->{state}, $o{state}, 'state');
+        }
+        if (exists $o{operation_id}) {
+            if ($o{operation_id}) {
+                like($p->{operation_id} // '', qr/^[0-9a-f]{32}$/, 'operation_id is 32 hex');
+            } else {
+                ok(!defined $p->{operation_id}, 'no operation_id');
+            }
+        }
+        if (exists $o{retry_after}) {
+            if ($o{retry_after}) {
+                like($r->{headers}{'retry-after'} // '', qr/^\d+$/, 'Retry-After');
+            } else {
+                ok(!exists $r->{headers}{'retry-after'}, 'no Retry-After');
+            }
+        }
+    };
+}
+
+sub _show {
+    my ($r) = @_;
+    my $c = $r->{content} // '';
+    $c = substr($c, 0, 400) . '...' if length $c > 400;
+    return "got: " . ($r->{raw_headers} // "status $r->{status} " . ($r->{error} // '')) . "\n\n$c";
+}
+sub show { shift; _show(@_) }
+
+# Stops nginx gracefully (exit-time alerts such as "open socket left" are
+# written then), then adds tests: it stopped in time, and its logs have no
+# alert/crit/emerg or sanitizer lines.
+sub check_logs {
+    my ($self, %o) = @_;
+    local $Test::Builder::Level = $Test::Builder::Level + 1;
+    $self->stop_nginx if $self->{nginx_pid};
+    ok(!$self->{nginx_stop_failed}, 'nginx exited gracefully on QUIT within 10 s')
+        if $self->{nginx_started};
+
+    my @bad;
+    for my $f ("$self->{prefix}/error.log", "$self->{prefix}/nginx.stdout") {
+        next unless -f $f;
+        open my $fh, '<', $f or next;
+        while (my $l = <$fh>) {
+            push @bad, $l if $l =~ /\[(?:alert|crit|emerg)\]|open socket .*left|AddressSanitizer|LeakSanitizer|runtime error|exited on signal/;
+        }
+    }
+    ok(!@bad, 'error.log has no alert/crit/emerg/open-socket/sanitizer lines')
+        or diag(join '', @bad[0 .. ($#bad < 20 ? $#bad : 19)]);
+}
+
+# Lines of access.log; with $n, waits (up to 5 s) until there are at least $n.
+sub access_log {
+    my ($self, $n) = @_;
+    my $f = "$self->{prefix}/access.log";
+    $self->wait_for(sub { my @l = split /\n/, _slurp($f); @l >= $n }, 5) if $n;
+    return split /\n/, _slurp($f);
+}
+
+sub error_log { _slurp("$_[0]{prefix}/error.log") }
+
+# ---------------------------------------------------------------- utils
+
+sub _slurp {
+    my ($f) = @_;
+    open my $fh, '<', $f or return '';
+    binmode $fh;
+    local $/;
+    my $s = <$fh>;
+    return $s // '';
+}
+
+sub _tail {
+    my ($f, $n) = @_;
+    my @l = split /\n/, _slurp($f);
+    @l = @l[-$n .. -1] if @l > $n;
+    return join("\n", @l) . "\n";
+}
+
+sub _spew {
+    my ($f, $s) = @_;
+    open my $fh, '>', $f or die "$f: $!";
+    binmode $fh;
+    print $fh $s;
+    close $fh or die "$f: $!";
+}
+
+sub cleanup {
+    my ($self) = @_;
+    return unless $self->{owner} && $self->{owner} == $$;
+    $self->stop_nginx(5) if $self->{nginx_pid};
+    $self->stop_upstream;
+    $self->stop_redis;
+}
+
+sub DESTROY { $_[0]->cleanup }
+
+END {
+    my $rc = $?;
+    $_->cleanup for grep { defined } @INSTANCES;
+    @INSTANCES = ();
+    $? = $rc;
+}
+
+package Idem::Test::Conn;
+
+use IO::Select;
+use Time::HiRes qw(time);
+
+sub send {
+    my ($c, $bytes) = @_;
+    local $SIG{PIPE} = 'IGNORE';
+    my $off = 0;
+    while ($off < length $bytes) {
+        my $w = syswrite($c->{sock}, $bytes, length($bytes) - $off, $off);
+        return 0 unless $w;
+        $off += $w;
+    }
+    return 1;
+}
+
+sub response {
+    my ($c, %o) = @_;
+    my $end = time + ($o{timeout} // 10);
+    my $sel = IO::Select->new($c->{sock});
+    while (1) {
+        my ($r) = $c->{t}->parse_responses($c->{buf}, head => $o{head});
+        # a response without a length is complete only at EOF
+        if ($r && (defined $r->{headers}{'content-length'}
+                   || ($r->{headers}{'transfer-encoding'} // '') =~ /chunked/i || $c->{eof})) {
+            substr($c->{buf}, 0, length $r->{raw}) = '';
+            return $r;
+        }
+        return undef if $c->{eof};
+        my $left = $end - time;
+        return undef if $left <= 0;
+        next unless $sel->can_read($left);
+        my $n = sysread($c->{sock}, $c->{buf}, 65536, length $c->{buf});
+        $c->{eof} = 1 unless $n;
+    }
+}
+
+sub eof {
+    my ($c, $timeout) = @_;
+    return 1 if $c->{eof};
+    my $sel = IO::Select->new($c->{sock});
+    if ($sel->can_read($timeout // 2)) {
+        my $n = sysread($c->{sock}, $c->{buf}, 65536, length $c->{buf});
+        $c->{eof} = 1 unless $n;
+    }
+    return $c->{eof};
+}
+
+sub close { close $_[0]{sock} }
+
+package Idem::Test::RedisError;
+
+use overload '""' => sub { $_[0]{message} }, 'eq' => sub { "$_[0]" eq "$_[1]" }, fallback => 1;
+
+sub new { bless { message => $_[1] }, $_[0] }
+sub message { $_[0]{message} }
+
+1;
