@@ -49,23 +49,15 @@ typedef enum {
 } ngx_http_idem_redis_state_e;
 
 
+typedef struct ngx_http_idem_redis_s  ngx_http_idem_redis_t;
+
+
 /*
- * One configured Redis server.  The configuration part is set when the
- * directive is parsed; the rest is each worker's own connection.
+ * One connection of a worker to a server: the pipelined command link, or
+ * the subscriber link that hears about completions others wait for.
  */
 typedef struct {
-    ngx_str_t                    name;          /* as written, for logs */
-    ngx_str_t                    host;          /* numeric address or path */
-    int                          port;          /* 0 for a unix socket */
-    ngx_str_t                    user;
-    ngx_str_t                    password;
-    ngx_int_t                    db;
-    ngx_msec_t                   connect_timeout;
-    ngx_msec_t                   timeout;
-
-    ngx_http_idem_script_t      *scripts;
-
-    ngx_log_t                   *log;
+    ngx_http_idem_redis_t       *redis;
     redisAsyncContext           *ac;
     ngx_connection_t            *conn;
     ngx_http_idem_redis_state_e  state;
@@ -74,9 +66,39 @@ typedef struct {
     ngx_event_t                  connect_timer;
     ngx_event_t                  recycle;
     redisAsyncContext           *recycle_ac;
-    ngx_array_t                 *orphans;   /* ngx_http_idem_orphan_t */
+    unsigned                     subscriber:1;
+    unsigned                     subscribed:1;
+} ngx_http_idem_link_t;
+
+
+/*
+ * One configured Redis server.  The configuration part is set when the
+ * directive is parsed; the links are each worker's own.
+ */
+struct ngx_http_idem_redis_s {
+    ngx_str_t                    name;          /* as written, for logs */
+    ngx_str_t                    host;          /* numeric address or path */
+    int                          port;          /* 0 for a unix socket */
+    ngx_str_t                    user;
+    ngx_str_t                    password;
+    ngx_int_t                    db;
+    ngx_msec_t                   connect_timeout;
+    ngx_msec_t                   timeout;
+    ngx_uint_t                   subscribe;     /* some location waits */
+
+    ngx_http_idem_script_t      *scripts;
+
+    ngx_log_t                   *log;
+    ngx_http_idem_link_t         cmd;
+    ngx_http_idem_link_t         sub;
+    ngx_queue_t                  waiters;       /* ngx_http_idem_ctx_t */
+    ngx_array_t                 *orphans;       /* ngx_http_idem_orphan_t */
     unsigned                     exiting:1;
-} ngx_http_idem_redis_t;
+};
+
+
+/* completions of records someone waits for are announced here */
+#define NGX_HTTP_IDEM_CHANNEL        "idem:done"
 
 
 /*
@@ -140,6 +162,7 @@ typedef struct {
     ngx_uint_t                   store_failure;
     ngx_array_t                 *fp_headers;       /* ngx_str_t, lowercase */
     ngx_array_t                 *release_statuses; /* ngx_uint_t */
+    ngx_msec_t                   wait;
     ngx_uint_t                   ops;    /* status or admin location */
 } ngx_http_idem_loc_conf_t;
 
@@ -149,6 +172,7 @@ typedef enum {
     NGX_HTTP_IDEM_READING_BODY,
     NGX_HTTP_IDEM_BODY_READ,
     NGX_HTTP_IDEM_CLAIMING,
+    NGX_HTTP_IDEM_WAITING,
     NGX_HTTP_IDEM_ANSWERED,
     NGX_HTTP_IDEM_PASSED,       /* handed to the content handler */
     NGX_HTTP_IDEM_DONE          /* the module answered or stepped aside */
@@ -230,6 +254,14 @@ struct ngx_http_idem_ctx_s {
     off_t                        content_length;
     ngx_event_t                  renew;
     ngx_http_idem_ops_answer_pt  ops_answer;
+
+    /* waiting for an in-flight duplicate to finish (idempotency_wait) */
+    ngx_queue_t                  wait_queue;
+    ngx_event_t                  wait_timer;
+    unsigned                     waiting:1;
+    unsigned                     wait_expired:1;
+
+    unsigned                     fingerprinted:1;
     unsigned                     claimed:1;
     unsigned                     capturing:1;
     unsigned                     too_large:1;
@@ -291,5 +323,11 @@ void ngx_http_idem_cmd_arg(ngx_http_idem_cmd_t *cmd, const void *data,
 u_char *ngx_http_idem_cmd_arg_reserve(ngx_http_idem_cmd_t *cmd, size_t len);
 ngx_int_t ngx_http_idem_cmd_send(ngx_http_idem_cmd_t *cmd,
     ngx_http_idem_reply_pt handler, void *data);
+ngx_int_t ngx_http_idem_wait_add(ngx_http_idem_redis_t *rd,
+    ngx_http_idem_ctx_t *ctx);
+void ngx_http_idem_wait_remove(ngx_http_idem_ctx_t *ctx);
+
+/* ngx_http_idempotency_handler.c, called by the subscriber */
+void ngx_http_idem_wake(ngx_http_idem_ctx_t *ctx);
 
 #endif /* NGX_HTTP_IDEMPOTENCY_H */

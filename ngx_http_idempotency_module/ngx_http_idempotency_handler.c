@@ -17,6 +17,8 @@ static ngx_int_t ngx_http_idem_start(ngx_http_request_t *r,
 static void ngx_http_idem_body_handler(ngx_http_request_t *r);
 static ngx_int_t ngx_http_idem_claim(ngx_http_request_t *r,
     ngx_http_idem_ctx_t *ctx);
+static ngx_int_t ngx_http_idem_claim_send(ngx_http_request_t *r,
+    ngx_http_idem_ctx_t *ctx);
 static void ngx_http_idem_claim_done(ngx_http_idem_cmd_t *cmd,
     redisReply *reply);
 static ngx_int_t ngx_http_idem_act(ngx_http_request_t *r,
@@ -40,6 +42,12 @@ ngx_http_idem_cleanup(void *data)
 
     if (ctx->renew.timer_set) {
         ngx_del_timer(&ctx->renew);
+    }
+
+    ngx_http_idem_wait_remove(ctx);
+
+    if (ctx->wait_timer.timer_set) {
+        ngx_del_timer(&ctx->wait_timer);
     }
 
     if (ctx->claimed && ctx->end == NGX_HTTP_IDEM_END_NONE) {
@@ -180,6 +188,7 @@ ngx_http_idem_precontent_handler(ngx_http_request_t *r)
 
     case NGX_HTTP_IDEM_READING_BODY:
     case NGX_HTTP_IDEM_CLAIMING:
+    case NGX_HTTP_IDEM_WAITING:
         return NGX_DONE;
 
     case NGX_HTTP_IDEM_BODY_READ:
@@ -719,6 +728,7 @@ ngx_http_idem_fingerprint(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
 
     ngx_memcpy(ctx->fingerprint, res.hex, IDEM_FP_HEX_LEN);
     ctx->body_form = res.body_form;
+    ctx->fingerprinted = 1;
 
     if (res.body_form == IDEM_BODY_RAW_INVALID_JSON) {
         ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
@@ -750,12 +760,6 @@ ngx_http_idem_token(u_char *hex)
 static ngx_int_t
 ngx_http_idem_claim(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
 {
-    u_char                    *p, lease[NGX_INT_T_LEN], ttl[NGX_TIME_T_LEN];
-    ngx_http_idem_cmd_t       *cmd;
-    ngx_http_idem_loc_conf_t  *lcf;
-
-    lcf = ctx->conf;
-
     if (ngx_http_idem_fingerprint(r, ctx) != NGX_OK) {
         return ngx_http_idem_finalize(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
     }
@@ -769,12 +773,29 @@ ngx_http_idem_claim(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
     }
 
     ctx->op_id.len = NGX_HTTP_IDEM_TOKEN_HEX;
+
+    if (ngx_http_idem_claim_send(r, ctx) == NGX_OK) {
+        return NGX_DONE;
+    }
+
+    return ngx_http_idem_act(r, ctx);
+}
+
+
+static ngx_int_t
+ngx_http_idem_claim_send(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
+{
+    u_char                    *p, lease[NGX_INT_T_LEN], ttl[NGX_TIME_T_LEN];
+    ngx_http_idem_cmd_t       *cmd;
+    ngx_http_idem_loc_conf_t  *lcf;
+
+    lcf = ctx->conf;
     ctx->phase = NGX_HTTP_IDEM_CLAIMING;
 
-    cmd = ngx_http_idem_cmd_create(lcf->redis, NGX_HTTP_IDEM_SCRIPT_CLAIM, 6,
+    cmd = ngx_http_idem_cmd_create(lcf->redis, NGX_HTTP_IDEM_SCRIPT_CLAIM, 7,
                                    IDEM_RECORD_KEY_LEN + IDEM_FP_HEX_LEN
                                    + 2 * NGX_HTTP_IDEM_TOKEN_HEX
-                                   + sizeof(lease) + sizeof(ttl),
+                                   + sizeof(lease) + sizeof(ttl) + 1,
                                    r->connection->log);
     if (cmd) {
         ngx_http_idem_cmd_arg(cmd, ctx->rkey, IDEM_RECORD_KEY_LEN);
@@ -785,19 +806,20 @@ ngx_http_idem_claim(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
         ngx_http_idem_cmd_arg(cmd, lease, p - lease);
         p = ngx_sprintf(ttl, "%T", lcf->ttl);
         ngx_http_idem_cmd_arg(cmd, ttl, p - ttl);
+        ngx_http_idem_cmd_arg(cmd, lcf->wait ? "1" : "0", 1);
 
         if (ngx_http_idem_cmd_send(cmd, ngx_http_idem_claim_done, ctx)
             == NGX_OK)
         {
             ctx->cmd = cmd;
-            return NGX_DONE;
+            return NGX_OK;
         }
     }
 
     ctx->answer = NGX_HTTP_IDEM_ANS_STORE_DOWN;
     ctx->phase = NGX_HTTP_IDEM_ANSWERED;
 
-    return ngx_http_idem_act(r, ctx);
+    return NGX_ERROR;
 }
 
 
@@ -1045,12 +1067,106 @@ ngx_http_idem_claim_done(ngx_http_idem_cmd_t *cmd, redisReply *reply)
 }
 
 
+/* resume a request that was waiting, from outside the phase engine */
+static void
+ngx_http_idem_resume(ngx_http_idem_ctx_t *ctx)
+{
+    ngx_connection_t    *c;
+    ngx_http_request_t  *r;
+
+    r = ctx->request;
+    c = r->connection;
+
+    ngx_http_core_run_phases(r);
+    ngx_http_run_posted_requests(c);
+}
+
+
+static void
+ngx_http_idem_wait_timeout(ngx_event_t *ev)
+{
+    ngx_http_idem_ctx_t  *ctx = ev->data;
+
+    ctx->wait_expired = 1;
+
+    if (ctx->phase != NGX_HTTP_IDEM_WAITING) {
+        /* a look at the record is on its way; its answer decides */
+        return;
+    }
+
+    ngx_http_idem_wait_remove(ctx);
+
+    ctx->answer = NGX_HTTP_IDEM_ANS_IN_PROGRESS;
+    ctx->phase = NGX_HTTP_IDEM_ANSWERED;
+
+    ngx_http_idem_resume(ctx);
+}
+
+
+/* the record may have changed: claim again, which replays or executes */
+void
+ngx_http_idem_wake(ngx_http_idem_ctx_t *ctx)
+{
+    if (ctx->phase != NGX_HTTP_IDEM_WAITING) {
+        return;
+    }
+
+    if (ngx_http_idem_claim_send(ctx->request, ctx) != NGX_OK) {
+        ngx_http_idem_resume(ctx);
+    }
+}
+
+
+/*
+ * NGX_DONE while the request waits for the first attempt to finish,
+ * NGX_DECLINED when it cannot or may not wait any longer.
+ */
+static ngx_int_t
+ngx_http_idem_wait(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
+{
+    ngx_http_idem_loc_conf_t  *lcf;
+
+    lcf = ctx->conf;
+
+    if (lcf->wait == 0 || ctx->wait_expired) {
+        return NGX_DECLINED;
+    }
+
+    if (!ctx->waiting) {
+        if (ngx_http_idem_wait_add(lcf->redis, ctx) != NGX_OK) {
+            return NGX_DECLINED;
+        }
+
+        ctx->wait_timer.handler = ngx_http_idem_wait_timeout;
+        ctx->wait_timer.data = ctx;
+        ctx->wait_timer.log = r->connection->log;
+        ngx_add_timer(&ctx->wait_timer, lcf->wait);
+    }
+
+    ctx->phase = NGX_HTTP_IDEM_WAITING;
+
+    return NGX_DONE;
+}
+
+
 static ngx_int_t
 ngx_http_idem_act(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
 {
     ngx_http_idem_loc_conf_t  *lcf;
 
     lcf = ctx->conf;
+
+    if (ctx->answer == NGX_HTTP_IDEM_ANS_IN_PROGRESS
+        && ngx_http_idem_wait(r, ctx) == NGX_DONE)
+    {
+        return NGX_DONE;
+    }
+
+    ngx_http_idem_wait_remove(ctx);
+
+    if (ctx->wait_timer.timer_set) {
+        ngx_del_timer(&ctx->wait_timer);
+    }
 
     switch (ctx->answer) {
 

@@ -114,6 +114,13 @@ static ngx_command_t  ngx_http_idem_commands[] = {
       offsetof(ngx_http_idem_loc_conf_t, lease),
       &ngx_http_idem_positive_msec },
 
+    { ngx_string("idempotency_wait"),
+      NGX_HTTP_IDEM_CONF_ANY|NGX_CONF_TAKE1,
+      ngx_conf_set_msec_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_idem_loc_conf_t, wait),
+      NULL },
+
     { ngx_string("idempotency_conflict_status"),
       NGX_HTTP_IDEM_CONF_ANY|NGX_CONF_TAKE1,
       ngx_http_idem_conflict_status,
@@ -252,7 +259,7 @@ ngx_http_idem_variable(ngx_http_request_t *r, ngx_http_variable_value_t *v,
             break;
 
         case NGX_HTTP_IDEM_VAR_FINGERPRINT:
-            if (ctx->phase >= NGX_HTTP_IDEM_CLAIMING) {
+            if (ctx->fingerprinted) {
                 value.data = ctx->fingerprint;
                 value.len = IDEM_FP_HEX_LEN;
             }
@@ -263,7 +270,7 @@ ngx_http_idem_variable(ngx_http_request_t *r, ngx_http_variable_value_t *v,
             break;
 
         default: /* NGX_HTTP_IDEM_VAR_BODY_FORM */
-            if (ctx->phase >= NGX_HTTP_IDEM_CLAIMING) {
+            if (ctx->fingerprinted) {
                 s = idem_body_form_name(ctx->body_form);
                 value.data = (u_char *) s;
                 value.len = ngx_strlen(s);
@@ -373,6 +380,7 @@ ngx_http_idem_create_loc_conf(ngx_conf_t *cf)
     conf->required = NGX_CONF_UNSET;
     conf->ttl = NGX_CONF_UNSET;
     conf->lease = NGX_CONF_UNSET_MSEC;
+    conf->wait = NGX_CONF_UNSET_MSEC;
     conf->conflict_status = NGX_CONF_UNSET_UINT;
     conf->store_max = NGX_CONF_UNSET_SIZE;
     conf->store_headers = NGX_CONF_UNSET_PTR;
@@ -508,6 +516,7 @@ ngx_http_idem_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
 
     ngx_conf_merge_sec_value(conf->ttl, prev->ttl, 86400);
     ngx_conf_merge_msec_value(conf->lease, prev->lease, 60000);
+    ngx_conf_merge_msec_value(conf->wait, prev->wait, 0);
     ngx_conf_merge_uint_value(conf->conflict_status, prev->conflict_status,
                               NGX_HTTP_CONFLICT);
     ngx_conf_merge_size_value(conf->store_max, prev->store_max,
@@ -530,6 +539,11 @@ ngx_http_idem_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
 
     if (ngx_http_idem_check_fp_headers(cf, conf) != NGX_CONF_OK) {
         return NGX_CONF_ERROR;
+    }
+
+    if (conf->enable && conf->wait && conf->redis) {
+        /* its workers subscribe to completion announcements */
+        conf->redis->subscribe = 1;
     }
 
     if ((conf->enable || conf->ops) && conf->redis == NULL) {

@@ -14,9 +14,10 @@
 #define NGX_HTTP_IDEM_BACKOFF_MAX  2000
 
 
-static void ngx_http_idem_redis_connect(ngx_http_idem_redis_t *rd);
-static void ngx_http_idem_redis_schedule(ngx_http_idem_redis_t *rd);
-static void ngx_http_idem_redis_recycle_later(ngx_http_idem_redis_t *rd);
+static void ngx_http_idem_link_schedule(ngx_http_idem_link_t *lk);
+static void ngx_http_idem_link_recycle_later(ngx_http_idem_link_t *lk);
+static void ngx_http_idem_waiters_wake(ngx_http_idem_redis_t *rd,
+    u_char *key);
 static void ngx_http_idem_redis_reply(redisAsyncContext *ac, void *r,
     void *privdata);
 static void ngx_http_idem_orphans_release(ngx_http_idem_redis_t *rd);
@@ -69,37 +70,37 @@ ngx_http_idem_scripts_init(ngx_conf_t *cf, ngx_http_idem_main_conf_t *mcf)
 /* event hooks hiredis calls; level-triggered so replies > 16 KiB flow */
 
 static void
-ngx_http_idem_redis_add(ngx_http_idem_redis_t *rd, ngx_uint_t write)
+ngx_http_idem_link_add(ngx_http_idem_link_t *lk, ngx_uint_t write)
 {
     ngx_event_t  *ev;
 
-    if (rd->conn == NULL) {
+    if (lk->conn == NULL) {
         return;
     }
 
-    ev = write ? rd->conn->write : rd->conn->read;
+    ev = write ? lk->conn->write : lk->conn->read;
 
     if (!ev->active) {
         if (ngx_add_event(ev, write ? NGX_WRITE_EVENT : NGX_READ_EVENT,
                           NGX_LEVEL_EVENT)
             != NGX_OK)
         {
-            ngx_http_idem_redis_recycle_later(rd);
+            ngx_http_idem_link_recycle_later(lk);
         }
     }
 }
 
 
 static void
-ngx_http_idem_redis_del(ngx_http_idem_redis_t *rd, ngx_uint_t write)
+ngx_http_idem_link_del(ngx_http_idem_link_t *lk, ngx_uint_t write)
 {
     ngx_event_t  *ev;
 
-    if (rd->conn == NULL) {
+    if (lk->conn == NULL) {
         return;
     }
 
-    ev = write ? rd->conn->write : rd->conn->read;
+    ev = write ? lk->conn->write : lk->conn->read;
 
     if (ev->active) {
         ngx_del_event(ev, write ? NGX_WRITE_EVENT : NGX_READ_EVENT, 0);
@@ -108,30 +109,30 @@ ngx_http_idem_redis_del(ngx_http_idem_redis_t *rd, ngx_uint_t write)
 
 
 static void
-ngx_http_idem_redis_add_read(void *privdata)
+ngx_http_idem_link_add_read(void *privdata)
 {
-    ngx_http_idem_redis_add(privdata, 0);
+    ngx_http_idem_link_add(privdata, 0);
 }
 
 
 static void
-ngx_http_idem_redis_del_read(void *privdata)
+ngx_http_idem_link_del_read(void *privdata)
 {
-    ngx_http_idem_redis_del(privdata, 0);
+    ngx_http_idem_link_del(privdata, 0);
 }
 
 
 static void
-ngx_http_idem_redis_add_write(void *privdata)
+ngx_http_idem_link_add_write(void *privdata)
 {
-    ngx_http_idem_redis_add(privdata, 1);
+    ngx_http_idem_link_add(privdata, 1);
 }
 
 
 static void
-ngx_http_idem_redis_del_write(void *privdata)
+ngx_http_idem_link_del_write(void *privdata)
 {
-    ngx_http_idem_redis_del(privdata, 1);
+    ngx_http_idem_link_del(privdata, 1);
 }
 
 
@@ -140,21 +141,21 @@ ngx_http_idem_redis_del_write(void *privdata)
  * only unhooked and returned, never closed: one fd, one close.
  */
 static void
-ngx_http_idem_redis_cleanup(void *privdata)
+ngx_http_idem_link_cleanup(void *privdata)
 {
-    ngx_http_idem_redis_t  *rd = privdata;
+    ngx_http_idem_link_t  *lk = privdata;
 
     ngx_connection_t  *c;
 
-    c = rd->conn;
+    c = lk->conn;
     if (c == NULL) {
         return;
     }
 
-    rd->conn = NULL;
+    ngx_http_idem_link_del(lk, 0);
+    ngx_http_idem_link_del(lk, 1);
 
-    ngx_http_idem_redis_del(rd, 0);
-    ngx_http_idem_redis_del(rd, 1);
+    lk->conn = NULL;
 
     if (c->read->posted) {
         ngx_delete_posted_event(c->read);
@@ -170,123 +171,186 @@ ngx_http_idem_redis_cleanup(void *privdata)
 
 
 static void
-ngx_http_idem_redis_read_handler(ngx_event_t *ev)
+ngx_http_idem_link_read_handler(ngx_event_t *ev)
 {
-    ngx_connection_t       *c = ev->data;
-    ngx_http_idem_redis_t  *rd = c->data;
+    ngx_connection_t      *c = ev->data;
+    ngx_http_idem_link_t  *lk = c->data;
 
-    if (rd->ac) {
-        redisAsyncHandleRead(rd->ac);
+    if (lk->ac) {
+        redisAsyncHandleRead(lk->ac);
     }
 }
 
 
 static void
-ngx_http_idem_redis_write_handler(ngx_event_t *ev)
+ngx_http_idem_link_write_handler(ngx_event_t *ev)
 {
-    ngx_connection_t       *c = ev->data;
-    ngx_http_idem_redis_t  *rd = c->data;
+    ngx_connection_t      *c = ev->data;
+    ngx_http_idem_link_t  *lk = c->data;
 
-    if (rd->ac) {
-        redisAsyncHandleWrite(rd->ac);
+    if (lk->ac) {
+        redisAsyncHandleWrite(lk->ac);
     }
 }
 
 
-static void
-ngx_http_idem_redis_on_connect(const redisAsyncContext *ac, int status)
+static const char *
+ngx_http_idem_link_name(ngx_http_idem_link_t *lk)
 {
-    ngx_http_idem_redis_t  *rd = ac->data;
+    return lk->subscriber ? " (subscriber)" : "";
+}
 
-    if (rd->connect_timer.timer_set) {
-        ngx_del_timer(&rd->connect_timer);
+
+static void
+ngx_http_idem_link_on_connect(const redisAsyncContext *ac, int status)
+{
+    ngx_http_idem_link_t   *lk = ac->data;
+    ngx_http_idem_redis_t  *rd = lk->redis;
+
+    if (lk->connect_timer.timer_set) {
+        ngx_del_timer(&lk->connect_timer);
     }
 
     if (status != REDIS_OK) {
         ngx_log_error(NGX_LOG_ERR, rd->log, 0,
-                      "idempotency: connect to redis %V failed: %s",
-                      &rd->name, ac->errstr);
+                      "idempotency: connect to redis %V%s failed: %s",
+                      &rd->name, ngx_http_idem_link_name(lk), ac->errstr);
 
         /* hiredis frees the context right after this callback */
-        rd->ac = NULL;
-        rd->state = NGX_HTTP_IDEM_REDIS_DOWN;
-        ngx_http_idem_redis_schedule(rd);
+        lk->ac = NULL;
+        lk->state = NGX_HTTP_IDEM_REDIS_DOWN;
+        ngx_http_idem_link_schedule(lk);
         return;
     }
 
     ngx_log_error(NGX_LOG_INFO, rd->log, 0,
-                  "idempotency: connected to redis %V", &rd->name);
+                  "idempotency: connected to redis %V%s",
+                  &rd->name, ngx_http_idem_link_name(lk));
 
-    rd->state = NGX_HTTP_IDEM_REDIS_READY;
-    rd->backoff = 0;
+    lk->state = NGX_HTTP_IDEM_REDIS_READY;
+    lk->backoff = 0;
 
-    ngx_http_idem_orphans_release(rd);
+    if (!lk->subscriber) {
+        ngx_http_idem_orphans_release(rd);
+    }
 }
 
 
 static void
-ngx_http_idem_redis_on_disconnect(const redisAsyncContext *ac, int status)
+ngx_http_idem_link_on_disconnect(const redisAsyncContext *ac, int status)
 {
-    ngx_http_idem_redis_t  *rd = ac->data;
+    ngx_http_idem_link_t   *lk = ac->data;
+    ngx_http_idem_redis_t  *rd = lk->redis;
 
-    if (rd->ac == ac) {
-        rd->ac = NULL;
+    if (lk->ac == ac) {
+        lk->ac = NULL;
     }
 
-    rd->state = NGX_HTTP_IDEM_REDIS_DOWN;
+    lk->state = NGX_HTTP_IDEM_REDIS_DOWN;
 
     if (status != REDIS_OK && !rd->exiting) {
         ngx_log_error(NGX_LOG_ERR, rd->log, 0,
-                      "idempotency: redis %V connection lost: %s",
-                      &rd->name, ac->errstr ? ac->errstr : "closed");
+                      "idempotency: redis %V%s connection lost: %s",
+                      &rd->name, ngx_http_idem_link_name(lk),
+                      ac->errstr ? ac->errstr : "closed");
     }
 
-    ngx_http_idem_redis_schedule(rd);
+    if (lk->subscriber && lk->subscribed) {
+        lk->subscribed = 0;
+        /* a completion may be missed now: let every waiter look again */
+        ngx_http_idem_waiters_wake(rd, NULL);
+    }
+
+    ngx_http_idem_link_schedule(lk);
 }
 
 
 static void
-ngx_http_idem_redis_handshake(redisAsyncContext *ac, void *r, void *privdata)
+ngx_http_idem_link_handshake(redisAsyncContext *ac, void *r, void *privdata)
 {
-    redisReply             *reply = r;
-    ngx_http_idem_redis_t  *rd = ac->data;
+    redisReply            *reply = r;
+    ngx_http_idem_link_t  *lk = ac->data;
 
     if (reply == NULL || reply->type != REDIS_REPLY_ERROR) {
         return;
     }
 
-    ngx_log_error(NGX_LOG_ERR, rd->log, 0,
-                  "idempotency: redis %V: %s failed: %*s", &rd->name,
-                  (char *) privdata, (int) reply->len, reply->str);
+    ngx_log_error(NGX_LOG_ERR, lk->redis->log, 0,
+                  "idempotency: redis %V%s: %s failed: %*s", &lk->redis->name,
+                  ngx_http_idem_link_name(lk), (char *) privdata,
+                  (int) reply->len, reply->str);
 
-    ngx_http_idem_redis_recycle_later(rd);
+    ngx_http_idem_link_recycle_later(lk);
+}
+
+
+/*
+ * Every message names a record key; the waiters for that key look at the
+ * record again.  The confirmation of the subscription itself wakes every
+ * waiter, since a completion may have come while there was none.
+ */
+static void
+ngx_http_idem_link_message(redisAsyncContext *ac, void *r, void *privdata)
+{
+    redisReply            *reply = r;
+    ngx_http_idem_link_t  *lk = ac->data;
+
+    ngx_str_t  type, key;
+
+    if (reply == NULL || reply->type != REDIS_REPLY_ARRAY
+        || reply->elements != 3
+        || ngx_http_idem_reply_str(reply->element[0], &type) != NGX_OK)
+    {
+        return;
+    }
+
+    if (ngx_http_idem_is(&type, "subscribe")) {
+        lk->subscribed = 1;
+        ngx_http_idem_waiters_wake(lk->redis, NULL);
+        return;
+    }
+
+    if (ngx_http_idem_is(&type, "message")
+        && ngx_http_idem_reply_str(reply->element[2], &key) == NGX_OK
+        && key.len == IDEM_RECORD_KEY_LEN)
+    {
+        ngx_http_idem_waiters_wake(lk->redis, key.data);
+    }
 }
 
 
 static void
-ngx_http_idem_redis_handshake_send(ngx_http_idem_redis_t *rd)
+ngx_http_idem_link_handshake_send(ngx_http_idem_link_t *lk)
 {
-    char        db[NGX_INT_T_LEN + 1];
-    ngx_uint_t  i;
+    char                    db[NGX_INT_T_LEN + 1];
+    ngx_uint_t              i;
+    ngx_http_idem_redis_t  *rd = lk->redis;
 
     if (rd->password.len && rd->user.len) {
-        redisAsyncCommand(rd->ac, ngx_http_idem_redis_handshake, "AUTH",
+        redisAsyncCommand(lk->ac, ngx_http_idem_link_handshake, "AUTH",
                           "AUTH %b %b", rd->user.data, rd->user.len,
                           rd->password.data, rd->password.len);
 
     } else if (rd->password.len) {
-        redisAsyncCommand(rd->ac, ngx_http_idem_redis_handshake, "AUTH",
+        redisAsyncCommand(lk->ac, ngx_http_idem_link_handshake, "AUTH",
                           "AUTH %b", rd->password.data, rd->password.len);
+    }
+
+    if (lk->subscriber) {
+        /* channels are not per database: no SELECT */
+        redisAsyncCommand(lk->ac, ngx_http_idem_link_message, NULL,
+                          "SUBSCRIBE " NGX_HTTP_IDEM_CHANNEL);
+        return;
     }
 
     if (rd->db) {
         *ngx_sprintf((u_char *) db, "%i", rd->db) = '\0';
-        redisAsyncCommand(rd->ac, ngx_http_idem_redis_handshake, "SELECT",
+        redisAsyncCommand(lk->ac, ngx_http_idem_link_handshake, "SELECT",
                           "SELECT %s", db);
     }
 
     for (i = 0; i < NGX_HTTP_IDEM_NSCRIPTS; i++) {
-        redisAsyncCommand(rd->ac, ngx_http_idem_redis_handshake,
+        redisAsyncCommand(lk->ac, ngx_http_idem_link_handshake,
                           "SCRIPT LOAD", "SCRIPT LOAD %b",
                           rd->scripts[i].text.data, rd->scripts[i].text.len);
     }
@@ -294,10 +358,11 @@ ngx_http_idem_redis_handshake_send(ngx_http_idem_redis_t *rd)
 
 
 static void
-ngx_http_idem_redis_connect(ngx_http_idem_redis_t *rd)
+ngx_http_idem_link_connect(ngx_http_idem_link_t *lk)
 {
-    ngx_connection_t   *c;
-    redisAsyncContext  *ac;
+    ngx_connection_t       *c;
+    redisAsyncContext      *ac;
+    ngx_http_idem_redis_t  *rd = lk->redis;
 
     if (rd->port) {
         ac = redisAsyncConnect((char *) rd->host.data, rd->port);
@@ -309,78 +374,78 @@ ngx_http_idem_redis_connect(ngx_http_idem_redis_t *rd)
     if (ac == NULL) {
         ngx_log_error(NGX_LOG_ALERT, rd->log, 0,
                       "idempotency: cannot allocate a redis context");
-        ngx_http_idem_redis_schedule(rd);
+        ngx_http_idem_link_schedule(lk);
         return;
     }
 
     if (ac->err) {
         ngx_log_error(NGX_LOG_ERR, rd->log, 0,
-                      "idempotency: connect to redis %V failed: %s",
-                      &rd->name, ac->errstr);
+                      "idempotency: connect to redis %V%s failed: %s",
+                      &rd->name, ngx_http_idem_link_name(lk), ac->errstr);
         redisAsyncFree(ac);
-        ngx_http_idem_redis_schedule(rd);
+        ngx_http_idem_link_schedule(lk);
         return;
     }
 
     c = ngx_get_connection(ac->c.fd, rd->log);
     if (c == NULL) {
         redisAsyncFree(ac);
-        ngx_http_idem_redis_schedule(rd);
+        ngx_http_idem_link_schedule(lk);
         return;
     }
 
-    c->data = rd;
-    c->read->handler = ngx_http_idem_redis_read_handler;
-    c->write->handler = ngx_http_idem_redis_write_handler;
+    c->data = lk;
+    c->read->handler = ngx_http_idem_link_read_handler;
+    c->write->handler = ngx_http_idem_link_write_handler;
     c->read->log = rd->log;
     c->write->log = rd->log;
 
-    ac->data = rd;
-    ac->ev.data = rd;
-    ac->ev.addRead = ngx_http_idem_redis_add_read;
-    ac->ev.delRead = ngx_http_idem_redis_del_read;
-    ac->ev.addWrite = ngx_http_idem_redis_add_write;
-    ac->ev.delWrite = ngx_http_idem_redis_del_write;
-    ac->ev.cleanup = ngx_http_idem_redis_cleanup;
+    ac->data = lk;
+    ac->ev.data = lk;
+    ac->ev.addRead = ngx_http_idem_link_add_read;
+    ac->ev.delRead = ngx_http_idem_link_del_read;
+    ac->ev.addWrite = ngx_http_idem_link_add_write;
+    ac->ev.delWrite = ngx_http_idem_link_del_write;
+    ac->ev.cleanup = ngx_http_idem_link_cleanup;
 
-    redisAsyncSetConnectCallback(ac, ngx_http_idem_redis_on_connect);
-    redisAsyncSetDisconnectCallback(ac, ngx_http_idem_redis_on_disconnect);
+    redisAsyncSetConnectCallback(ac, ngx_http_idem_link_on_connect);
+    redisAsyncSetDisconnectCallback(ac, ngx_http_idem_link_on_disconnect);
 
-    rd->ac = ac;
-    rd->conn = c;
-    rd->state = NGX_HTTP_IDEM_REDIS_CONNECTING;
+    lk->ac = ac;
+    lk->conn = c;
+    lk->state = NGX_HTTP_IDEM_REDIS_CONNECTING;
 
-    ngx_add_timer(&rd->connect_timer, rd->connect_timeout);
+    ngx_add_timer(&lk->connect_timer, rd->connect_timeout);
 
-    ngx_http_idem_redis_handshake_send(rd);
+    ngx_http_idem_link_handshake_send(lk);
 
     /* the first writable event tells hiredis the connect finished */
-    ngx_http_idem_redis_add_write(rd);
+    ngx_http_idem_link_add_write(lk);
 }
 
 
 static void
-ngx_http_idem_redis_schedule(ngx_http_idem_redis_t *rd)
+ngx_http_idem_link_schedule(ngx_http_idem_link_t *lk)
 {
-    if (rd->exiting || rd->reconnect.timer_set) {
+    if (lk->redis->exiting || lk->reconnect.timer_set) {
         return;
     }
 
-    rd->backoff = rd->backoff ? ngx_min(rd->backoff * 2,
+    lk->backoff = lk->backoff ? ngx_min(lk->backoff * 2,
                                         NGX_HTTP_IDEM_BACKOFF_MAX)
                               : NGX_HTTP_IDEM_BACKOFF_MIN;
 
-    ngx_add_timer(&rd->reconnect, rd->backoff);
+    ngx_add_timer(&lk->reconnect, lk->backoff);
 }
 
 
 static void
-ngx_http_idem_redis_reconnect_handler(ngx_event_t *ev)
+ngx_http_idem_link_reconnect_handler(ngx_event_t *ev)
 {
-    ngx_http_idem_redis_t  *rd = ev->data;
+    ngx_http_idem_link_t  *lk = ev->data;
 
-    if (rd->ac == NULL && !rd->exiting) {
-        ngx_http_idem_redis_connect(rd);
+    if (lk->ac == NULL && !lk->redis->exiting) {
+        ngx_http_idem_link_connect(lk);
     }
 }
 
@@ -390,57 +455,59 @@ ngx_http_idem_redis_reconnect_handler(ngx_event_t *ev)
  * most recycles are decided there, so they run as a posted event.
  */
 static void
-ngx_http_idem_redis_recycle_later(ngx_http_idem_redis_t *rd)
+ngx_http_idem_link_recycle_later(ngx_http_idem_link_t *lk)
 {
-    if (rd->ac == NULL) {
+    if (lk->ac == NULL) {
         return;
     }
 
-    rd->state = NGX_HTTP_IDEM_REDIS_DOWN;
-    rd->recycle_ac = rd->ac;
+    lk->state = NGX_HTTP_IDEM_REDIS_DOWN;
+    lk->recycle_ac = lk->ac;
 
-    if (!rd->recycle.posted) {
-        ngx_post_event(&rd->recycle, &ngx_posted_events);
+    if (!lk->recycle.posted) {
+        ngx_post_event(&lk->recycle, &ngx_posted_events);
     }
 }
 
 
 static void
-ngx_http_idem_redis_recycle_handler(ngx_event_t *ev)
+ngx_http_idem_link_recycle_handler(ngx_event_t *ev)
 {
-    ngx_http_idem_redis_t  *rd = ev->data;
+    ngx_http_idem_link_t  *lk = ev->data;
 
     redisAsyncContext  *ac;
 
-    ac = rd->ac;
+    ac = lk->ac;
 
-    if (ac == NULL || ac != rd->recycle_ac) {
+    if (ac == NULL || ac != lk->recycle_ac) {
         return;
     }
 
-    rd->ac = NULL;
-    rd->recycle_ac = NULL;
-    rd->state = NGX_HTTP_IDEM_REDIS_DOWN;
+    lk->ac = NULL;
+    lk->recycle_ac = NULL;
+    lk->state = NGX_HTTP_IDEM_REDIS_DOWN;
 
-    ngx_log_error(NGX_LOG_WARN, rd->log, 0,
-                  "idempotency: closing redis %V connection", &rd->name);
+    ngx_log_error(NGX_LOG_WARN, lk->redis->log, 0,
+                  "idempotency: closing redis %V%s connection",
+                  &lk->redis->name, ngx_http_idem_link_name(lk));
 
     /* fails every pending command (NULL replies), then closes the fd */
     redisAsyncFree(ac);
 
-    ngx_http_idem_redis_schedule(rd);
+    ngx_http_idem_link_schedule(lk);
 }
 
 
 static void
-ngx_http_idem_redis_connect_timeout(ngx_event_t *ev)
+ngx_http_idem_link_connect_timeout(ngx_event_t *ev)
 {
-    ngx_http_idem_redis_t  *rd = ev->data;
+    ngx_http_idem_link_t  *lk = ev->data;
 
-    ngx_log_error(NGX_LOG_ERR, rd->log, 0,
-                  "idempotency: connect to redis %V timed out", &rd->name);
+    ngx_log_error(NGX_LOG_ERR, lk->redis->log, 0,
+                  "idempotency: connect to redis %V%s timed out",
+                  &lk->redis->name, ngx_http_idem_link_name(lk));
 
-    ngx_http_idem_redis_recycle_later(rd);
+    ngx_http_idem_link_recycle_later(lk);
 }
 
 
@@ -453,6 +520,57 @@ ngx_http_idem_event_init(ngx_event_t *ev, ngx_event_handler_pt handler,
     ev->data = data;
     ev->log = log;
     ev->cancelable = cancelable;
+}
+
+
+static void
+ngx_http_idem_link_init(ngx_http_idem_link_t *lk, ngx_http_idem_redis_t *rd,
+    ngx_uint_t subscriber)
+{
+    lk->redis = rd;
+    lk->subscriber = subscriber;
+
+    ngx_http_idem_event_init(&lk->reconnect,
+                             ngx_http_idem_link_reconnect_handler,
+                             lk, rd->log, 1);
+    ngx_http_idem_event_init(&lk->connect_timer,
+                             ngx_http_idem_link_connect_timeout,
+                             lk, rd->log, 1);
+    ngx_http_idem_event_init(&lk->recycle,
+                             ngx_http_idem_link_recycle_handler,
+                             lk, rd->log, 1);
+
+    ngx_http_idem_link_connect(lk);
+}
+
+
+static void
+ngx_http_idem_link_close(ngx_http_idem_link_t *lk)
+{
+    redisAsyncContext  *ac;
+
+    if (lk->redis == NULL) {
+        return;                        /* never started */
+    }
+
+    if (lk->reconnect.timer_set) {
+        ngx_del_timer(&lk->reconnect);
+    }
+
+    if (lk->connect_timer.timer_set) {
+        ngx_del_timer(&lk->connect_timer);
+    }
+
+    if (lk->recycle.posted) {
+        ngx_delete_posted_event(&lk->recycle);
+    }
+
+    ac = lk->ac;
+    lk->ac = NULL;
+
+    if (ac) {
+        redisAsyncFree(ac);
+    }
 }
 
 
@@ -475,18 +593,13 @@ ngx_http_idem_redis_init_process(ngx_cycle_t *cycle)
         rd = servers[i];
         rd->log = cycle->log;
         rd->scripts = mcf->scripts;
+        ngx_queue_init(&rd->waiters);
 
-        ngx_http_idem_event_init(&rd->reconnect,
-                                 ngx_http_idem_redis_reconnect_handler,
-                                 rd, rd->log, 1);
-        ngx_http_idem_event_init(&rd->connect_timer,
-                                 ngx_http_idem_redis_connect_timeout,
-                                 rd, rd->log, 1);
-        ngx_http_idem_event_init(&rd->recycle,
-                                 ngx_http_idem_redis_recycle_handler,
-                                 rd, rd->log, 1);
+        ngx_http_idem_link_init(&rd->cmd, rd, 0);
 
-        ngx_http_idem_redis_connect(rd);
+        if (rd->subscribe) {
+            ngx_http_idem_link_init(&rd->sub, rd, 1);
+        }
     }
 
     return NGX_OK;
@@ -497,7 +610,6 @@ void
 ngx_http_idem_redis_exit_process(ngx_cycle_t *cycle)
 {
     ngx_uint_t                  i;
-    redisAsyncContext          *ac;
     ngx_http_idem_redis_t     **servers, *rd;
     ngx_http_idem_main_conf_t  *mcf;
 
@@ -513,23 +625,58 @@ ngx_http_idem_redis_exit_process(ngx_cycle_t *cycle)
         rd = servers[i];
         rd->exiting = 1;
 
-        if (rd->reconnect.timer_set) {
-            ngx_del_timer(&rd->reconnect);
-        }
+        ngx_http_idem_link_close(&rd->cmd);
+        ngx_http_idem_link_close(&rd->sub);
+    }
+}
 
-        if (rd->connect_timer.timer_set) {
-            ngx_del_timer(&rd->connect_timer);
-        }
 
-        if (rd->recycle.posted) {
-            ngx_delete_posted_event(&rd->recycle);
-        }
+/* waiters: requests held back by idempotency_wait */
 
-        ac = rd->ac;
-        rd->ac = NULL;
+ngx_int_t
+ngx_http_idem_wait_add(ngx_http_idem_redis_t *rd, ngx_http_idem_ctx_t *ctx)
+{
+    if (!rd->sub.subscribed) {
+        /* nobody would tell us about the completion */
+        return NGX_DECLINED;
+    }
 
-        if (ac) {
-            redisAsyncFree(ac);
+    ngx_queue_insert_tail(&rd->waiters, &ctx->wait_queue);
+    ctx->waiting = 1;
+
+    return NGX_OK;
+}
+
+
+void
+ngx_http_idem_wait_remove(ngx_http_idem_ctx_t *ctx)
+{
+    if (ctx->waiting) {
+        ngx_queue_remove(&ctx->wait_queue);
+        ctx->waiting = 0;
+    }
+}
+
+
+/* key NULL wakes every waiter */
+static void
+ngx_http_idem_waiters_wake(ngx_http_idem_redis_t *rd, u_char *key)
+{
+    ngx_queue_t          *q, *next;
+    ngx_http_idem_ctx_t  *ctx;
+
+    for (q = ngx_queue_head(&rd->waiters);
+         q != ngx_queue_sentinel(&rd->waiters);
+         q = next)
+    {
+        /* a woken request may finish, and leave the queue, at once */
+        next = ngx_queue_next(q);
+        ctx = ngx_queue_data(q, ngx_http_idem_ctx_t, wait_queue);
+
+        if (key == NULL
+            || ngx_memcmp(ctx->rkey, key, IDEM_RECORD_KEY_LEN) == 0)
+        {
+            ngx_http_idem_wake(ctx);
         }
     }
 }
@@ -688,7 +835,7 @@ ngx_http_idem_cmd_timeout(ngx_event_t *ev)
         cmd->handler(cmd, NULL);
     }
 
-    ngx_http_idem_redis_recycle_later(rd);
+    ngx_http_idem_link_recycle_later(&rd->cmd);
 }
 
 
@@ -700,7 +847,7 @@ ngx_http_idem_cmd_send(ngx_http_idem_cmd_t *cmd,
 
     rd = cmd->redis;
 
-    if (rd->ac == NULL || rd->state == NGX_HTTP_IDEM_REDIS_DOWN) {
+    if (rd->cmd.ac == NULL || rd->cmd.state == NGX_HTTP_IDEM_REDIS_DOWN) {
         ngx_free(cmd);
         return NGX_ERROR;
     }
@@ -708,7 +855,7 @@ ngx_http_idem_cmd_send(ngx_http_idem_cmd_t *cmd,
     cmd->handler = handler;
     cmd->data = data;
 
-    if (redisAsyncCommandArgv(rd->ac, ngx_http_idem_redis_reply, cmd,
+    if (redisAsyncCommandArgv(rd->cmd.ac, ngx_http_idem_redis_reply, cmd,
                               (int) cmd->argc, cmd->argv, cmd->argvlen)
         != REDIS_OK)
     {

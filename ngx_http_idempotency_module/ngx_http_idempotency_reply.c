@@ -346,7 +346,9 @@ ngx_http_idem_send_answer(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
 
     conflict = ctx->conf->conflict_status;
 
-    if (ctx->answer == NGX_HTTP_IDEM_ANS_STORE_DOWN) {
+    if (ctx->answer == NGX_HTTP_IDEM_ANS_STORE_DOWN
+        || ctx->answer == NGX_HTTP_IDEM_ANS_STORE_ERROR)
+    {
         /* the operation id drawn for the claim never reached a record */
         ngx_str_null(&ctx->op_id);
     }

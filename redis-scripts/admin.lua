@@ -30,6 +30,11 @@ if not stuck then
     return {'refused', r[2]}
 end
 
+-- Somebody waits for this record (idempotency_wait): tell them it changed.
+if redis.call('HEXISTS', KEYS[1], 'waiters') == 1 then
+    redis.call('PUBLISH', 'idem:done', KEYS[1])
+end
+
 if ARGV[1] == 'release' then
     redis.call('DEL', KEYS[1])
     return {'released'}

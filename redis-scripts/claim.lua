@@ -7,6 +7,7 @@
 -- ARGV[3]  operation id for a new record
 -- ARGV[4]  lease in milliseconds
 -- ARGV[5]  retention TTL in seconds
+-- ARGV[6]  "1" when the caller waits for an in-flight attempt to finish
 --
 -- Replies (all strings):
 --   {"claimed", op}
@@ -46,6 +47,10 @@ end
 if r[2] == 'in_progress' then
     local left = tonumber(r[5] or '0') - now
     if left > 0 then
+        if ARGV[6] == '1' then
+            -- whoever closes this record announces it (idempotency_wait)
+            redis.call('HSET', KEYS[1], 'waiters', '1')
+        end
         return {'in_progress', r[4], tostring(left)}
     end
     -- The owner stopped renewing its lease: it may or may not have reached

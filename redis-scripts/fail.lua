@@ -12,6 +12,11 @@ if r[1] ~= 'in_progress' or r[2] ~= ARGV[1] then
     return 0
 end
 
+-- Somebody waits for this record (idempotency_wait): tell them it changed.
+if redis.call('HEXISTS', KEYS[1], 'waiters') == 1 then
+    redis.call('PUBLISH', 'idem:done', KEYS[1])
+end
+
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
