@@ -93,8 +93,20 @@ struct ngx_http_idem_redis_s {
     ngx_http_idem_link_t         sub;
     ngx_queue_t                  waiters;       /* ngx_http_idem_ctx_t */
     ngx_array_t                 *orphans;       /* ngx_http_idem_orphan_t */
+    ngx_queue_t                  resend;        /* ngx_http_idem_cmd_t */
+    ngx_uint_t                   resend_n;
+    size_t                       resend_size;
     unsigned                     exiting:1;
 };
+
+
+/*
+ * Closing scripts (complete, release, fail) are fenced by the owner token,
+ * so one whose answer never came is sent again once Redis is back instead
+ * of leaving the record to turn unknown; bounded in count and bytes.
+ */
+#define NGX_HTTP_IDEM_RESEND_MAX       1024
+#define NGX_HTTP_IDEM_RESEND_BYTES     (64 * 1024 * 1024)
 
 
 /* completions of records someone waits for are announced here */
@@ -131,6 +143,8 @@ struct ngx_http_idem_cmd_s {
     ngx_http_idem_reply_pt       handler;
     void                        *data;
     ngx_event_t                  timer;
+    ngx_queue_t                  queue;     /* in redis->resend */
+    size_t                       size;
     ngx_uint_t                   argc;
     const char                 **argv;
     size_t                      *argvlen;
@@ -258,6 +272,8 @@ struct ngx_http_idem_ctx_s {
     /* waiting for an in-flight duplicate to finish (idempotency_wait) */
     ngx_queue_t                  wait_queue;
     ngx_event_t                  wait_timer;
+    ngx_msec_t                   wait_deadline;
+    ngx_msec_t                   lease_left;    /* from the claim's answer */
     unsigned                     waiting:1;
     unsigned                     wait_expired:1;
 

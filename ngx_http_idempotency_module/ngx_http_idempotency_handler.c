@@ -11,6 +11,9 @@
 
 #define NGX_HTTP_IDEM_READ_CHUNK  65536
 
+/* how often a waiter looks again while Redis cannot be reached */
+#define NGX_HTTP_IDEM_RECHECK     500
+
 
 static ngx_int_t ngx_http_idem_start(ngx_http_request_t *r,
     ngx_http_idem_ctx_t *ctx);
@@ -973,6 +976,16 @@ ngx_http_idem_parse_claim(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
     }
 
     if (ngx_http_idem_is(&what, "in_progress")) {
+        ngx_int_t  left;
+
+        if (reply->elements != 3
+            || ngx_http_idem_reply_str(reply->element[2], &what) != NGX_OK
+            || (left = ngx_atoi(what.data, what.len)) == NGX_ERROR)
+        {
+            goto invalid;
+        }
+
+        ctx->lease_left = (ngx_msec_t) left;
         ngx_str_set(&ctx->state, "in_progress");
         return NGX_HTTP_IDEM_ANS_IN_PROGRESS;
     }
@@ -1082,37 +1095,74 @@ ngx_http_idem_resume(ngx_http_idem_ctx_t *ctx)
 }
 
 
-static void
-ngx_http_idem_wait_timeout(ngx_event_t *ev)
+static ngx_uint_t
+ngx_http_idem_wait_over(ngx_http_idem_ctx_t *ctx)
 {
-    ngx_http_idem_ctx_t  *ctx = ev->data;
+    return (ngx_msec_int_t) (ctx->wait_deadline - ngx_current_msec) <= 0;
+}
 
-    ctx->wait_expired = 1;
 
-    if (ctx->phase != NGX_HTTP_IDEM_WAITING) {
-        /* a look at the record is on its way; its answer decides */
+/*
+ * The record may have changed: claim again, which replays, executes (the
+ * first attempt was released) or finds it still in progress.
+ */
+static void
+ngx_http_idem_recheck(ngx_http_idem_ctx_t *ctx)
+{
+    if (ngx_http_idem_wait_over(ctx)) {
+        ctx->wait_expired = 1;
+    }
+
+    if (ngx_http_idem_claim_send(ctx->request, ctx) == NGX_OK) {
         return;
     }
 
-    ngx_http_idem_wait_remove(ctx);
+    if (!ctx->wait_expired) {
+        /* Redis is away: keep waiting, and look again in a while */
+        ctx->answer = NGX_HTTP_IDEM_ANS_NONE;
+        ctx->phase = NGX_HTTP_IDEM_WAITING;
 
-    ctx->answer = NGX_HTTP_IDEM_ANS_IN_PROGRESS;
-    ctx->phase = NGX_HTTP_IDEM_ANSWERED;
+        if (!ctx->wait_timer.timer_set) {
+            ngx_add_timer(&ctx->wait_timer,
+                          ngx_min(ctx->wait_deadline - ngx_current_msec,
+                                  NGX_HTTP_IDEM_RECHECK));
+        }
+
+        return;
+    }
 
     ngx_http_idem_resume(ctx);
 }
 
 
-/* the record may have changed: claim again, which replays or executes */
-void
-ngx_http_idem_wake(ngx_http_idem_ctx_t *ctx)
+/*
+ * The timer fires when the wait runs out, or when the owner's lease would
+ * lapse: a live owner has renewed it by then, a dead one has not, and the
+ * look at the record then turns it unknown instead of waiting in vain.
+ */
+static void
+ngx_http_idem_wait_timeout(ngx_event_t *ev)
 {
+    ngx_http_idem_ctx_t  *ctx = ev->data;
+
     if (ctx->phase != NGX_HTTP_IDEM_WAITING) {
+        /* a look at the record is on its way; its answer decides */
+        if (ngx_http_idem_wait_over(ctx)) {
+            ctx->wait_expired = 1;
+        }
+
         return;
     }
 
-    if (ngx_http_idem_claim_send(ctx->request, ctx) != NGX_OK) {
-        ngx_http_idem_resume(ctx);
+    ngx_http_idem_recheck(ctx);
+}
+
+
+void
+ngx_http_idem_wake(ngx_http_idem_ctx_t *ctx)
+{
+    if (ctx->phase == NGX_HTTP_IDEM_WAITING) {
+        ngx_http_idem_recheck(ctx);
     }
 }
 
@@ -1124,6 +1174,7 @@ ngx_http_idem_wake(ngx_http_idem_ctx_t *ctx)
 static ngx_int_t
 ngx_http_idem_wait(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
 {
+    ngx_msec_t                 left;
     ngx_http_idem_loc_conf_t  *lcf;
 
     lcf = ctx->conf;
@@ -1137,11 +1188,20 @@ ngx_http_idem_wait(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
             return NGX_DECLINED;
         }
 
+        ctx->wait_deadline = ngx_current_msec + lcf->wait;
         ctx->wait_timer.handler = ngx_http_idem_wait_timeout;
         ctx->wait_timer.data = ctx;
         ctx->wait_timer.log = r->connection->log;
-        ngx_add_timer(&ctx->wait_timer, lcf->wait);
     }
+
+    if (ngx_http_idem_wait_over(ctx)) {
+        return NGX_DECLINED;
+    }
+
+    left = ctx->wait_deadline - ngx_current_msec;
+
+    /* a little after the lease would lapse, so the owner's renewal is in */
+    ngx_add_timer(&ctx->wait_timer, ngx_min(left, ctx->lease_left + 100));
 
     ctx->phase = NGX_HTTP_IDEM_WAITING;
 

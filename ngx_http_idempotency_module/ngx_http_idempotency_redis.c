@@ -21,6 +21,7 @@ static void ngx_http_idem_waiters_wake(ngx_http_idem_redis_t *rd,
 static void ngx_http_idem_redis_reply(redisAsyncContext *ac, void *r,
     void *privdata);
 static void ngx_http_idem_orphans_release(ngx_http_idem_redis_t *rd);
+static void ngx_http_idem_resend(ngx_http_idem_redis_t *rd);
 
 
 static const char  *ngx_http_idem_script_texts[NGX_HTTP_IDEM_NSCRIPTS] = {
@@ -232,6 +233,7 @@ ngx_http_idem_link_on_connect(const redisAsyncContext *ac, int status)
 
     if (!lk->subscriber) {
         ngx_http_idem_orphans_release(rd);
+        ngx_http_idem_resend(rd);
     }
 }
 
@@ -594,6 +596,7 @@ ngx_http_idem_redis_init_process(ngx_cycle_t *cycle)
         rd->log = cycle->log;
         rd->scripts = mcf->scripts;
         ngx_queue_init(&rd->waiters);
+        ngx_queue_init(&rd->resend);
 
         ngx_http_idem_link_init(&rd->cmd, rd, 0);
 
@@ -627,6 +630,22 @@ ngx_http_idem_redis_exit_process(ngx_cycle_t *cycle)
 
         ngx_http_idem_link_close(&rd->cmd);
         ngx_http_idem_link_close(&rd->sub);
+
+        if (rd->resend_n) {
+            ngx_log_error(NGX_LOG_WARN, rd->log, 0,
+                          "idempotency: %ui results not recorded in redis "
+                          "%V at exit; those records turn unknown",
+                          rd->resend_n, &rd->name);
+        }
+
+        while (rd->resend.next && !ngx_queue_empty(&rd->resend)) {
+            ngx_http_idem_cmd_t  *cmd;
+
+            cmd = ngx_queue_data(ngx_queue_head(&rd->resend),
+                                 ngx_http_idem_cmd_t, queue);
+            ngx_queue_remove(&cmd->queue);
+            ngx_free(cmd);
+        }
     }
 }
 
@@ -701,6 +720,7 @@ ngx_http_idem_cmd_create(ngx_http_idem_redis_t *rd,
     }
 
     ngx_memzero(cmd, sizeof(ngx_http_idem_cmd_t));
+    cmd->size = size;
 
     cmd->redis = rd;
     cmd->script = script;
@@ -815,6 +835,65 @@ ngx_http_idem_orphans_release(ngx_http_idem_redis_t *rd)
 }
 
 
+static ngx_int_t
+ngx_http_idem_resend_later(ngx_http_idem_cmd_t *cmd)
+{
+    ngx_http_idem_redis_t  *rd;
+
+    rd = cmd->redis;
+
+    if (rd->exiting
+        || (cmd->script != NGX_HTTP_IDEM_SCRIPT_COMPLETE
+            && cmd->script != NGX_HTTP_IDEM_SCRIPT_RELEASE
+            && cmd->script != NGX_HTTP_IDEM_SCRIPT_FAIL))
+    {
+        return NGX_DECLINED;
+    }
+
+    if (rd->resend_n >= NGX_HTTP_IDEM_RESEND_MAX
+        || rd->resend_size + cmd->size > NGX_HTTP_IDEM_RESEND_BYTES)
+    {
+        ngx_log_error(NGX_LOG_WARN, rd->log, 0,
+                      "idempotency: too many unrecorded results kept for "
+                      "redis %V, one record turns unknown when its lease "
+                      "lapses", &rd->name);
+        return NGX_DECLINED;
+    }
+
+    cmd->failed = 0;
+    rd->resend_n++;
+    rd->resend_size += cmd->size;
+    ngx_queue_insert_tail(&rd->resend, &cmd->queue);
+
+    return NGX_OK;
+}
+
+
+static void
+ngx_http_idem_resend(ngx_http_idem_redis_t *rd)
+{
+    ngx_queue_t          *q;
+    ngx_http_idem_cmd_t  *cmd;
+
+    if (rd->resend_n) {
+        ngx_log_error(NGX_LOG_NOTICE, rd->log, 0,
+                      "idempotency: sending %ui unrecorded results again",
+                      rd->resend_n);
+    }
+
+    while (!ngx_queue_empty(&rd->resend)) {
+        q = ngx_queue_head(&rd->resend);
+        ngx_queue_remove(q);
+
+        cmd = ngx_queue_data(q, ngx_http_idem_cmd_t, queue);
+        rd->resend_n--;
+        rd->resend_size -= cmd->size;
+
+        (void) ngx_http_idem_cmd_send(cmd, cmd->handler, NULL);
+    }
+}
+
+
 static void
 ngx_http_idem_cmd_timeout(ngx_event_t *ev)
 {
@@ -831,7 +910,7 @@ ngx_http_idem_cmd_timeout(ngx_event_t *ev)
     cmd->failed = 1;
     ngx_http_idem_orphan_add(cmd);
 
-    if (cmd->handler) {
+    if (cmd->handler && cmd->data) {
         cmd->handler(cmd, NULL);
     }
 
@@ -916,6 +995,10 @@ ngx_http_idem_redis_reply(redisAsyncContext *ac, void *r, void *privdata)
     if (reply == NULL && !cmd->failed) {
         /* written, maybe executed, never answered: the connection went */
         ngx_http_idem_orphan_add(cmd);
+    }
+
+    if (reply == NULL && ngx_http_idem_resend_later(cmd) == NGX_OK) {
+        return;
     }
 
     if (!cmd->failed && cmd->handler) {

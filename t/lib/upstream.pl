@@ -20,6 +20,15 @@
 #   X-Body-Size: N        answer N deterministic bytes (Idem::Upstream::body_bytes),
 #                         Content-Type application/octet-stream
 #   X-Reply-Header: Name: value   add this header to the answer (repeatable)
+#   X-Drop: rst           like X-Drop: 1, but the connection is reset (RST), not closed
+#   X-Truncate: N         send the head (with the full Content-Length) and only the
+#                         first N bytes of the body, then close
+#
+# Every answer it produces (not for X-Drop) is logged before it is sent, one JSON
+# line appended under the same flock to DIR/responses.log:
+#
+#   {"n":SEQ,"key":<Idempotency-Key or null>,"status":N,"len":BODY_LENGTH,
+#    "sha":SHA256_HEX_OF_THE_ANSWER_BODY,"truncated":0|1,"t":EPOCH_SECONDS}
 #
 # Default answer: 201, Location: /things/SEQ, Content-Type: application/json,
 # X-Upstream-Seq: SEQ, Content-Length, Connection: close, body
@@ -56,6 +65,7 @@ use IO::Socket::INET;
 use IO::Select;
 use JSON::PP;
 use POSIX ();
+use Socket ();
 use Time::HiRes qw(time sleep);
 
 my %REASON = (
@@ -176,7 +186,14 @@ sub handle {
     });
 
     sleep $h{'x-delay'} if ($h{'x-delay'} // '') =~ /^[0-9.]+$/ && $h{'x-delay'} > 0;
-    return if $h{'x-drop'};
+    if ($h{'x-drop'}) {
+        if ($h{'x-drop'} eq 'rst') {
+            # SO_LINGER {on, 0}: close() sends a RST
+            setsockopt($c, Socket::SOL_SOCKET(), Socket::SO_LINGER(), pack('ii', 1, 0));
+        }
+        close $c;
+        return;
+    }
 
     my $status = ($h{'x-status'} // '') =~ /^[1-5][0-9][0-9]$/ ? $h{'x-status'} : 201;
     my ($ctype, $out);
@@ -196,7 +213,14 @@ sub handle {
         . join('', map { "$_\r\n" } @reply_headers)
         . "Content-Length: " . length($out) . "\r\n"
         . "Connection: close\r\n\r\n";
-    $resp .= $out unless $method eq 'HEAD';
+    my $trunc = ($h{'x-truncate'} // '') =~ /^[0-9]+$/ && $h{'x-truncate'} < length($out)
+        ? $h{'x-truncate'} : undef;
+    record_response($dir, {
+        n => $n, key => $h{'idempotency-key'}, status => 0 + $status,
+        len => length($out), sha => sha256_hex($out), truncated => defined $trunc ? 1 : 0,
+        t => time,
+    });
+    $resp .= (defined $trunc ? substr($out, 0, $trunc) : $out) unless $method eq 'HEAD';
 
     local $SIG{PIPE} = 'IGNORE';
     my $off = 0;
@@ -211,6 +235,16 @@ sub handle {
     my $junk;
     while ($sel->can_read(2)) { last unless sysread($c, $junk, 65536) }
     close $c;
+}
+
+sub record_response {
+    my ($dir, $e) = @_;
+    open my $lock, '>>', "$dir/effects.lock" or die "effects.lock: $!";
+    flock($lock, LOCK_EX) or die "flock: $!";
+    open my $log, '>>', "$dir/responses.log" or die "responses.log: $!";
+    print $log $JSON->encode($e), "\n";
+    close $log;
+    close $lock;
 }
 
 sub record_effect {

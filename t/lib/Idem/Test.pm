@@ -21,6 +21,16 @@ package Idem::Test;
 # IDEM_REDIS_SERVER (redis-server binary), IDEM_TEST_KEEP=1 (keep the prefix,
 # its path is printed), IDEM_ALLOW_SKIP=1 (skip instead of failing when the
 # module or redis-server is missing).
+#
+# IDEM_SANITIZE=1 (what `make test-asan` sets, with IDEM_MODULE pointing at
+# build-asan/ngx_http_idempotency_module.so): nginx (and `nginx -t`) runs with
+# the ASan/UBSan runtimes preloaded (LD_PRELOAD, from `gcc -print-file-name`,
+# or IDEM_SANITIZE_PRELOAD), ASAN_OPTIONS/UBSAN_OPTIONS writing reports to
+# PREFIX/sanitizer/, and `env` lines in the main context so that workers keep
+# them. check_logs then fails on any sanitizer report there, except leak
+# reports whose stacks do not go through the module (nginx itself leaves some
+# arrays unfreed at exit). IDEM_SANITIZE_LEAKS=0 turns leak detection off;
+# IDEM_ASAN_OPTIONS adds ASan flags (see nginx_env).
 
 use strict;
 use warnings;
@@ -71,6 +81,7 @@ sub new {
     }
 
     my $keep = $ENV{IDEM_TEST_KEEP} ? 1 : 0;
+    my $sanitize = ($o{sanitize} // $ENV{IDEM_SANITIZE}) ? 1 : 0;
     my $prefix = tempdir('idem-test-XXXXXX', TMPDIR => 1, CLEANUP => !$keep);
     # nginx workers run as an unprivileged user when the master is root:
     # they must traverse the prefix (temp files, redis unix socket).
@@ -85,8 +96,14 @@ sub new {
         prefix   => $prefix,
         owner    => $$,
         test_confs => 0,
+        sanitize => $sanitize,
     }, $class;
     make_path("$prefix/redis");
+    if ($sanitize) {
+        # workers run as nobody when the master is root: they write here too
+        make_path("$prefix/sanitizer");
+        chmod 01777, "$prefix/sanitizer";
+    }
     chmod 0755, "$prefix/redis";
     push @INSTANCES, $self;
     return $self;
@@ -143,11 +160,12 @@ sub wait_for {
 }
 
 sub _spawn {
-    my (%o) = @_;    # argv, stdout, pgrp
+    my (%o) = @_;    # argv, stdout, pgrp, env (hashref added to the environment)
     my $pid = fork;
     die "fork: $!" unless defined $pid;
     if ($pid == 0) {
         POSIX::setpgid(0, 0) if $o{pgrp};
+        $ENV{$_} = $o{env}{$_} for keys %{ $o{env} // {} };
         open STDIN, '<', '/dev/null';
         if ($o{stdout}) {
             open STDOUT, '>>', $o{stdout};
@@ -388,6 +406,109 @@ sub effects {
 # The N-byte body the upstream answers to X-Body-Size: N.
 sub upstream_body { shift; Idem::Upstream::body_bytes(@_) }
 
+# upstream_responses(key => K, n => SEQ): the answers the upstream produced
+# (hashrefs n, key, status, len, sha, truncated, t), logged before sending, in
+# order; n is the effect's sequence number (X-Upstream-Seq).
+sub upstream_responses {
+    my ($self, %f) = @_;
+    my @e;
+    open my $fh, '<', "$self->{prefix}/responses.log" or return ();
+    open my $lock, '>>', "$self->{prefix}/effects.lock" or die "effects.lock: $!";
+    flock($lock, LOCK_SH);
+    while (my $l = <$fh>) {
+        chomp $l;
+        next unless length $l;
+        my $e = $JSON->decode($l);
+        next if exists $f{key} && !_same($e->{key}, $f{key});
+        next if exists $f{n} && $e->{n} != $f{n};
+        push @e, $e;
+    }
+    close $lock;
+    return @e;
+}
+
+# The lowercase hex SHA-256 of $bytes.
+sub sha256 { shift; require Digest::SHA; Digest::SHA::sha256_hex($_[0] // '') }
+
+# ---------------------------------------------------------------- faults
+
+# kill_worker($pid?): SIGKILLs one nginx worker (the given one, or the first)
+# and waits (up to 10 s) until the master has started a replacement. Returns
+# the killed pid, or undef when there was none or no replacement came.
+sub kill_worker {
+    my ($self, $pid) = @_;
+    my @w = $self->worker_pids;
+    $pid //= $w[0];
+    return undef unless $pid && grep { $_ == $pid } @w;
+    kill 'KILL', $pid;
+    my $ok = $self->wait_for(sub {
+        my @now = $self->worker_pids;
+        !grep({ $_ == $pid } @now) && @now >= $self->{workers};
+    }, 10);
+    return $ok ? $pid : undef;
+}
+
+# workers_connected_to($port): the pids of the nginx workers holding an
+# established TCP connection to 127.0.0.1:$port (default: the upstream), e.g.
+# the worker that owns a slow request.
+sub workers_connected_to {
+    my ($self, $port) = @_;
+    $port //= $self->{upstream_port};
+    my %ino;
+    for my $f ('/proc/net/tcp', '/proc/net/tcp6') {
+        open my $fh, '<', $f or next;
+        <$fh>;
+        while (my $l = <$fh>) {
+            my @c = split ' ', $l;
+            next unless @c > 9 && $c[3] eq '01';    # ESTABLISHED
+            my ($rp) = $c[2] =~ /:([0-9A-Fa-f]{4})$/ or next;
+            $ino{ $c[9] } = 1 if hex($rp) == $port;
+        }
+    }
+    my @w;
+    for my $pid ($self->worker_pids) {
+        opendir my $d, "/proc/$pid/fd" or next;
+        for my $fd (readdir $d) {
+            my $l = readlink("/proc/$pid/fd/$fd") // '';
+            if ($l =~ /^socket:\[(\d+)\]$/ && $ino{$1}) { push @w, $pid; last }
+        }
+    }
+    return @w;
+}
+
+# redis_pause($ms, $mode): CLIENT PAUSE $ms ALL|WRITE (default ALL); the reply.
+sub redis_pause {
+    my ($self, $ms, $mode) = @_;
+    return $self->redis('CLIENT', 'PAUSE', $ms, $mode // 'ALL');
+}
+
+# The Redis key of the record of ($key, $scope) (docs/states.md).
+sub record_name {
+    my ($self, $key, $scope) = @_;
+    require Digest::SHA;
+    $scope //= '';
+    return 'idem:{' . substr(Digest::SHA::sha256_hex("idem-record-v1\0"
+        . pack('Q>', length $scope) . $scope . $key), 0, 32) . '}:r';
+}
+
+# The record of ($key, $scope) as a hashref (HGETALL), undef when there is none.
+sub record {
+    my ($self, $key, $scope) = @_;
+    my $h = $self->redis('HGETALL', $self->record_name($key, $scope));
+    return undef unless ref $h eq 'ARRAY' && @$h;
+    return { @$h };
+}
+
+# restart_nginx(%opts): stops nginx (QUIT) and starts it again with the same
+# configuration snippet, options and port. Returns the new master pid.
+sub restart_nginx {
+    my ($self, %o) = @_;
+    my $snippet = $self->{nginx_snippet};
+    my %opts = (%{ $self->{nginx_opts} // {} }, %o);
+    $self->stop_nginx;
+    return $self->start_nginx($snippet, %opts);
+}
+
 # ---------------------------------------------------------------- nginx
 
 sub _conf_text {
@@ -409,7 +530,7 @@ master_process on;
 worker_processes $workers;
 pid $p/nginx.pid;
 error_log $errlog $level;
-@{[ $o{main} // '' ]}
+@{[ $self->{sanitize} ? "env LD_PRELOAD;\nenv ASAN_OPTIONS;\nenv UBSAN_OPTIONS;\n" : '' ]}@{[ $o{main} // '' ]}
 events {
     worker_connections 1024;
 }
@@ -460,6 +581,7 @@ sub start_nginx {
     my $pid = $self->{nginx_pid} = _spawn(
         argv => [ $self->{nginx}, '-p', "$p/", '-c', "$p/nginx.conf", '-e', "$p/error.log" ],
         stdout => "$p/nginx.stdout",
+        env => { $self->nginx_env },
     );
     my $ok = $self->wait_for(sub {
         if (waitpid($pid, WNOHANG) == $pid) {
@@ -542,7 +664,9 @@ sub nginx_test_conf {
     local $self->{nginx_port} = $self->{nginx_port} // free_port();
     my $log = "$p/test-$n.log";
     _spew("$p/test-$n.conf", $self->_conf_text($snippet, %o, error_log_file => $log));
+    my %env = $self->nginx_env(leaks => 0);
     my $cmd = join ' ', map { _sh_quote($_) }
+        (%env ? ('env', map { "$_=$env{$_}" } sort keys %env) : ()),
         $self->{nginx}, '-t', '-p', "$p/", '-c', "$p/test-$n.conf", '-e', $log;
     my $out = `$cmd 2>&1`;
     my $rc = $? >> 8;
@@ -594,6 +718,29 @@ sub request_bytes {
         $req .= "\r\n";
     }
     return $req;
+}
+
+# http_bg(METHOD, path, %http_opts): the same request as http(), sent from a
+# forked client; returns a handle whose ->result($wait) gives the response
+# (undef when the client did not finish within $wait seconds, default 60).
+sub http_bg {
+    my ($self, @args) = @_;
+    my $dir = $self->{bg_dir} //= tempdir('bg-XXXXXX', DIR => $self->{prefix}, CLEANUP => 0);
+    my $file = "$dir/" . ++$self->{bg_count} . '.json';
+    my $pid = fork;
+    die "fork: $!" unless defined $pid;
+    if ($pid == 0) {
+        my $rc = 0;
+        eval {
+            my $r = $self->http(@args);
+            $r->{t_done} = time;
+            _spew("$file.tmp", $JSON->encode($r));
+            rename "$file.tmp", $file;
+            1;
+        } or do { print STDERR "http_bg: $@"; $rc = 1 };
+        POSIX::_exit($rc);
+    }
+    return bless { pid => $pid, file => $file, t_start => time }, 'Idem::Test::Bg';
 }
 
 # http(METHOD, path, %request_bytes_opts, timeout => S) -> {status, reason,
@@ -726,6 +873,10 @@ sub parse_responses {
 # all start at the same instant (a barrier on a shared start time) and returns
 # their results (JSON-serializable) as an arrayref in index order; undef for a
 # client that died or did not finish within `timeout` (default 60 s).
+# With tick => sub { ... }, the parent calls it every ~20 ms while it waits
+# (e.g. to inject faults while the clients run). The wait reaps any child
+# (waitpid -1), so a process the tick stops may already be reaped when the
+# tick waits for it (stop_redis / stop_upstream cope with that).
 sub parallel {
     my ($self, $n, $code, %o) = @_;
     my $dir = tempdir('par-XXXXXX', DIR => $self->{prefix}, CLEANUP => 0);
@@ -752,6 +903,7 @@ sub parallel {
     while (%kids && time < $end) {
         my $pid = waitpid(-1, WNOHANG);
         if ($pid > 0) { delete $kids{$pid}; next }
+        $o{tick}->() if $o{tick};
         sleep 0.02;
     }
     for my $pid (keys %kids) { kill 'KILL', $pid; waitpid($pid, 0) }
@@ -826,8 +978,12 @@ sub show { shift; _show(@_) }
 # Stops nginx gracefully (exit-time alerts such as "open socket left" are
 # written then), then adds tests: it stopped in time, and its logs have no
 # alert/crit/emerg or sanitizer lines.
+#
+# check_logs(ignore => qr/.../ | [qr/.../, ...]): lines matching one of these
+# (e.g. the alert of a worker the test killed on purpose) are not counted.
 sub check_logs {
     my ($self, %o) = @_;
+    my @ignore = ref $o{ignore} eq 'ARRAY' ? @{ $o{ignore} } : grep { defined } $o{ignore};
     local $Test::Builder::Level = $Test::Builder::Level + 1;
     $self->stop_nginx if $self->{nginx_pid};
     ok(!$self->{nginx_stop_failed}, 'nginx exited gracefully on QUIT within 10 s')
@@ -838,11 +994,98 @@ sub check_logs {
         next unless -f $f;
         open my $fh, '<', $f or next;
         while (my $l = <$fh>) {
+            next if grep { $l =~ $_ } @ignore;
             push @bad, $l if $l =~ /\[(?:alert|crit|emerg)\]|open socket .*left|AddressSanitizer|LeakSanitizer|runtime error|exited on signal/;
         }
     }
     ok(!@bad, 'error.log has no alert/crit/emerg/open-socket/sanitizer lines')
         or diag(join '', @bad[0 .. ($#bad < 20 ? $#bad : 19)]);
+    $self->check_sanitizer if $self->{sanitize};
+}
+
+# ---------------------------------------------------------------- sanitizers
+
+my $PRELOAD;
+
+# The sanitizer runtimes to preload into the (uninstrumented) stock nginx.
+sub sanitizer_preload {
+    return $PRELOAD //= $ENV{IDEM_SANITIZE_PRELOAD} // join ' ', grep { -e } map {
+        my $f = `gcc -print-file-name=$_ 2>/dev/null`;
+        chomp $f;
+        $f;
+    } 'libasan.so', 'libubsan.so';
+}
+
+sub sanitize { $_[0]{sanitize} }
+
+# Environment for nginx processes: empty unless IDEM_SANITIZE is on.
+# Allocation stacks use ASan's fast (frame-pointer) unwinder: the module is
+# built with frame pointers, nginx and the Debian libraries are not, so
+# these stacks can be short. IDEM_ASAN_OPTIONS=fast_unwind_on_malloc=0 gives
+# whole stacks (for diagnosing a report) but makes every malloc several
+# times slower: timing-sensitive tests then fail for that reason alone.
+# IDEM_ASAN_OPTIONS is appended to ASAN_OPTIONS (later flags win).
+# nginx_env(leaks => 0): no leak detection (`nginx -t` exits without
+# freeing its cycle, and a leak report would change its exit status).
+sub nginx_env {
+    my ($self, %o) = @_;
+    return () unless $self->{sanitize};
+    my $d = "$self->{prefix}/sanitizer";
+    my $leaks = $o{leaks} // $ENV{IDEM_SANITIZE_LEAKS} // 1;
+    return (
+        LD_PRELOAD   => sanitizer_preload(),
+        ASAN_OPTIONS => join(':', "log_path=$d/asan", "detect_leaks=$leaks",
+            'malloc_context_size=30',
+            'halt_on_error=1', 'abort_on_error=0', 'print_summary=1',
+            'detect_stack_use_after_return=0',
+            ($ENV{IDEM_ASAN_OPTIONS} // ())),
+        UBSAN_OPTIONS => join(':', "log_path=$d/ubsan", 'print_stacktrace=1',
+            'halt_on_error=1', 'print_summary=1'),
+    );
+}
+
+# A leak report block concerns the module when one of its frames is in it.
+my $MODULE_FRAME = qr/ngx_http_idempotency_module\.so|\bngx_http_idem\w*|\bidem_\w+|\/ngx_http_idempotency_module\//;
+
+# sanitizer_reports() -> (problems, ignored): the report files under
+# PREFIX/sanitizer split into reports; problems are every ASan/UBSan error
+# and every leak that goes through the module; ignored are nginx's own leaks.
+sub sanitizer_reports {
+    my ($self) = @_;
+    my $d = "$self->{prefix}/sanitizer";
+    my (@bad, @ignored);
+    opendir my $dh, $d or return ([], []);
+    for my $f (sort grep { !/^\./ } readdir $dh) {
+        my $text = _slurp("$d/$f");
+        next unless $text =~ /\S/;
+        if ($text =~ /ERROR: LeakSanitizer: detected memory leaks/
+            && $text !~ /ERROR: AddressSanitizer|runtime error/) {
+            for my $block (split /\n(?=(?:Direct|Indirect) leak of )/, $text) {
+                next unless $block =~ /^(?:Direct|Indirect) leak of /;
+                $block =~ s/\n\s*SUMMARY:.*//s;
+                if ($block =~ $MODULE_FRAME) { push @bad, "$f: $block\n" }
+                else { push @ignored, "$f: $block\n" }
+            }
+        } else {
+            push @bad, "$f:\n$text";
+        }
+    }
+    return (\@bad, \@ignored);
+}
+
+# Adds a test: no sanitizer report (see sanitizer_reports), and none of the
+# runtime's own complaints in error.log (e.g. it could not write a report).
+sub check_sanitizer {
+    my ($self) = @_;
+    local $Test::Builder::Level = $Test::Builder::Level + 1;
+    my ($bad, $ignored) = $self->sanitizer_reports;
+    my @own = grep { /ERROR: Can't open file|Sanitizer|==\d+==ERROR/ }
+        split /^/, _slurp("$self->{prefix}/error.log") . _slurp("$self->{prefix}/nginx.stdout");
+    push @$bad, @own;
+    note(scalar(@$ignored) . ' leak report(s) of nginx itself ignored (no module frame)')
+        if @$ignored;
+    ok(!@$bad, 'no sanitizer report (ASan, UBSan, leaks through the module)')
+        or diag(join "\n", map { length > 6000 ? substr($_, 0, 6000) . "...\n" : $_ } @$bad[0 .. ($#$bad < 5 ? $#$bad : 4)]);
 }
 
 # Lines of access.log; with $n, waits (up to 5 s) until there are at least $n.
@@ -948,6 +1191,32 @@ sub eof {
 }
 
 sub close { close $_[0]{sock} }
+
+package Idem::Test::Bg;
+
+use POSIX qw(WNOHANG);
+use Time::HiRes qw(time sleep);
+
+# The response of the background request (the hash http() returns, plus
+# t_done, the client's clock when it finished); undef when it did not finish
+# within $wait seconds (the client is then killed).
+sub result {
+    my ($b, $wait) = @_;
+    return $b->{result} if $b->{done};
+    my $end = time + ($wait // 60);
+    while (1) {
+        my $r = waitpid($b->{pid}, WNOHANG);
+        last if $r == $b->{pid} || $r == -1;
+        if (time >= $end) { kill 'KILL', $b->{pid}; waitpid($b->{pid}, 0); last }
+        sleep 0.02;
+    }
+    $b->{done} = 1;
+    my $s = Idem::Test::_slurp($b->{file});
+    $b->{result} = length $s ? JSON::PP->new->latin1->decode($s) : undef;
+    return $b->{result};
+}
+
+sub pid { $_[0]{pid} }
 
 package Idem::Test::RedisError;
 
