@@ -132,10 +132,12 @@ ngx_http_idem_create_ctx(ngx_http_request_t *r)
 }
 
 
+/* status and admin locations name a record, they are not operations */
 static ngx_uint_t
 ngx_http_idem_wants(ngx_http_request_t *r, ngx_http_idem_loc_conf_t *lcf)
 {
-    return r == r->main && lcf->enable && (r->method & lcf->methods);
+    return r == r->main && lcf->enable && !lcf->ops
+           && (r->method & lcf->methods);
 }
 
 
