@@ -11,6 +11,9 @@
 
 #define NGX_HTTP_IDEM_READ_CHUNK  65536
 
+/* bodies above this may take long enough to hash that time must be read */
+#define NGX_HTTP_IDEM_BIG_BODY    (256 * 1024)
+
 /* how often a waiter looks again while Redis cannot be reached */
 #define NGX_HTTP_IDEM_RECHECK     500
 
@@ -767,6 +770,16 @@ ngx_http_idem_claim(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
 {
     if (ngx_http_idem_fingerprint(r, ctx) != NGX_OK) {
         return ngx_http_idem_finalize(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
+    }
+
+    if (r->headers_in.content_length_n > NGX_HTTP_IDEM_BIG_BODY
+        || r->headers_in.content_length_n < 0)
+    {
+        /*
+         * A large body can take a while to canonicalize: the command
+         * timer must count from now, not from when this event began.
+         */
+        ngx_time_update();
     }
 
     ctx->op_id.data = ngx_pnalloc(r->pool, NGX_HTTP_IDEM_TOKEN_HEX);

@@ -916,19 +916,24 @@ ngx_http_idem_redis_address(ngx_conf_t *cf, ngx_command_t *cmd,
 
 
 static ngx_uint_t
+ngx_http_idem_str_eq(ngx_str_t *a, ngx_str_t *b)
+{
+    /* empty strings have NULL data: no strncmp() on those */
+    return a->len == b->len
+           && (a->len == 0 || ngx_strncmp(a->data, b->data, a->len) == 0);
+}
+
+
+static ngx_uint_t
 ngx_http_idem_redis_same(ngx_http_idem_redis_t *a, ngx_http_idem_redis_t *b)
 {
     return a->port == b->port
            && a->db == b->db
            && a->connect_timeout == b->connect_timeout
            && a->timeout == b->timeout
-           && a->host.len == b->host.len
-           && ngx_strncmp(a->host.data, b->host.data, a->host.len) == 0
-           && a->user.len == b->user.len
-           && ngx_strncmp(a->user.data, b->user.data, a->user.len) == 0
-           && a->password.len == b->password.len
-           && ngx_strncmp(a->password.data, b->password.data,
-                          a->password.len) == 0;
+           && ngx_http_idem_str_eq(&a->host, &b->host)
+           && ngx_http_idem_str_eq(&a->user, &b->user)
+           && ngx_http_idem_str_eq(&a->password, &b->password);
 }
 
 

@@ -256,6 +256,43 @@ ngx_http_idem_send_json(ngx_http_request_t *r, ngx_uint_t status,
 }
 
 
+/*
+ * What comes back from Redis goes onto the wire: a stored name must be a
+ * token and a value must hold no CR, LF or other control byte, so that a
+ * tampered record cannot inject header lines.
+ */
+static ngx_uint_t
+ngx_http_idem_header_ok(const u_char *name, size_t name_len,
+    const u_char *value, size_t value_len)
+{
+    size_t  i;
+
+    static const char  *tchar = "!#$%&'*+-.^_`|~";
+
+    if (name_len == 0) {
+        return 0;
+    }
+
+    for (i = 0; i < name_len; i++) {
+        if (!((name[i] >= 'a' && name[i] <= 'z')
+              || (name[i] >= 'A' && name[i] <= 'Z')
+              || (name[i] >= '0' && name[i] <= '9')
+              || (name[i] != '\0' && ngx_strchr(tchar, name[i]) != NULL)))
+        {
+            return 0;
+        }
+    }
+
+    for (i = 0; i < value_len; i++) {
+        if ((value[i] < 0x20 && value[i] != '\t') || value[i] == 0x7f) {
+            return 0;
+        }
+    }
+
+    return 1;
+}
+
+
 static ngx_uint_t
 ngx_http_idem_name_is(const char *name, size_t len, const char *lit,
     size_t lit_len)
@@ -282,6 +319,13 @@ ngx_http_idem_send_replay(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
     while ((rc = idem_hdrs_next(&it, &name, &name_len, &value, &value_len))
            == 1)
     {
+        if (!ngx_http_idem_header_ok((u_char *) name, name_len,
+                                     (u_char *) value, value_len))
+        {
+            rc = -1;
+            break;
+        }
+
         if (ngx_http_idem_name_is(name, name_len, "Content-Type", 12)) {
             r->headers_out.content_type.data = (u_char *) value;
             r->headers_out.content_type.len = value_len;

@@ -21,6 +21,11 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
 local r = redis.call('HMGET', KEYS[1], 'v', 'state', 'fp', 'op', 'lease')
 
+if not r[2] and redis.call('EXISTS', KEYS[1]) == 1 then
+    -- another application's hash under our name: never write into it
+    return redis.error_reply('IDEMCORRUPT record has an unknown layout')
+end
+
 if not r[2] then
     redis.call('HSET', KEYS[1],
                'v', '1', 'state', 'in_progress', 'fp', ARGV[1],
