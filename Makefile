@@ -65,3 +65,109 @@ demo: all
 
 clean:
 	rm -rf $(BUILD)
+
+# ---------------------------------------------------------------- hardening
+#   make test-asan       the module built with ASan+UBSan (build-asan/), loaded
+#                        into the stock nginx with the runtimes preloaded; the
+#                        whole t/ suite with IDEM_SANITIZE=1 (any sanitizer
+#                        report fails), then the core unit tests built with
+#                        the same sanitizers (leak detection on)
+#   make valgrind-check  nginx (master_process off) under valgrind memcheck
+#                        for a few requests: tools/valgrind-nginx
+#   make fuzz            each libFuzzer target for FUZZ_SECONDS (default 60)
+#   make fuzz-ci         each for 30 s (what .ci/run runs)
+
+ASAN_BUILD   := $(CURDIR)/build-asan
+ASAN_MODULE  := $(ASAN_BUILD)/ngx_http_idempotency_module.so
+ASAN_CFLAGS  := -g -O1 -fno-omit-frame-pointer -fsanitize=address,undefined \
+                -fno-sanitize-recover=undefined -fPIC
+ASAN_LDFLAGS := -fsanitize=address,undefined -Wl,-z,relro -Wl,-z,now -fPIC
+ASAN_UNIT    := $(patsubst t/unit/%.c,$(ASAN_BUILD)/unit/%,$(UNIT_SRCS))
+ASAN_RUN_ENV := ASAN_OPTIONS=detect_leaks=1:halt_on_error=1 \
+                UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+
+FUZZ_CC      ?= clang
+FUZZ_CFLAGS  ?= -g -O1 -fno-omit-frame-pointer \
+                -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+                -Wall -Wextra -Wno-unused-parameter -Wno-unused-function
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS := jcs fingerprint key record
+FUZZ_BINS    := $(patsubst %,$(ASAN_BUILD)/fuzz/fuzz_%,$(FUZZ_TARGETS))
+
+.PHONY: module-asan unit-asan test-asan valgrind-check fuzz-build fuzz fuzz-ci clean-hardening
+
+module-asan: $(ASAN_MODULE)
+
+$(ASAN_BUILD)/nginx-src/configure:
+	rm -rf $(ASAN_BUILD)/nginx-src
+	mkdir -p $(ASAN_BUILD)
+	cp -a $(NGX_SRC) $(ASAN_BUILD)/nginx-src
+
+# Debian's flags plus the sanitizers; configure runs (and links) its feature
+# tests with them, hence ASAN_OPTIONS for those little programs.
+$(ASAN_BUILD)/objs/Makefile: $(ASAN_BUILD)/nginx-src/configure config $(SCRIPTS)
+	cd $(ASAN_BUILD)/nginx-src && ASAN_OPTIONS=detect_leaks=0 bash -c '. ./conf_flags && \
+	    ./configure "$${NGX_CONF_FLAGS[@]}" \
+	        --with-cc-opt="$(ASAN_CFLAGS)" --with-ld-opt="$(ASAN_LDFLAGS)" \
+	        --add-dynamic-module=$(CURDIR) --builddir=$(ASAN_BUILD)/objs' \
+	    > $(ASAN_BUILD)/configure.log 2>&1 || { tail -20 $(ASAN_BUILD)/configure.log; exit 1; }
+
+$(ASAN_MODULE): $(ASAN_BUILD)/objs/Makefile $(NGX_SRCS) $(CORE_SRCS) $(CORE_HDRS)
+	$(MAKE) -C $(ASAN_BUILD)/nginx-src -f $(ASAN_BUILD)/objs/Makefile modules
+	cp $(ASAN_BUILD)/objs/ngx_http_idempotency_module.so $@.tmp && mv -f $@.tmp $@
+
+unit-asan: $(ASAN_UNIT)
+
+$(ASAN_BUILD)/unit/%: t/unit/%.c t/unit/tap.h $(CORE_SRCS) $(CORE_HDRS)
+	@mkdir -p $(ASAN_BUILD)/unit
+	$(CC) $(CFLAGS) $(ASAN_CFLAGS) -I$(MODDIR) -It/unit -o $@ $< $(CORE_SRCS) $(CORE_LIBS)
+
+# unit and tools too: t/0*.t run build/unit/* and build/idempotency-fingerprint
+test-asan: $(ASAN_MODULE) $(ASAN_UNIT) unit tools
+	IDEM_MODULE=$(ASAN_MODULE) IDEM_SANITIZE=1 $(PROVE) t/
+	@for u in $(ASAN_UNIT); do \
+	    echo "== $$u (ASan+UBSan, leak detection on)"; \
+	    $(ASAN_RUN_ENV) $$u t/data/jcs > $$u.tap 2>&1 \
+	        || { grep -v '^ok' $$u.tap | tail -40; echo "FAILED: $$u"; exit 1; }; \
+	    grep -c '^ok' $$u.tap | sed 's/^/   tests ok: /'; \
+	done
+
+valgrind-check: module
+	tools/valgrind-nginx
+
+fuzz-build: $(FUZZ_BINS)
+
+$(ASAN_BUILD)/fuzz/fuzz_%: fuzz/fuzz_%.c fuzz/fuzz_common.h $(CORE_SRCS) $(CORE_HDRS)
+	@mkdir -p $(ASAN_BUILD)/fuzz
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -I$(MODDIR) -o $@ $< $(CORE_SRCS) $(CORE_LIBS)
+
+# The seeds in fuzz/corpus/<target> are read, new inputs go to
+# build-asan/fuzz/corpus/<target>, crashes to build-asan/fuzz/crash-<target>-*.
+fuzz: fuzz-build
+	@for t in $(FUZZ_TARGETS); do \
+	    mkdir -p $(ASAN_BUILD)/fuzz/corpus/$$t; \
+	    echo "== fuzz_$$t for $(FUZZ_SECONDS) s"; \
+	    $(ASAN_RUN_ENV) $(ASAN_BUILD)/fuzz/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) \
+	        -timeout=20 -rss_limit_mb=2048 -max_len=16384 -print_final_stats=1 \
+	        -artifact_prefix=$(ASAN_BUILD)/fuzz/crash-$$t- \
+	        $(ASAN_BUILD)/fuzz/corpus/$$t fuzz/corpus/$$t \
+	        > $(ASAN_BUILD)/fuzz/fuzz_$$t.log 2>&1 \
+	        || { tail -60 $(ASAN_BUILD)/fuzz/fuzz_$$t.log; echo "FAILED: fuzz_$$t"; exit 1; }; \
+	    grep -E '^(Done|stat::number_of_executed_units|stat::new_units_added)' \
+	        $(ASAN_BUILD)/fuzz/fuzz_$$t.log | sed 's/^/   /'; \
+	done
+
+fuzz-ci:
+	$(MAKE) fuzz FUZZ_SECONDS=30
+
+clean-hardening:
+	rm -rf $(ASAN_BUILD)
+
+clean: clean-hardening
+
+# ---------------------------------------------------------------- bench
+#   make bench           bench/run: the benchmarks against plain proxy_pass
+#                        (bench/README.md); BENCH_FLAGS=--quick for a smoke run
+.PHONY: bench
+bench: module
+	./bench/run --no-build $(BENCH_FLAGS)
