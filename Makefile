@@ -47,7 +47,7 @@ $(BUILD)/ngx_http_idempotency_module.so: $(BUILD)/objs/Makefile $(NGX_SRCS) $(CO
 
 unit: $(UNIT_BINS)
 
-$(BUILD)/unit/%: t/unit/%.c t/unit/tap.h $(CORE_SRCS) $(CORE_HDRS)
+$(BUILD)/unit/%: t/unit/%.c t/unit/tap.h t/unit/mem_sink.h $(CORE_SRCS) $(CORE_HDRS)
 	@mkdir -p $(BUILD)/unit
 	$(CC) $(CFLAGS) -I$(MODDIR) -It/unit -o $@ $< $(CORE_SRCS) $(CORE_LIBS)
 
@@ -118,7 +118,7 @@ $(ASAN_MODULE): $(ASAN_BUILD)/objs/Makefile $(NGX_SRCS) $(CORE_SRCS) $(CORE_HDRS
 
 unit-asan: $(ASAN_UNIT)
 
-$(ASAN_BUILD)/unit/%: t/unit/%.c t/unit/tap.h $(CORE_SRCS) $(CORE_HDRS)
+$(ASAN_BUILD)/unit/%: t/unit/%.c t/unit/tap.h t/unit/mem_sink.h $(CORE_SRCS) $(CORE_HDRS)
 	@mkdir -p $(ASAN_BUILD)/unit
 	$(CC) $(CFLAGS) $(ASAN_CFLAGS) -I$(MODDIR) -It/unit -o $@ $< $(CORE_SRCS) $(CORE_LIBS)
 

@@ -10,40 +10,11 @@
 
 #include "idem_fingerprint.h"
 #include "tap.h"
+#include "mem_sink.h"
 
 
 #define S(lit)  { lit, sizeof(lit) - 1 }
 
-typedef struct {
-    char    *data;
-    size_t   len;
-    size_t   size;
-} mem_t;
-
-
-static int
-mem_write(idem_sink_t *sink, const char *p, size_t n)
-{
-    mem_t  *m;
-    char   *d;
-
-    m = sink->data;
-
-    if (m->len + n + 1 > m->size) {
-        m->size = (m->len + n + 1) * 2;
-        d = realloc(m->data, m->size);
-        if (d == NULL) {
-            return -1;
-        }
-        m->data = d;
-    }
-
-    memcpy(m->data + m->len, p, n);
-    m->len += n;
-    m->data[m->len] = '\0';
-
-    return 0;
-}
 
 
 /* the preimage as a string (free it), NULL on failure */

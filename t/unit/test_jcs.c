@@ -13,43 +13,9 @@
 
 #include "idem_jcs.h"
 #include "tap.h"
+#include "mem_sink.h"
 
 
-typedef struct {
-    char    *data;
-    size_t   len;
-    size_t   size;
-    int      fail_after;    /* > 0: the sink fails after so many writes */
-} mem_t;
-
-
-static int
-mem_write(idem_sink_t *sink, const char *p, size_t n)
-{
-    mem_t  *m;
-    char   *d;
-
-    m = sink->data;
-
-    if (m->fail_after > 0 && --m->fail_after == 0) {
-        return -1;
-    }
-
-    if (m->len + n + 1 > m->size) {
-        m->size = (m->len + n + 1) * 2;
-        d = realloc(m->data, m->size);
-        if (d == NULL) {
-            return -1;
-        }
-        m->data = d;
-    }
-
-    memcpy(m->data + m->len, p, n);
-    m->len += n;
-    m->data[m->len] = '\0';
-
-    return 0;
-}
 
 
 /* canonical form of in[0..len) into a fresh string (free it), or NULL */

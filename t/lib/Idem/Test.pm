@@ -377,18 +377,23 @@ sub upstream_addr { '127.0.0.1:' . $_[0]{upstream_port} }
 # upstream (hashrefs n, method, uri, key, len, sha, ct, auth, t), in order.
 sub effect_list {
     my ($self, %f) = @_;
+    return grep {
+        (!exists $f{key} || _same($_->{key}, $f{key}))
+        && (!exists $f{uri} || $_->{uri} eq $f{uri})
+        && (!exists $f{method} || $_->{method} eq $f{method})
+    } $self->_upstream_log('effects.log');
+}
+
+# The JSON lines of one of the upstream's logs, read under its lock.
+sub _upstream_log {
+    my ($self, $name) = @_;
     my @e;
-    open my $fh, '<', "$self->{prefix}/effects.log" or return ();
+    open my $fh, '<', "$self->{prefix}/$name" or return ();
     open my $lock, '>>', "$self->{prefix}/effects.lock" or die "effects.lock: $!";
     flock($lock, LOCK_SH);
     while (my $l = <$fh>) {
         chomp $l;
-        next unless length $l;
-        my $e = $JSON->decode($l);
-        next if exists $f{key} && !_same($e->{key}, $f{key});
-        next if exists $f{uri} && $e->{uri} ne $f{uri};
-        next if exists $f{method} && $e->{method} ne $f{method};
-        push @e, $e;
+        push @e, $JSON->decode($l) if length $l;
     }
     close $lock;
     return @e;
@@ -411,20 +416,10 @@ sub upstream_body { shift; Idem::Upstream::body_bytes(@_) }
 # order; n is the effect's sequence number (X-Upstream-Seq).
 sub upstream_responses {
     my ($self, %f) = @_;
-    my @e;
-    open my $fh, '<', "$self->{prefix}/responses.log" or return ();
-    open my $lock, '>>', "$self->{prefix}/effects.lock" or die "effects.lock: $!";
-    flock($lock, LOCK_SH);
-    while (my $l = <$fh>) {
-        chomp $l;
-        next unless length $l;
-        my $e = $JSON->decode($l);
-        next if exists $f{key} && !_same($e->{key}, $f{key});
-        next if exists $f{n} && $e->{n} != $f{n};
-        push @e, $e;
-    }
-    close $lock;
-    return @e;
+    return grep {
+        (!exists $f{key} || _same($_->{key}, $f{key}))
+        && (!exists $f{n} || $_->{n} == $f{n})
+    } $self->_upstream_log('responses.log');
 }
 
 # The lowercase hex SHA-256 of $bytes.
