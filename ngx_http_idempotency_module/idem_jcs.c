@@ -566,6 +566,47 @@ jcs_integer_digits(double v, char *digits, int *n)
 }
 
 
+/*
+ * Short decimals (prices, rates: 123.45, 0.5, 1e-7) without printf.  For
+ * the fewest fractional digits f (1..8) such that m = round(v * 10^f)
+ * gives back v as m / 10^f, the digits of m are the shortest: m and 10^f
+ * are exact doubles, so the division is the correctly rounded value of
+ * the decimal m * 10^-f; with v * 10^f < 2^50 the decimals of f digits are
+ * more than two ulps of v apart, so no other one of f digits, nor of fewer
+ * (each f' < f was tried with its nearest candidate), rounds to v.  A miss
+ * (a rounded product landing off the nearest integer) only means the slow
+ * path.  Returns the digit count, 0 when the fast path does not apply.
+ */
+static int
+jcs_short_decimal(double v, char *digits, int *n)
+{
+    int     f, k;
+    double  scaled, m;
+
+    static const double  pow10[] = {
+        1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8
+    };
+
+    for (f = 1; f <= 8; f++) {
+        scaled = v * pow10[f];
+
+        if (scaled >= 1125899906842624.0) {           /* 2^50 */
+            return 0;
+        }
+
+        m = nearbyint(scaled);
+
+        if (m >= 1 && m / pow10[f] == v) {
+            k = jcs_integer_digits(m, digits, n);
+            *n -= f;
+            return k;
+        }
+    }
+
+    return 0;
+}
+
+
 /* Number::toString layout (ECMA-262 7.1.12.1) of digits k, exponent n */
 static size_t
 jcs_layout(int neg, const char *s, int k, int n, char *buf)
@@ -646,7 +687,7 @@ idem_jcs_format_number(double d, char buf[IDEM_JCS_NUMBER_MAX])
     if (d < 9007199254740992.0 && d == floor(d)) {
         k = jcs_integer_digits(d, digits, &n);
 
-    } else {
+    } else if ((k = jcs_short_decimal(d, digits, &n)) == 0) {
         k = jcs_shortest(d, digits, &n);
     }
 

@@ -748,16 +748,20 @@ ngx_http_idem_fingerprint(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
 }
 
 
+/* the operation id and the owner token, from one RAND_bytes() call */
 static ngx_int_t
-ngx_http_idem_token(u_char *hex)
+ngx_http_idem_tokens(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
 {
-    u_char  raw[NGX_HTTP_IDEM_TOKEN_HEX / 2];
+    u_char  raw[NGX_HTTP_IDEM_TOKEN_HEX];
 
-    if (RAND_bytes(raw, sizeof(raw)) != 1) {
+    ctx->op_id.data = ngx_pnalloc(r->pool, NGX_HTTP_IDEM_TOKEN_HEX);
+    if (ctx->op_id.data == NULL || RAND_bytes(raw, sizeof(raw)) != 1) {
         return NGX_ERROR;
     }
 
-    ngx_hex_dump(hex, raw, sizeof(raw));
+    ngx_hex_dump(ctx->op_id.data, raw, sizeof(raw) / 2);
+    ngx_hex_dump(ctx->owner, raw + sizeof(raw) / 2, sizeof(raw) / 2);
+    ctx->op_id.len = NGX_HTTP_IDEM_TOKEN_HEX;
 
     return NGX_OK;
 }
@@ -782,15 +786,9 @@ ngx_http_idem_claim(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
         ngx_time_update();
     }
 
-    ctx->op_id.data = ngx_pnalloc(r->pool, NGX_HTTP_IDEM_TOKEN_HEX);
-    if (ctx->op_id.data == NULL
-        || ngx_http_idem_token(ctx->op_id.data) != NGX_OK
-        || ngx_http_idem_token(ctx->owner) != NGX_OK)
-    {
+    if (ngx_http_idem_tokens(r, ctx) != NGX_OK) {
         return ngx_http_idem_finalize(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
     }
-
-    ctx->op_id.len = NGX_HTTP_IDEM_TOKEN_HEX;
 
     if (ngx_http_idem_claim_send(r, ctx) == NGX_OK) {
         return NGX_DONE;
