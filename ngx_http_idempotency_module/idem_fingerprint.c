@@ -168,6 +168,19 @@ fp_sha_flush(fp_sha_sink_t *s)
 
 
 /* buffers the many small writes of the JCS writer */
+const void *
+idem_sha256(void)
+{
+    static EVP_MD  *md;
+
+    if (md == NULL) {
+        md = EVP_MD_fetch(NULL, "SHA256", NULL);
+    }
+
+    return md != NULL ? (const void *) md : (const void *) EVP_sha256();
+}
+
+
 static int
 fp_sha_write(idem_sink_t *sink, const char *p, size_t n)
 {
@@ -204,7 +217,7 @@ fp_sha256(const char *p, size_t n, unsigned char *md)
 {
     unsigned int  mdlen;
 
-    if (EVP_Digest(p, n, md, &mdlen, EVP_sha256(), NULL) != 1
+    if (EVP_Digest(p, n, md, &mdlen, idem_sha256(), NULL) != 1
         || mdlen != IDEM_SHA256_LEN)
     {
         return -1;
@@ -451,7 +464,7 @@ idem_fingerprint(const idem_fp_input_t *in, idem_fp_result_t *out)
     rc = -1;
 
     if (s->ctx != NULL
-        && EVP_DigestInit_ex(s->ctx, EVP_sha256(), NULL) == 1
+        && EVP_DigestInit_ex(s->ctx, idem_sha256(), NULL) == 1
         && idem_fingerprint_preimage(in, &sink, out) == 0
         && fp_sha_flush(s) == 0
         && EVP_DigestFinal_ex(s->ctx, md, &mdlen) == 1

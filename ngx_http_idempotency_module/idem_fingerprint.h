@@ -74,4 +74,11 @@ const char *idem_body_form_name(idem_body_form_t form);
 
 void idem_hex(const unsigned char *in, size_t n, char *out);
 
+/*
+ * SHA-256, fetched once per process: with OpenSSL 3 every init through
+ * EVP_sha256() looks the implementation up again.  The return value is an
+ * EVP_MD pointer (void here so the header needs no OpenSSL include).
+ */
+const void *idem_sha256(void);
+
 #endif /* IDEM_FINGERPRINT_H */

@@ -4,6 +4,7 @@
 #include <openssl/evp.h>
 
 #include "idem_record.h"
+#include "idem_fingerprint.h"
 
 
 static const char  idem_hexdigits[] = "0123456789abcdef";
@@ -27,7 +28,7 @@ idem_record_key(const char *scope, size_t scope_len, const char *key,
         return -1;
     }
 
-    ok = EVP_DigestInit_ex(md_ctx, EVP_sha256(), NULL)
+    ok = EVP_DigestInit_ex(md_ctx, idem_sha256(), NULL)
          && EVP_DigestUpdate(md_ctx, "idem-record-v1", 15)
          && EVP_DigestUpdate(md_ctx, prefix, sizeof(prefix))
          && EVP_DigestUpdate(md_ctx, scope, scope_len)

@@ -94,6 +94,7 @@ struct ngx_http_idem_redis_s {
     ngx_queue_t                  waiters;       /* ngx_http_idem_ctx_t */
     ngx_array_t                 *orphans;       /* ngx_http_idem_orphan_t */
     ngx_queue_t                  resend;        /* ngx_http_idem_cmd_t */
+    struct ngx_http_idem_cmd_s  *timing_out;
     ngx_uint_t                   resend_n;
     size_t                       resend_size;
     unsigned                     exiting:1;

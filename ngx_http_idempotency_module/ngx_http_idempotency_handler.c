@@ -555,7 +555,7 @@ ngx_http_idem_body_raw(ngx_http_request_t *r, idem_fp_input_t *in,
 
     rc = NGX_ERROR;
 
-    if (EVP_DigestInit_ex(sha, EVP_sha256(), NULL)
+    if (EVP_DigestInit_ex(sha, idem_sha256(), NULL)
         && ngx_http_idem_body_walk(r, ngx_http_idem_body_sha, sha) == NGX_OK
         && EVP_DigestFinal_ex(sha, md, &n))
     {

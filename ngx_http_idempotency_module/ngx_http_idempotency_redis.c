@@ -894,6 +894,40 @@ ngx_http_idem_resend(ngx_http_idem_redis_t *rd)
 }
 
 
+/*
+ * A worker busy with other requests (large bodies to canonicalize) may
+ * reach the timer before the read event of an answer already waiting on
+ * the socket: read what is there first.  NGX_OK when the command's
+ * callback ran meanwhile (the command is gone then).
+ */
+static ngx_int_t
+ngx_http_idem_cmd_drain(ngx_http_idem_redis_t *rd, ngx_http_idem_cmd_t *cmd)
+{
+    int         n;
+    ngx_uint_t  i;
+
+    rd->timing_out = cmd;
+
+    for (i = 0; i < 256 && rd->timing_out == cmd; i++) {
+        if (rd->cmd.ac == NULL || rd->cmd.conn == NULL
+            || ioctl(rd->cmd.conn->fd, FIONREAD, &n) == -1 || n <= 0)
+        {
+            break;
+        }
+
+        redisAsyncHandleRead(rd->cmd.ac);
+    }
+
+    if (rd->timing_out != cmd) {
+        return NGX_OK;
+    }
+
+    rd->timing_out = NULL;
+
+    return NGX_DECLINED;
+}
+
+
 static void
 ngx_http_idem_cmd_timeout(ngx_event_t *ev)
 {
@@ -902,6 +936,10 @@ ngx_http_idem_cmd_timeout(ngx_event_t *ev)
     ngx_http_idem_redis_t  *rd;
 
     rd = cmd->redis;
+
+    if (ngx_http_idem_cmd_drain(rd, cmd) == NGX_OK) {
+        return;
+    }
 
     ngx_log_error(NGX_LOG_ERR, rd->log, 0,
                   "idempotency: redis %V command timed out", &rd->name);
@@ -990,6 +1028,10 @@ ngx_http_idem_redis_reply(redisAsyncContext *ac, void *r, void *privdata)
 
     if (cmd->timer.timer_set) {
         ngx_del_timer(&cmd->timer);
+    }
+
+    if (cmd->redis->timing_out == cmd) {
+        cmd->redis->timing_out = NULL;
     }
 
     if (reply == NULL && !cmd->failed) {
