@@ -604,7 +604,10 @@ ngx_http_idem_check_positive_msec(ngx_conf_t *cf, void *post, void *data)
 }
 
 
-/* ngx_conf_set_enum_slot(), with an error that names the directive */
+/*
+ * ngx_conf_set_enum_slot() for two-valued enums, with an error that names
+ * the directive and both values.
+ */
 static char *
 ngx_http_idem_enum(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 {
@@ -633,8 +636,8 @@ ngx_http_idem_enum(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 
     ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                        "invalid value \"%V\" in \"%V\" directive, "
-                       "it must be \"closed\" or \"open\"",
-                       &value[1], &cmd->name);
+                       "it must be one of \"%V\" or \"%V\"",
+                       &value[1], &cmd->name, &e[0].name, &e[1].name);
 
     return NGX_CONF_ERROR;
 }
