@@ -6,14 +6,14 @@
 --
 -- Reply: 1 when marked, 0 when the claim was not ours any more.
 
-local r = redis.call('HMGET', KEYS[1], 'state', 'owner')
+local r = redis.call('HMGET', KEYS[1], 'state', 'owner', 'waiters')
 
 if r[1] ~= 'in_progress' or r[2] ~= ARGV[1] then
     return 0
 end
 
 -- Somebody waits for this record (idempotency_wait): tell them it changed.
-if redis.call('HEXISTS', KEYS[1], 'waiters') == 1 then
+if r[3] then
     redis.call('PUBLISH', 'idem:done', KEYS[1])
 end
 
