@@ -241,44 +241,66 @@ ngx_http_idem_reject(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
 }
 
 
+/*
+ * The request headers named name, one after the other: start with
+ * it->part = NULL; NULL at the end.
+ */
+typedef struct {
+    ngx_list_part_t  *part;
+    ngx_uint_t        i;
+} ngx_http_idem_hiter_t;
+
+
+static ngx_table_elt_t *
+ngx_http_idem_next_header(ngx_http_request_t *r, ngx_str_t *name,
+    ngx_http_idem_hiter_t *it)
+{
+    ngx_table_elt_t  *h;
+
+    if (it->part == NULL) {
+        it->part = &r->headers_in.headers.part;
+        it->i = 0;
+    }
+
+    for ( ;; ) {
+        if (it->i >= it->part->nelts) {
+            if (it->part->next == NULL) {
+                return NULL;
+            }
+
+            it->part = it->part->next;
+            it->i = 0;
+            continue;
+        }
+
+        h = (ngx_table_elt_t *) it->part->elts + it->i++;
+
+        if (h->key.len == name->len
+            && ngx_strncasecmp(h->key.data, name->data, name->len) == 0)
+        {
+            return h;
+        }
+    }
+}
+
+
+/* the first header named name, and how many there are */
 static ngx_table_elt_t *
 ngx_http_idem_find_header(ngx_http_request_t *r, ngx_str_t *name,
     ngx_uint_t *count)
 {
-    ngx_uint_t        i;
-    ngx_list_part_t  *part;
-    ngx_table_elt_t  *h, *found;
+    ngx_table_elt_t        *h, *first;
+    ngx_http_idem_hiter_t   it;
 
-    found = NULL;
+    it.part = NULL;
+    first = ngx_http_idem_next_header(r, name, &it);
     *count = 0;
 
-    part = &r->headers_in.headers.part;
-    h = part->elts;
-
-    for (i = 0; /* void */; i++) {
-
-        if (i >= part->nelts) {
-            if (part->next == NULL) {
-                break;
-            }
-
-            part = part->next;
-            h = part->elts;
-            i = 0;
-        }
-
-        if (h[i].key.len == name->len
-            && ngx_strncasecmp(h[i].key.data, name->data, name->len) == 0)
-        {
-            if (found == NULL) {
-                found = &h[i];
-            }
-
-            (*count)++;
-        }
+    for (h = first; h; h = ngx_http_idem_next_header(r, name, &it)) {
+        (*count)++;
     }
 
-    return found;
+    return first;
 }
 
 
@@ -574,36 +596,15 @@ ngx_http_idem_body_raw(ngx_http_request_t *r, idem_fp_input_t *in,
 static ngx_str_t *
 ngx_http_idem_header_values(ngx_http_request_t *r, ngx_str_t *name)
 {
-    u_char           *p;
-    ngx_str_t        *v;
-    ngx_uint_t        i, n;
-    ngx_list_part_t  *part;
-    ngx_table_elt_t  *h, *found[16];
+    u_char                 *p;
+    size_t                  len;
+    ngx_str_t              *v;
+    ngx_uint_t              n;
+    ngx_table_elt_t        *h, *first;
+    ngx_http_idem_hiter_t   it;
 
-    n = 0;
-    part = &r->headers_in.headers.part;
-    h = part->elts;
-
-    for (i = 0; /* void */; i++) {
-
-        if (i >= part->nelts) {
-            if (part->next == NULL) {
-                break;
-            }
-
-            part = part->next;
-            h = part->elts;
-            i = 0;
-        }
-
-        if (n < 16 && h[i].key.len == name->len
-            && ngx_strncasecmp(h[i].key.data, name->data, name->len) == 0)
-        {
-            found[n++] = &h[i];
-        }
-    }
-
-    if (n == 0) {
+    first = ngx_http_idem_find_header(r, name, &n);
+    if (first == NULL) {
         return NULL;
     }
 
@@ -613,29 +614,33 @@ ngx_http_idem_header_values(ngx_http_request_t *r, ngx_str_t *name)
     }
 
     if (n == 1) {
-        *v = found[0]->value;
+        *v = first->value;
         return v;
     }
 
     /* repeated fields are one list, as HTTP combines them */
-    v->len = 0;
-    for (i = 0; i < n; i++) {
-        v->len += found[i]->value.len + 2;
+    len = 0;
+    it.part = NULL;
+
+    while ((h = ngx_http_idem_next_header(r, name, &it))) {
+        len += h->value.len + 2;
     }
 
-    v->data = ngx_pnalloc(r->pool, v->len);
+    v->data = ngx_pnalloc(r->pool, len);
     if (v->data == NULL) {
         return NULL;
     }
 
     p = v->data;
-    for (i = 0; i < n; i++) {
-        if (i) {
+    it.part = NULL;
+
+    for (n = 0; (h = ngx_http_idem_next_header(r, name, &it)); n++) {
+        if (n) {
             *p++ = ',';
             *p++ = ' ';
         }
 
-        p = ngx_cpymem(p, found[i]->value.data, found[i]->value.len);
+        p = ngx_cpymem(p, h->value.data, h->value.len);
     }
 
     v->len = p - v->data;

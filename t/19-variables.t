@@ -204,6 +204,19 @@ is($lq->{outcome}, 'executed', 'quoted key: executed');
     is($r->{status}, 409, 'listed header removed: conflict');
     logged('fingerprint headers absent');
     is($t->effects(key => $kh), 1, 'fingerprint headers: one effect');
+
+    # a header sent several times counts as its values joined with ", "
+    my $km = $t->key('var');
+    my @many = map { ('X-Tenant' => $_) } ('', 'b', 'c' .. 'v');
+    $t->http(POST => '/hdr/x', key => $km, json => { a => 1 }, headers => \@many);
+    $l = logged('fingerprint header repeated');
+    is($l->{fp}, fingerprint(method => 'POST', route => '/hdr/x',
+        headers => { 'x-tenant' => join(', ', '', 'b', 'c' .. 'v') }, body => { a => 1 }),
+        'a repeated listed header (22 times, the first empty) enters as one joined value');
+    $r = $t->http(POST => '/hdr/x', key => $km, json => { a => 1 }, headers => [ @many[0 .. $#many - 2] ]);
+    is($r->{status}, 409, 'one occurrence fewer: conflict');
+    logged('fingerprint header repeated conflict');
+    is($t->effects(key => $km), 1, 'repeated header: one effect');
 }
 
 $t->check_logs;
