@@ -37,6 +37,7 @@ typedef enum {
 
 
 typedef struct {
+    const char                  *name;      /* for logs */
     ngx_str_t                    text;
     u_char                       sha1[NGX_HTTP_IDEM_SHA1_HEX];
 } ngx_http_idem_script_t;

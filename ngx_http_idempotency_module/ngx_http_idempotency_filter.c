@@ -328,32 +328,31 @@ ngx_http_idem_filter_init(ngx_conf_t *cf)
 static void
 ngx_http_idem_closed(ngx_http_idem_cmd_t *cmd, redisReply *reply)
 {
-    static const char  *what[] = { "claim", "complete", "release", "fail",
-                                   "renew", "status", "admin" };
-
-    ngx_log_t  *log;
+    const char  *what;
+    ngx_log_t   *log;
 
     log = cmd->redis->log;
+    what = cmd->redis->scripts[cmd->script].name;
 
     if (reply == NULL) {
         ngx_log_error(NGX_LOG_ERR, log, 0,
                       "idempotency: %s script got no reply; the record "
                       "turns unknown when its lease lapses",
-                      what[cmd->script]);
+                      what);
         return;
     }
 
     if (reply->type == REDIS_REPLY_ERROR) {
         ngx_log_error(NGX_LOG_ERR, log, 0,
                       "idempotency: %s script failed: %*s",
-                      what[cmd->script], (int) reply->len, reply->str);
+                      what, (int) reply->len, reply->str);
         return;
     }
 
     if (reply->type == REDIS_REPLY_INTEGER && reply->integer == 0) {
         ngx_log_error(NGX_LOG_WARN, log, 0,
                       "idempotency: %s script: the claim was no longer "
-                      "held by this request", what[cmd->script]);
+                      "held by this request", what);
     }
 }
 

@@ -24,14 +24,15 @@ static void ngx_http_idem_orphans_release(ngx_http_idem_redis_t *rd);
 static void ngx_http_idem_resend(ngx_http_idem_redis_t *rd);
 
 
-static const char  *ngx_http_idem_script_texts[NGX_HTTP_IDEM_NSCRIPTS] = {
-    ngx_http_idem_script_claim,
-    ngx_http_idem_script_complete,
-    ngx_http_idem_script_release,
-    ngx_http_idem_script_fail,
-    ngx_http_idem_script_renew,
-    ngx_http_idem_script_status,
-    ngx_http_idem_script_admin
+/* indexed by ngx_http_idem_script_e */
+static const char  *ngx_http_idem_script_texts[NGX_HTTP_IDEM_NSCRIPTS][2] = {
+    { "claim", ngx_http_idem_script_claim },
+    { "complete", ngx_http_idem_script_complete },
+    { "release", ngx_http_idem_script_release },
+    { "fail", ngx_http_idem_script_fail },
+    { "renew", ngx_http_idem_script_renew },
+    { "status", ngx_http_idem_script_status },
+    { "admin", ngx_http_idem_script_admin }
 };
 
 
@@ -49,8 +50,9 @@ ngx_http_idem_scripts_init(ngx_conf_t *cf, ngx_http_idem_main_conf_t *mcf)
     }
 
     for (i = 0; i < NGX_HTTP_IDEM_NSCRIPTS; i++) {
-        s[i].text.data = (u_char *) ngx_http_idem_script_texts[i];
-        s[i].text.len = ngx_strlen(ngx_http_idem_script_texts[i]);
+        s[i].name = ngx_http_idem_script_texts[i][0];
+        s[i].text.data = (u_char *) ngx_http_idem_script_texts[i][1];
+        s[i].text.len = ngx_strlen(s[i].text.data);
 
         /* EVALSHA names a script by the SHA-1 of its text */
         if (!EVP_Digest(s[i].text.data, s[i].text.len, md, &n, EVP_sha1(),
