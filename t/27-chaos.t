@@ -196,7 +196,10 @@ for my $tr (@trials) {
         $checked201++;
         my $want = @e == 1 ? $resp{ $e[0]{n} } : undef;
         push @badbody, "$tr->{key}: $x->{class} but " . scalar(@e) . ' effects' unless @e == 1;
-        push @badbody, "$tr->{key}: $x->{class} body sha $x->{sha} != produced " . ($want ? $want->{sha} : 'none')
+        push @badbody, sprintf('%s: %s (%s, status %s, seq %s) body sha %s != produced seq %s sha %s%s; attempts: %s',
+            $tr->{key}, $x->{class}, $x->{fault}, $x->{status}, $x->{seq} // 'none', $x->{sha}, $e[0]{n},
+            $want ? $want->{sha} : 'none', $want && $want->{truncated} ? ' (truncated)' : '',
+            join(' ', map { "$_->{fault}=>$_->{class}" } @{ $tr->{attempts} }))
             if @e == 1 && (!$want || $want->{sha} ne $x->{sha} || ($x->{seq} // '') ne $e[0]{n});
     }
     push @double_exec, $tr->{key} if $execs > 1;
@@ -222,7 +225,11 @@ ok(!grep({ $RETRY{$_} } keys %final), 'after the chaos every key is settled (rep
     or diag(explain \%final);
 ok($checked201 > 0 && ($answers{replayed} // 0) > 0, 'the run produced executions and replays to check');
 
-# effects that belong to no trial key would be a harness bug
+# harness invariants: the upstream numbers its effects uniquely (the check
+# on bodies above keys on that number), and every effect belongs to a trial
+my %seen_n;
+my @dup_n = grep { $seen_n{ $_->{n} }++ } $t->effect_list;
+is(scalar(@dup_n), 0, 'every effect has its own number') or diag(explain [ map { $_->{n} } @dup_n ]);
 my %known = map { $_->{key} => 1 } @trials;
 is(scalar(grep { !$known{$_} } grep { length } keys %eff), 0, 'every effect belongs to a trial key');
 

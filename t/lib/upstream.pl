@@ -60,7 +60,7 @@ use strict;
 use warnings;
 
 use Digest::SHA qw(sha256_hex);
-use Fcntl qw(:flock O_RDWR O_CREAT);
+use Fcntl qw(:flock);
 use IO::Socket::INET;
 use IO::Select;
 use JSON::PP;
@@ -252,13 +252,16 @@ sub record_effect {
     open my $lock, '>>', "$dir/effects.lock" or die "effects.lock: $!";
     flock($lock, LOCK_EX) or die "flock: $!";
 
-    sysopen my $sf, "$dir/effects.seq", O_RDWR | O_CREAT or die "effects.seq: $!";
-    my $cur = <$sf>;
+    # The counter is replaced by a rename, never rewritten in place: a
+    # child killed here (stop_upstream signals the whole group) must not
+    # leave it empty, or the numbering would start again at 1.
+    my $cur;
+    if (open my $sf, '<', "$dir/effects.seq") { $cur = <$sf>; close $sf }
     my $n = (defined $cur && $cur =~ /^(\d+)/ ? $1 : 0) + 1;
-    seek $sf, 0, 0;
-    truncate $sf, 0;
-    print $sf "$n\n";
-    close $sf;
+    open my $nf, '>', "$dir/effects.seq.new" or die "effects.seq.new: $!";
+    print $nf "$n\n";
+    close $nf or die "effects.seq.new: $!";
+    rename "$dir/effects.seq.new", "$dir/effects.seq" or die "effects.seq: $!";
 
     $e->{n} = $n;
     open my $log, '>>', "$dir/effects.log" or die "effects.log: $!";
