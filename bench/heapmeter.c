@@ -241,6 +241,20 @@ hm_report(int signo __attribute__((unused)))
 }
 
 
+/*
+ * For a program that links this file in instead of preloading it
+ * (bench/fpbench.c): the bytes in use and the peak since the last call,
+ * which restarts the peak from the bytes in use.
+ */
+void
+heapmeter_window(long *cur, long *peak)
+{
+    *cur = hm_cur;
+    *peak = hm_peak;
+    hm_peak = hm_cur;
+}
+
+
 __attribute__((constructor))
 static void
 hm_init(void)

@@ -15,7 +15,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <cjson/cJSON.h>
 #include <openssl/evp.h>
 
 #include "idem_fingerprint.h"
@@ -289,125 +288,6 @@ fp_write_digest(idem_sink_t *out, const unsigned char *md)
 
 
 /*
- * The body's tree lives only while it is written, so its nodes come from
- * an arena released at once instead of one malloc() and free() each (a
- * fifth of the fingerprint's cost).  cJSON's allocator is process-wide:
- * it points at the arena only inside fp_write_json(), which runs to its
- * end without calling anything that could use cJSON elsewhere.
- */
-
-/* the tree takes about 9 bytes per body byte: the first chunk fits that */
-#define FP_ARENA_MIN    (2 * 1024)
-#define FP_ARENA_MAX    (1024 * 1024)
-
-typedef struct fp_chunk_s  fp_chunk_t;
-
-struct fp_chunk_s {
-    fp_chunk_t  *next;
-    size_t       used;
-    size_t       size;
-    /* the memory follows, 16-byte aligned */
-};
-
-static fp_chunk_t  *fp_arena;
-static size_t       fp_arena_next;
-static int          fp_arena_failed;
-
-
-static void *
-fp_arena_alloc(size_t n)
-{
-    size_t       size, hdr;
-    fp_chunk_t  *c;
-    char        *p;
-
-    hdr = (sizeof(fp_chunk_t) + 15) & ~(size_t) 15;
-    n = (n + 15) & ~(size_t) 15;
-    c = fp_arena;
-
-    if (c == NULL || c->size - c->used < n) {
-        size = n > fp_arena_next ? n : fp_arena_next;
-
-        if (fp_arena_next < FP_ARENA_MAX) {
-            fp_arena_next *= 2;
-        }
-
-        c = malloc(hdr + size);
-        if (c == NULL) {
-            fp_arena_failed = 1;
-            return NULL;
-        }
-
-        c->next = fp_arena;
-        c->used = 0;
-        c->size = size;
-        fp_arena = c;
-    }
-
-    p = (char *) c + hdr + c->used;
-    c->used += n;
-
-    return p;
-}
-
-
-static void
-fp_arena_free(void *p)
-{
-    (void) p;                   /* all of it goes with fp_arena_release() */
-}
-
-
-static void
-fp_arena_release(void)
-{
-    fp_chunk_t  *c, *next;
-
-    for (c = fp_arena; c; c = next) {
-        next = c->next;
-        free(c);
-    }
-
-    fp_arena = NULL;
-    fp_arena_failed = 0;
-}
-
-
-static idem_jcs_rc_t
-fp_write_json(const idem_fp_input_t *in, idem_sink_t *out)
-{
-    cJSON          *tree;
-    cJSON_Hooks     hooks;
-    idem_jcs_rc_t   rc;
-
-    fp_arena_next = in->body_len * 10;
-    fp_arena_next = fp_arena_next < FP_ARENA_MIN ? FP_ARENA_MIN
-                    : fp_arena_next > FP_ARENA_MAX ? FP_ARENA_MAX
-                    : fp_arena_next;
-
-    hooks.malloc_fn = fp_arena_alloc;
-    hooks.free_fn = fp_arena_free;
-    cJSON_InitHooks(&hooks);
-
-    rc = idem_jcs_parse(in->body, in->body_len, &tree);
-
-    if (rc == IDEM_JCS_OK) {
-        rc = idem_jcs_write_value(tree, out);
-        rc = (rc == IDEM_JCS_OK) ? IDEM_JCS_OK : IDEM_JCS_ESINK;
-    }
-
-    if (fp_arena_failed) {
-        rc = IDEM_JCS_ENOMEM;
-    }
-
-    cJSON_InitHooks(NULL);
-    fp_arena_release();
-
-    return rc;
-}
-
-
-/*
  * B: the canonical value of a JSON body, else the digest of the raw
  * bytes.  ENOMEM is not a property of the body: it fails the whole
  * fingerprint instead of falling back, or a retry under less memory
@@ -424,7 +304,7 @@ fp_write_body(const idem_fp_input_t *in, idem_sink_t *out,
     res->json_rc = IDEM_JCS_OK;
 
     if (in->body_json) {
-        rc = fp_write_json(in, out);
+        rc = idem_jcs_canonicalize(in->body, in->body_len, out);
 
         if (rc == IDEM_JCS_OK) {
             res->body_form = IDEM_BODY_JSON;

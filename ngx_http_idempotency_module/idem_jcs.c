@@ -21,6 +21,10 @@
  * canonical and writing it cannot fail except in the sink.
  */
 
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE             /* qsort_r() */
+#endif
+
 #include <float.h>
 #include <math.h>
 #include <stdint.h>
@@ -39,9 +43,16 @@ typedef struct {
     size_t   size;
 } jcs_buf_t;
 
+/* offsets into the direct writer's output are 32-bit */
+#define JCS_BUF_MAX  ((size_t) UINT32_MAX)
+
 typedef struct {
     const unsigned char  *p;
     const unsigned char  *end;
+} jcs_in_t;
+
+typedef struct {
+    jcs_in_t              in;
     jcs_buf_t             str;      /* decoded string or number text */
     jcs_buf_t             key;      /* pending member name */
     cJSON                *root;
@@ -278,6 +289,35 @@ jcs_put(idem_sink_t *out, const char *p, size_t n)
 }
 
 
+/*
+ * RFC 8785 3.2.2.2: the short escapes, else \u00xx in lowercase, for a
+ * control character, '"' or '\\'.  Returns the length written to esc.
+ */
+static size_t
+jcs_escape(uint32_t c, char esc[6])
+{
+    esc[0] = '\\';
+
+    switch (c) {
+    case '"':  esc[1] = '"';  return 2;
+    case '\\': esc[1] = '\\'; return 2;
+    case '\b': esc[1] = 'b';  return 2;
+    case '\f': esc[1] = 'f';  return 2;
+    case '\n': esc[1] = 'n';  return 2;
+    case '\r': esc[1] = 'r';  return 2;
+    case '\t': esc[1] = 't';  return 2;
+    }
+
+    esc[1] = 'u';
+    esc[2] = '0';
+    esc[3] = '0';
+    esc[4] = jcs_hex_digits[(c >> 4) & 0x0f];
+    esc[5] = jcs_hex_digits[c & 0x0f];
+
+    return 6;
+}
+
+
 int
 idem_jcs_write_string(idem_sink_t *out, const char *s, size_t len)
 {
@@ -307,26 +347,7 @@ idem_jcs_write_string(idem_sink_t *out, const char *s, size_t len)
             break;
         }
 
-        /* RFC 8785 3.2.2.2: the short escapes, else \u00xx in lowercase */
-        esc[0] = '\\';
-        n = 2;
-
-        switch (*p) {
-        case '"':  esc[1] = '"';  break;
-        case '\\': esc[1] = '\\'; break;
-        case '\b': esc[1] = 'b';  break;
-        case '\f': esc[1] = 'f';  break;
-        case '\n': esc[1] = 'n';  break;
-        case '\r': esc[1] = 'r';  break;
-        case '\t': esc[1] = 't';  break;
-        default:
-            esc[1] = 'u';
-            esc[2] = '0';
-            esc[3] = '0';
-            esc[4] = jcs_hex_digits[*p >> 4];
-            esc[5] = jcs_hex_digits[*p & 0x0f];
-            n = 6;
-        }
+        n = jcs_escape(*p, esc);
 
         if (jcs_put(out, esc, n) != 0) {
             return -1;
@@ -827,28 +848,49 @@ jcs_sort_object(cJSON *obj)
 }
 
 
-/* parser */
+/* parser: the pieces both the tree builder and the direct writer use */
 
 static int
-jcs_buf_add(jcs_buf_t *b, const void *p, size_t n)
+jcs_buf_grow(jcs_buf_t *b, size_t n)
 {
     size_t   size;
     char    *data;
 
-    if (b->size - b->len <= n) {
-        size = b->size ? b->size : 256;
+    if (b->size - b->len > n) {
+        return 0;
+    }
 
-        while (size - b->len <= n) {
-            size *= 2;
-        }
+    size = b->size ? b->size : 256;
 
-        data = realloc(b->data, size);
-        if (data == NULL) {
+    while (size - b->len <= n) {
+        size *= 2;
+    }
+
+    /* the direct writer keeps 32-bit offsets into its buffer */
+    if (size > JCS_BUF_MAX) {
+        size = JCS_BUF_MAX;
+        if (size - b->len <= n) {
             return -1;
         }
+    }
 
-        b->data = data;
-        b->size = size;
+    data = realloc(b->data, size);
+    if (data == NULL) {
+        return -1;
+    }
+
+    b->data = data;
+    b->size = size;
+
+    return 0;
+}
+
+
+static int
+jcs_buf_add(jcs_buf_t *b, const void *p, size_t n)
+{
+    if (jcs_buf_grow(b, n) != 0) {
+        return -1;
     }
 
     memcpy(b->data + b->len, p, n);
@@ -860,25 +902,25 @@ jcs_buf_add(jcs_buf_t *b, const void *p, size_t n)
 
 
 static void
-jcs_skip_ws(jcs_parser_t *ps)
+jcs_skip_ws(jcs_in_t *in)
 {
-    while (ps->p < ps->end
-           && (*ps->p == ' ' || *ps->p == '\t' || *ps->p == '\n'
-               || *ps->p == '\r'))
+    while (in->p < in->end
+           && (*in->p == ' ' || *in->p == '\t' || *in->p == '\n'
+               || *in->p == '\r'))
     {
-        ps->p++;
+        in->p++;
     }
 }
 
 
 /* An unexpected byte: say EUTF8 if it does not even start valid UTF-8. */
 static idem_jcs_rc_t
-jcs_unexpected(jcs_parser_t *ps)
+jcs_unexpected(jcs_in_t *in)
 {
     uint32_t  cp;
 
-    if (ps->p < ps->end && *ps->p >= 0x80
-        && jcs_utf8_seq(ps->p, ps->end - ps->p, &cp) == 0)
+    if (in->p < in->end && *in->p >= 0x80
+        && jcs_utf8_seq(in->p, in->end - in->p, &cp) == 0)
     {
         return IDEM_JCS_EUTF8;
     }
@@ -981,23 +1023,23 @@ jcs_parse_escape(const unsigned char **pp, const unsigned char *end,
 }
 
 
-/* ps->p is at the opening quote; the unescaped text goes into b */
+/*
+ * in->p is at the opening quote.  Appends the string to b: unescaped
+ * (canon == 0, for the tree), or as its JCS literal without the quotes
+ * (canon == 1).  *plain is cleared when the literal holds an escape or a
+ * supplementary character, the names a byte comparison cannot order.
+ */
 static idem_jcs_rc_t
-jcs_parse_string(jcs_parser_t *ps, jcs_buf_t *b)
+jcs_parse_string(jcs_in_t *in, jcs_buf_t *b, int canon, int *plain)
 {
     const unsigned char  *p, *end, *run;
-    unsigned char         utf8[4];
+    unsigned char         utf8[6];
     idem_jcs_rc_t         rc;
     uint32_t              cp;
     size_t                n;
 
-    p = ps->p + 1;
-    end = ps->end;
-    b->len = 0;
-
-    if (jcs_buf_add(b, "", 0) != 0) {
-        return IDEM_JCS_ENOMEM;
-    }
+    p = in->p + 1;
+    end = in->end;
 
     for ( ;; ) {
         run = p;
@@ -1028,7 +1070,17 @@ jcs_parse_string(jcs_parser_t *ps, jcs_buf_t *b)
                 return rc;
             }
 
-            n = jcs_utf8_encode(cp, utf8);
+            if (canon && (cp < 0x20 || cp == '"' || cp == '\\')) {
+                n = jcs_escape(cp, (char *) utf8);
+                *plain = 0;
+
+            } else {
+                n = jcs_utf8_encode(cp, utf8);
+                if (n == 4) {
+                    *plain = 0;
+                }
+            }
+
             if (jcs_buf_add(b, utf8, n) != 0) {
                 return IDEM_JCS_ENOMEM;
             }
@@ -1040,145 +1092,179 @@ jcs_parse_string(jcs_parser_t *ps, jcs_buf_t *b)
             return IDEM_JCS_EUTF8;
         }
 
+        if (n == 4) {
+            *plain = 0;
+        }
+
         if (jcs_buf_add(b, p, n) != 0) {
             return IDEM_JCS_ENOMEM;
         }
         p += n;
     }
 
-    ps->p = p + 1;
+    in->p = p + 1;
     return IDEM_JCS_OK;
 }
 
 
 static int
-jcs_digits(jcs_parser_t *ps)
+jcs_digits(jcs_in_t *in)
 {
     const unsigned char  *start;
 
-    start = ps->p;
+    start = in->p;
 
-    while (ps->p < ps->end && *ps->p >= '0' && *ps->p <= '9') {
-        ps->p++;
+    while (in->p < in->end && *in->p >= '0' && *in->p <= '9') {
+        in->p++;
     }
 
-    return ps->p > start;
+    return in->p > start;
 }
 
 
-/* RFC 8259 section 6 grammar, then strtod() on the whole token */
+/* RFC 8259 section 6 grammar: steps over one number token */
 static idem_jcs_rc_t
-jcs_parse_number(jcs_parser_t *ps, cJSON **item)
+jcs_scan_number(jcs_in_t *in)
 {
-    const unsigned char  *start;
-    char                 *endp;
-    double                d;
-
-    start = ps->p;
-
-    if (*ps->p == '-') {
-        ps->p++;
+    if (*in->p == '-') {
+        in->p++;
     }
 
-    if (ps->p < ps->end && *ps->p == '0') {
-        ps->p++;            /* a leading zero stands alone */
+    if (in->p < in->end && *in->p == '0') {
+        in->p++;            /* a leading zero stands alone */
 
-    } else if (!jcs_digits(ps)) {
+    } else if (!jcs_digits(in)) {
         return IDEM_JCS_ESYNTAX;
     }
 
-    if (ps->p < ps->end && *ps->p == '.') {
-        ps->p++;
-        if (!jcs_digits(ps)) {
+    if (in->p < in->end && *in->p == '.') {
+        in->p++;
+        if (!jcs_digits(in)) {
             return IDEM_JCS_ESYNTAX;
         }
     }
 
-    if (ps->p < ps->end && (*ps->p == 'e' || *ps->p == 'E')) {
-        ps->p++;
-        if (ps->p < ps->end && (*ps->p == '+' || *ps->p == '-')) {
-            ps->p++;
+    if (in->p < in->end && (*in->p == 'e' || *in->p == 'E')) {
+        in->p++;
+        if (in->p < in->end && (*in->p == '+' || *in->p == '-')) {
+            in->p++;
         }
-        if (!jcs_digits(ps)) {
+        if (!jcs_digits(in)) {
             return IDEM_JCS_ESYNTAX;
         }
     }
 
-    ps->str.len = 0;
-    if (jcs_buf_add(&ps->str, start, ps->p - start) != 0) {
+    return IDEM_JCS_OK;
+}
+
+
+/* strtod() on the whole token [s, e), through the NUL-terminated tmp */
+static idem_jcs_rc_t
+jcs_number_value(const unsigned char *s, const unsigned char *e,
+    jcs_buf_t *tmp, double *d)
+{
+    char  *endp;
+
+    tmp->len = 0;
+    if (jcs_buf_add(tmp, s, e - s) != 0) {
         return IDEM_JCS_ENOMEM;
     }
 
-    d = strtod(ps->str.data, &endp);
+    *d = strtod(tmp->data, &endp);
 
     /*
      * strtod() stopping early can only mean a locale whose decimal
      * point is not '.'; refuse rather than read a different number.
      */
-    if (endp != ps->str.data + ps->str.len || !isfinite(d)) {
+    if (endp != tmp->data + tmp->len || !isfinite(*d)) {
         return IDEM_JCS_ENUMBER;
     }
 
-    *item = cJSON_CreateNumber(d);
-
-    return (*item == NULL) ? IDEM_JCS_ENOMEM : IDEM_JCS_OK;
+    return IDEM_JCS_OK;
 }
 
 
+/* the literal word at in->p, or ESYNTAX */
 static idem_jcs_rc_t
-jcs_parse_literal(jcs_parser_t *ps, const char *word, cJSON **item)
+jcs_literal(jcs_in_t *in, const char **word, size_t *len)
 {
-    size_t  n;
+    switch (*in->p) {
+    case 't':  *word = "true";  *len = 4; break;
+    case 'f':  *word = "false"; *len = 5; break;
+    default:   *word = "null";  *len = 4; break;
+    }
 
-    n = strlen(word);
-
-    if ((size_t) (ps->end - ps->p) < n || memcmp(ps->p, word, n) != 0) {
+    if ((size_t) (in->end - in->p) < *len
+        || memcmp(in->p, *word, *len) != 0)
+    {
         return IDEM_JCS_ESYNTAX;
     }
 
-    ps->p += n;
-
-    switch (word[0]) {
-    case 't':  *item = cJSON_CreateTrue();  break;
-    case 'f':  *item = cJSON_CreateFalse(); break;
-    default:   *item = cJSON_CreateNull();  break;
-    }
-
-    return (*item == NULL) ? IDEM_JCS_ENOMEM : IDEM_JCS_OK;
+    in->p += *len;
+    return IDEM_JCS_OK;
 }
 
+
+/* tree builder: idem_jcs_parse() */
 
 static idem_jcs_rc_t
 jcs_parse_scalar(jcs_parser_t *ps, cJSON **item)
 {
-    idem_jcs_rc_t  rc;
+    const unsigned char  *start;
+    const char           *word;
+    idem_jcs_rc_t         rc;
+    double                d;
+    size_t                n;
+    int                   plain;
 
-    switch (*ps->p) {
+    start = ps->in.p;
+    *item = NULL;
+
+    switch (*start) {
     case '"':
-        rc = jcs_parse_string(ps, &ps->str);
+        ps->str.len = 0;
+        if (jcs_buf_add(&ps->str, "", 0) != 0) {
+            return IDEM_JCS_ENOMEM;
+        }
+
+        rc = jcs_parse_string(&ps->in, &ps->str, 0, &plain);
         if (rc != IDEM_JCS_OK) {
             return rc;
         }
 
         *item = cJSON_CreateString(ps->str.data);
-        return (*item == NULL) ? IDEM_JCS_ENOMEM : IDEM_JCS_OK;
+        break;
 
     case 't':
-        return jcs_parse_literal(ps, "true", item);
-
     case 'f':
-        return jcs_parse_literal(ps, "false", item);
-
     case 'n':
-        return jcs_parse_literal(ps, "null", item);
-
-    default:
-        if (*ps->p == '-' || (*ps->p >= '0' && *ps->p <= '9')) {
-            return jcs_parse_number(ps, item);
+        rc = jcs_literal(&ps->in, &word, &n);
+        if (rc != IDEM_JCS_OK) {
+            return rc;
         }
 
-        return jcs_unexpected(ps);
+        *item = (*start == 'n') ? cJSON_CreateNull()
+                                : cJSON_CreateBool(*start == 't');
+        break;
+
+    default:
+        if (*start != '-' && (*start < '0' || *start > '9')) {
+            return jcs_unexpected(&ps->in);
+        }
+
+        rc = jcs_scan_number(&ps->in);
+        if (rc == IDEM_JCS_OK) {
+            rc = jcs_number_value(start, ps->in.p, &ps->str, &d);
+        }
+
+        if (rc != IDEM_JCS_OK) {
+            return rc;
+        }
+
+        *item = cJSON_CreateNumber(d);
     }
+
+    return (*item == NULL) ? IDEM_JCS_ENOMEM : IDEM_JCS_OK;
 }
 
 
@@ -1187,25 +1273,31 @@ static idem_jcs_rc_t
 jcs_parse_key(jcs_parser_t *ps)
 {
     idem_jcs_rc_t  rc;
+    int            plain;
 
-    jcs_skip_ws(ps);
+    jcs_skip_ws(&ps->in);
 
-    if (ps->p == ps->end || *ps->p != '"') {
-        return jcs_unexpected(ps);
+    if (ps->in.p == ps->in.end || *ps->in.p != '"') {
+        return jcs_unexpected(&ps->in);
     }
 
-    rc = jcs_parse_string(ps, &ps->key);
+    ps->key.len = 0;
+    if (jcs_buf_add(&ps->key, "", 0) != 0) {
+        return IDEM_JCS_ENOMEM;
+    }
+
+    rc = jcs_parse_string(&ps->in, &ps->key, 0, &plain);
     if (rc != IDEM_JCS_OK) {
         return rc;
     }
 
-    jcs_skip_ws(ps);
+    jcs_skip_ws(&ps->in);
 
-    if (ps->p == ps->end || *ps->p != ':') {
-        return jcs_unexpected(ps);
+    if (ps->in.p == ps->in.end || *ps->in.p != ':') {
+        return jcs_unexpected(&ps->in);
     }
 
-    ps->p++;
+    ps->in.p++;
     return IDEM_JCS_OK;
 }
 
@@ -1239,7 +1331,7 @@ jcs_attach(jcs_parser_t *ps, cJSON *item)
 }
 
 
-/* '[' or '{' at ps->p; *done is set when the container was empty */
+/* '[' or '{' at ps->in.p; *done is set when the container was empty */
 static idem_jcs_rc_t
 jcs_open(jcs_parser_t *ps, int *done)
 {
@@ -1251,7 +1343,7 @@ jcs_open(jcs_parser_t *ps, int *done)
         return IDEM_JCS_EDEPTH;
     }
 
-    object = (*ps->p++ == '{');
+    object = (*ps->in.p++ == '{');
     item = object ? cJSON_CreateObject() : cJSON_CreateArray();
     if (item == NULL) {
         return IDEM_JCS_ENOMEM;
@@ -1262,10 +1354,10 @@ jcs_open(jcs_parser_t *ps, int *done)
         return rc;
     }
 
-    jcs_skip_ws(ps);
+    jcs_skip_ws(&ps->in);
 
-    if (ps->p < ps->end && *ps->p == (object ? '}' : ']')) {
-        ps->p++;
+    if (ps->in.p < ps->in.end && *ps->in.p == (object ? '}' : ']')) {
+        ps->in.p++;
         *done = 1;
         return IDEM_JCS_OK;
     }
@@ -1290,31 +1382,32 @@ jcs_after_value(jcs_parser_t *ps, int *more)
     int             object;
 
     for ( ;; ) {
-        jcs_skip_ws(ps);
+        jcs_skip_ws(&ps->in);
 
         if (ps->depth == 0) {
             *more = 0;
-            return (ps->p == ps->end) ? IDEM_JCS_OK : jcs_unexpected(ps);
+            return (ps->in.p == ps->in.end) ? IDEM_JCS_OK
+                                            : jcs_unexpected(&ps->in);
         }
 
-        if (ps->p == ps->end) {
+        if (ps->in.p == ps->in.end) {
             return IDEM_JCS_ESYNTAX;
         }
 
         top = ps->stack[ps->depth - 1];
         object = cJSON_IsObject(top);
 
-        if (*ps->p == ',') {
-            ps->p++;
+        if (*ps->in.p == ',') {
+            ps->in.p++;
             *more = 1;
             return object ? jcs_parse_key(ps) : IDEM_JCS_OK;
         }
 
-        if (*ps->p != (object ? '}' : ']')) {
-            return jcs_unexpected(ps);
+        if (*ps->in.p != (object ? '}' : ']')) {
+            return jcs_unexpected(&ps->in);
         }
 
-        ps->p++;
+        ps->in.p++;
         ps->depth--;
 
         if (object) {
@@ -1336,13 +1429,13 @@ jcs_parse_text(jcs_parser_t *ps)
     int             more, done;
 
     do {
-        jcs_skip_ws(ps);
+        jcs_skip_ws(&ps->in);
 
-        if (ps->p == ps->end) {
+        if (ps->in.p == ps->in.end) {
             return IDEM_JCS_ESYNTAX;
         }
 
-        if (*ps->p == '{' || *ps->p == '[') {
+        if (*ps->in.p == '{' || *ps->in.p == '[') {
             rc = jcs_open(ps, &done);
             if (rc != IDEM_JCS_OK) {
                 return rc;
@@ -1383,8 +1476,8 @@ idem_jcs_parse(const char *in, size_t len, struct cJSON **tree)
     idem_jcs_rc_t  rc;
 
     memset(&ps, 0, sizeof(jcs_parser_t));
-    ps.p = (const unsigned char *) in;
-    ps.end = ps.p + len;
+    ps.in.p = (const unsigned char *) in;
+    ps.in.end = ps.in.p + len;
 
     rc = jcs_parse_text(&ps);
 
@@ -1579,19 +1672,632 @@ idem_jcs_write_value(const struct cJSON *v, idem_sink_t *out)
 }
 
 
-idem_jcs_rc_t
-idem_jcs_canonicalize(const char *in, size_t len, idem_sink_t *out)
-{
-    cJSON          *tree;
-    idem_jcs_rc_t   rc;
+/*
+ * Direct writer: idem_jcs_canonicalize().  The same grammar as the tree
+ * builder, but every token goes straight into one output buffer in its
+ * canonical form, and an object's members are put in order when it
+ * closes by moving their bytes, so no tree is built: the memory is the
+ * canonical text, one record per member of the objects still open, and
+ * a scratch copy of the largest object that was out of order.
+ */
 
-    rc = idem_jcs_parse(in, len, &tree);
+#define JCS_NAME_COMPLEX  0x80000000u   /* escapes or supplementary chars */
+
+typedef struct {
+    uint32_t   name;        /* offset of the name's opening quote */
+    uint32_t   name_len;    /* with the quotes; | JCS_NAME_COMPLEX */
+    uint32_t   end;         /* offset just past the member's value */
+} jcs_rec_t;
+
+typedef struct {
+    uint32_t   start;       /* offset of the '{' or '[' */
+    uint32_t   first;       /* the object's first member record */
+    int        object;
+    int        sorted;      /* names so far in strictly increasing order */
+} jcs_frame_t;
+
+typedef struct {
+    jcs_in_t      in;
+    jcs_buf_t     out;      /* the canonical text so far */
+    jcs_buf_t     tmp;      /* number tokens; a reordered object */
+    jcs_rec_t    *recs;
+    size_t        nrecs;
+    size_t        recs_size;
+    int           depth;
+    jcs_frame_t   frames[IDEM_JCS_MAX_DEPTH];
+} jcs_canon_t;
+
+
+static int
+jcs_put1(jcs_buf_t *b, char c)
+{
+    if (b->size - b->len <= 1 && jcs_buf_grow(b, 1) != 0) {
+        return -1;
+    }
+
+    b->data[b->len++] = c;
+    return 0;
+}
+
+
+/* One code point of a canonical string literal (escapes decoded). */
+static size_t
+jcs_canon_cp(const unsigned char *p, const unsigned char *end, uint32_t *cp)
+{
+    uint32_t  v;
+
+    if (*p != '\\') {
+        return jcs_utf8_seq(p, end - p, cp);    /* validated when parsed */
+    }
+
+    switch (p[1]) {
+    case 'b':  *cp = '\b'; return 2;
+    case 'f':  *cp = '\f'; return 2;
+    case 'n':  *cp = '\n'; return 2;
+    case 'r':  *cp = '\r'; return 2;
+    case 't':  *cp = '\t'; return 2;
+    case 'u':
+        (void) jcs_hex4(p + 2, end, &v);
+        *cp = v;
+        return 6;
+    default:
+        *cp = p[1];     /* '"' or '\\' */
+        return 2;
+    }
+}
+
+
+/* RFC 8785 3.2.3 order of two member names, given as canonical literals */
+static int
+jcs_name_cmp(const char *base, const jcs_rec_t *a, const jcs_rec_t *b)
+{
+    const unsigned char  *pa, *pb, *ea, *eb;
+    uint32_t              la, lb, ca, cb, ka, kb;
+    size_t                na, nb;
+    int                   rc;
+
+    la = (a->name_len & ~JCS_NAME_COMPLEX) - 2;
+    lb = (b->name_len & ~JCS_NAME_COMPLEX) - 2;
+    pa = (const unsigned char *) base + a->name + 1;
+    pb = (const unsigned char *) base + b->name + 1;
+
+    if (!((a->name_len | b->name_len) & JCS_NAME_COMPLEX)) {
+        /* BMP text without escapes: byte order is UTF-16 order */
+        rc = memcmp(pa, pb, la < lb ? la : lb);
+        return rc ? rc : (la < lb) ? -1 : (la > lb);
+    }
+
+    ea = pa + la;
+    eb = pb + lb;
+
+    while (pa < ea && pb < eb) {
+        na = jcs_canon_cp(pa, ea, &ca);
+        nb = jcs_canon_cp(pb, eb, &cb);
+
+        if (ca != cb) {
+            ka = jcs_utf16_lead(ca);
+            kb = jcs_utf16_lead(cb);
+
+            if (ka == kb) {
+                ka = ca;
+                kb = cb;
+            }
+
+            return (ka < kb) ? -1 : 1;
+        }
+
+        pa += na;
+        pb += nb;
+    }
+
+    return (pa < ea) - (pb < eb);
+}
+
+
+static int
+jcs_rec_cmp(const void *a, const void *b, void *base)
+{
+    return jcs_name_cmp(base, a, b);
+}
+
+
+/* A name and its colon; its record waits on the stack for the value. */
+static idem_jcs_rc_t
+jcs_canon_name(jcs_canon_t *c)
+{
+    jcs_rec_t      *r;
+    idem_jcs_rc_t   rc;
+    size_t          start, size;
+    int             plain;
+
+    jcs_skip_ws(&c->in);
+
+    if (c->in.p == c->in.end || *c->in.p != '"') {
+        return jcs_unexpected(&c->in);
+    }
+
+    if (c->nrecs == c->recs_size) {
+        size = c->recs_size ? 2 * c->recs_size : 64;
+        r = realloc(c->recs, size * sizeof(jcs_rec_t));
+        if (r == NULL) {
+            return IDEM_JCS_ENOMEM;
+        }
+
+        c->recs = r;
+        c->recs_size = size;
+    }
+
+    start = c->out.len;
+    plain = 1;
+
+    if (jcs_put1(&c->out, '"') != 0) {
+        return IDEM_JCS_ENOMEM;
+    }
+
+    rc = jcs_parse_string(&c->in, &c->out, 1, &plain);
     if (rc != IDEM_JCS_OK) {
         return rc;
     }
 
-    rc = idem_jcs_write_value(tree, out);
-    cJSON_Delete(tree);
+    if (jcs_put1(&c->out, '"') != 0) {
+        return IDEM_JCS_ENOMEM;
+    }
+
+    r = &c->recs[c->nrecs++];
+    r->name = (uint32_t) start;
+    r->name_len = (uint32_t) (c->out.len - start)
+                  | (plain ? 0 : JCS_NAME_COMPLEX);
+
+    jcs_skip_ws(&c->in);
+
+    if (c->in.p == c->in.end || *c->in.p != ':') {
+        return jcs_unexpected(&c->in);
+    }
+
+    c->in.p++;
+
+    return (jcs_put1(&c->out, ':') != 0) ? IDEM_JCS_ENOMEM : IDEM_JCS_OK;
+}
+
+
+/*
+ * Canonical text of a number token without strtod() when it already is
+ * one: no exponent, at most 15 significant digits (so it is the shortest
+ * form of its double, DBL_DIG), and a magnitude ECMAScript prints without
+ * an exponent (1e-6 <= |x| < 1e21).  Returns 0 when the token does not
+ * qualify.  Trailing fraction zeros go, and -0 is 0.
+ */
+static int
+jcs_number_copy(const unsigned char *s, const unsigned char *e,
+    jcs_buf_t *out)
+{
+    const unsigned char  *p, *ip, *ie, *fp, *fe;
+    size_t                z;
+
+    p = s + (*s == '-');
+    ip = p;
+
+    while (p < e && *p >= '0' && *p <= '9') {
+        p++;
+    }
+
+    ie = p;
+    fp = fe = p;
+
+    if (p < e && *p == '.') {
+        fp = ++p;
+        while (p < e && *p >= '0' && *p <= '9') {
+            p++;
+        }
+        fe = p;
+    }
+
+    if (p != e) {
+        return 0;               /* an exponent */
+    }
+
+    while (fe > fp && fe[-1] == '0') {
+        fe--;
+    }
+
+    z = 0;
+
+    if (*ip == '0') {
+        if (fe == fp) {
+            return jcs_put1(out, '0') == 0;
+        }
+
+        while (fp + z < fe && fp[z] == '0') {
+            z++;
+        }
+
+        if (z > 5 || (fe - fp) - z > 15) {
+            return 0;
+        }
+
+    } else if ((ie - ip) + (fe - fp) > 15) {
+        return 0;
+    }
+
+    if (jcs_buf_grow(out, (e - s) + 1) != 0) {
+        return -1;
+    }
+
+    if (*s == '-') {
+        out->data[out->len++] = '-';
+    }
+
+    memcpy(out->data + out->len, ip, ie - ip);
+    out->len += ie - ip;
+
+    if (fe > fp) {
+        out->data[out->len++] = '.';
+        memcpy(out->data + out->len, fp, fe - fp);
+        out->len += fe - fp;
+    }
+
+    return 1;
+}
+
+
+static idem_jcs_rc_t
+jcs_canon_number(jcs_canon_t *c)
+{
+    const unsigned char  *start;
+    idem_jcs_rc_t         rc;
+    double                d;
+    size_t                n;
+    int                   done;
+
+    start = c->in.p;
+
+    rc = jcs_scan_number(&c->in);
+    if (rc != IDEM_JCS_OK) {
+        return rc;
+    }
+
+    done = jcs_number_copy(start, c->in.p, &c->out);
+    if (done != 0) {
+        return (done < 0) ? IDEM_JCS_ENOMEM : IDEM_JCS_OK;
+    }
+
+    rc = jcs_number_value(start, c->in.p, &c->tmp, &d);
+    if (rc != IDEM_JCS_OK) {
+        return rc;
+    }
+
+    if (jcs_buf_grow(&c->out, IDEM_JCS_NUMBER_MAX) != 0) {
+        return IDEM_JCS_ENOMEM;
+    }
+
+    n = idem_jcs_format_number(d, c->out.data + c->out.len);
+    c->out.len += n;
+
+    return IDEM_JCS_OK;
+}
+
+
+static idem_jcs_rc_t
+jcs_canon_scalar(jcs_canon_t *c)
+{
+    const char     *word;
+    idem_jcs_rc_t   rc;
+    size_t          n;
+    int             plain;
+
+    switch (*c->in.p) {
+    case '"':
+        if (jcs_put1(&c->out, '"') != 0) {
+            return IDEM_JCS_ENOMEM;
+        }
+
+        rc = jcs_parse_string(&c->in, &c->out, 1, &plain);
+        if (rc != IDEM_JCS_OK) {
+            return rc;
+        }
+
+        return (jcs_put1(&c->out, '"') != 0) ? IDEM_JCS_ENOMEM
+                                              : IDEM_JCS_OK;
+
+    case 't':
+    case 'f':
+    case 'n':
+        rc = jcs_literal(&c->in, &word, &n);
+        if (rc != IDEM_JCS_OK) {
+            return rc;
+        }
+
+        return (jcs_buf_add(&c->out, word, n) != 0) ? IDEM_JCS_ENOMEM
+                                                     : IDEM_JCS_OK;
+
+    default:
+        if (*c->in.p == '-' || (*c->in.p >= '0' && *c->in.p <= '9')) {
+            return jcs_canon_number(c);
+        }
+
+        return jcs_unexpected(&c->in);
+    }
+}
+
+
+/* '[' or '{' at c->in.p; *done is set when the container was empty */
+static idem_jcs_rc_t
+jcs_canon_open(jcs_canon_t *c, int *done)
+{
+    jcs_frame_t  *f;
+    int           object;
+
+    if (c->depth == IDEM_JCS_MAX_DEPTH) {
+        return IDEM_JCS_EDEPTH;
+    }
+
+    object = (*c->in.p == '{');
+    f = &c->frames[c->depth];
+    f->start = (uint32_t) c->out.len;
+
+    if (jcs_put1(&c->out, (char) *c->in.p++) != 0) {
+        return IDEM_JCS_ENOMEM;
+    }
+
+    jcs_skip_ws(&c->in);
+
+    if (c->in.p < c->in.end && *c->in.p == (object ? '}' : ']')) {
+        *done = 1;
+        return (jcs_put1(&c->out, (char) *c->in.p++) != 0)
+               ? IDEM_JCS_ENOMEM : IDEM_JCS_OK;
+    }
+
+    f->first = (uint32_t) c->nrecs;
+    f->object = object;
+    f->sorted = 1;
+    c->depth++;
+    *done = 0;
+
+    return object ? jcs_canon_name(c) : IDEM_JCS_OK;
+}
+
+
+/* The value of the object's newest member ended at the current offset. */
+static void
+jcs_canon_member_end(jcs_canon_t *c, jcs_frame_t *f)
+{
+    jcs_rec_t  *r;
+
+    r = &c->recs[c->nrecs - 1];
+    r->end = (uint32_t) c->out.len;
+
+    /* equal names are left for the sort, so EDUP comes when it closes */
+    if (f->sorted && c->nrecs - 1 > f->first
+        && jcs_name_cmp(c->out.data, r - 1, r) >= 0)
+    {
+        f->sorted = 0;
+    }
+}
+
+
+/*
+ * Puts the members of a closing object in order: sorts their records,
+ * finds duplicates as equal neighbours, and, unless it is the root (whose
+ * records idem_jcs_canonicalize() writes out in order), rewrites the
+ * object's bytes in place through a scratch copy.
+ */
+static idem_jcs_rc_t
+jcs_canon_sort(jcs_canon_t *c, jcs_frame_t *f)
+{
+    jcs_rec_t  *r;
+    size_t      n, i, len, from;
+    char       *p;
+
+    r = &c->recs[f->first];
+    n = c->nrecs - f->first;
+
+    qsort_r(r, n, sizeof(jcs_rec_t), jcs_rec_cmp, c->out.data);
+
+    for (i = 1; i < n; i++) {
+        if (jcs_name_cmp(c->out.data, &r[i - 1], &r[i]) == 0) {
+            return IDEM_JCS_EDUP;
+        }
+    }
+
+    if (c->depth == 0) {
+        return IDEM_JCS_OK;
+    }
+
+    from = f->start + 1;
+    len = c->out.len - from;
+
+    c->tmp.len = 0;
+    if (jcs_buf_grow(&c->tmp, len) != 0) {
+        return IDEM_JCS_ENOMEM;
+    }
+
+    p = c->tmp.data;
+
+    for (i = 0; i < n; i++) {
+        if (i > 0) {
+            *p++ = ',';
+        }
+
+        memcpy(p, c->out.data + r[i].name, r[i].end - r[i].name);
+        p += r[i].end - r[i].name;
+    }
+
+    memcpy(c->out.data + from, c->tmp.data, len);
+
+    return IDEM_JCS_OK;
+}
+
+
+/*
+ * After a complete value: close the containers that end here, then
+ * either step over a comma (*more = 1) or reach the end (*more = 0).
+ */
+static idem_jcs_rc_t
+jcs_canon_after_value(jcs_canon_t *c, int *more)
+{
+    jcs_frame_t    *f;
+    idem_jcs_rc_t   rc;
+
+    for ( ;; ) {
+        jcs_skip_ws(&c->in);
+
+        if (c->depth == 0) {
+            *more = 0;
+            return (c->in.p == c->in.end) ? IDEM_JCS_OK
+                                          : jcs_unexpected(&c->in);
+        }
+
+        if (c->in.p == c->in.end) {
+            return IDEM_JCS_ESYNTAX;
+        }
+
+        f = &c->frames[c->depth - 1];
+
+        if (f->object) {
+            jcs_canon_member_end(c, f);
+        }
+
+        if (*c->in.p == ',') {
+            c->in.p++;
+            *more = 1;
+
+            if (jcs_put1(&c->out, ',') != 0) {
+                return IDEM_JCS_ENOMEM;
+            }
+
+            return f->object ? jcs_canon_name(c) : IDEM_JCS_OK;
+        }
+
+        if (*c->in.p != (f->object ? '}' : ']')) {
+            return jcs_unexpected(&c->in);
+        }
+
+        c->in.p++;
+        c->depth--;
+
+        if (f->object && !f->sorted) {
+            rc = jcs_canon_sort(c, f);
+            if (rc != IDEM_JCS_OK) {
+                return rc;
+            }
+        }
+
+        if (f->object && c->depth > 0) {
+            c->nrecs = f->first;
+        }
+
+        if (jcs_put1(&c->out, f->object ? '}' : ']') != 0) {
+            return IDEM_JCS_ENOMEM;
+        }
+    }
+}
+
+
+static idem_jcs_rc_t
+jcs_canon_text(jcs_canon_t *c)
+{
+    idem_jcs_rc_t  rc;
+    int            more, done;
+
+    do {
+        jcs_skip_ws(&c->in);
+
+        if (c->in.p == c->in.end) {
+            return IDEM_JCS_ESYNTAX;
+        }
+
+        if (*c->in.p == '{' || *c->in.p == '[') {
+            rc = jcs_canon_open(c, &done);
+            if (rc != IDEM_JCS_OK) {
+                return rc;
+            }
+
+            if (!done) {
+                more = 1;
+                continue;       /* the first element */
+            }
+
+        } else {
+            rc = jcs_canon_scalar(c);
+            if (rc != IDEM_JCS_OK) {
+                return rc;
+            }
+        }
+
+        rc = jcs_canon_after_value(c, &more);
+        if (rc != IDEM_JCS_OK) {
+            return rc;
+        }
+
+    } while (more);
+
+    return IDEM_JCS_OK;
+}
+
+
+/* A root object out of order goes out member by member, never copied. */
+static int
+jcs_canon_write_root(jcs_canon_t *c, idem_sink_t *out)
+{
+    jcs_rec_t  *r;
+    size_t      i;
+
+    if (jcs_put(out, "{", 1) != 0) {
+        return -1;
+    }
+
+    for (i = 0; i < c->nrecs; i++) {
+        r = &c->recs[i];
+
+        if ((i > 0 && jcs_put(out, ",", 1) != 0)
+            || jcs_put(out, c->out.data + r->name, r->end - r->name) != 0)
+        {
+            return -1;
+        }
+    }
+
+    return jcs_put(out, "}", 1);
+}
+
+
+idem_jcs_rc_t
+idem_jcs_canonicalize(const char *in, size_t len, idem_sink_t *out)
+{
+    jcs_canon_t    c;
+    idem_jcs_rc_t  rc;
+    int            root_sorted;
+
+    memset(&c, 0, sizeof(jcs_canon_t));
+    c.in.p = (const unsigned char *) in;
+    c.in.end = c.in.p + len;
+
+    /* the canonical text is rarely longer than the input: one allocation */
+    if (len >= JCS_BUF_MAX - 64) {
+        return IDEM_JCS_ENOMEM;
+    }
+
+    c.out.size = len + 64;
+    c.out.data = malloc(c.out.size);
+    if (c.out.data == NULL) {
+        return IDEM_JCS_ENOMEM;
+    }
+
+    rc = jcs_canon_text(&c);
+
+    if (rc == IDEM_JCS_OK) {
+        root_sorted = (c.out.data[0] != '{' || c.frames[0].sorted
+                       || c.nrecs == 0);
+
+        if ((root_sorted ? jcs_put(out, c.out.data, c.out.len)
+                         : jcs_canon_write_root(&c, out)) != 0)
+        {
+            rc = IDEM_JCS_ESINK;
+        }
+    }
+
+    free(c.out.data);
+    free(c.tmp.data);
+    free(c.recs);
 
     return rc;
 }

@@ -614,11 +614,18 @@ test_tree_api(void)
            "foreign tree deeper than 128 -> EDEPTH");
     cJSON_Delete(obj);
 
-    /* the sink failing on its third write */
+    /* the sink failing: the text goes out in one write when in order... */
     m.len = 0;
-    m.fail_after = 3;
+    m.fail_after = 1;
     rc = idem_jcs_canonicalize("{\"a\":[1,2,3]}", 13, &sink);
     is_int(rc, IDEM_JCS_ESINK, "sink failure -> ESINK");
+
+    /* ...and member by member when the root object was out of order */
+    m.len = 0;
+    m.fail_after = 3;
+    rc = idem_jcs_canonicalize("{\"b\":1,\"a\":[2]}", 15, &sink);
+    is_int(rc, IDEM_JCS_ESINK, "sink failure on a reordered root -> ESINK");
+    m.fail_after = 0;
 
     free(m.data);
 
@@ -628,6 +635,233 @@ test_tree_api(void)
         }
     }
     ok(i == IDEM_JCS_ESINK + 1, "every rc has a message");
+}
+
+
+/*
+ * The direct writer (idem_jcs_canonicalize) against the tree path
+ * (idem_jcs_parse + idem_jcs_write_value) on generated input: the same
+ * rc and the same bytes.  The generator leans on what the direct writer
+ * does differently: numbers copied without strtod(), names compared as
+ * canonical literals, objects reordered in place, the root written out
+ * member by member.
+ */
+
+static uint64_t  gen_state = 0x9e3779b97f4a7c15ull;
+
+
+static unsigned
+gen_rand(unsigned n)
+{
+    gen_state ^= gen_state << 13;
+    gen_state ^= gen_state >> 7;
+    gen_state ^= gen_state << 17;
+
+    return (unsigned) (gen_state % n);
+}
+
+
+static void
+gen_add(mem_t *m, const char *s)
+{
+    idem_sink_t  sink;
+
+    sink.write = mem_write;
+    sink.data = m;
+    (void) mem_write(&sink, s, strlen(s));
+}
+
+
+static void
+gen_digits(mem_t *m, unsigned n, int lead_nonzero)
+{
+    char  d[2] = "0";
+
+    while (n--) {
+        /* zeros are frequent: trailing and leading zeros matter */
+        d[0] = (char) ('0' + (gen_rand(3) == 0 ? 0 : gen_rand(10)));
+        if (lead_nonzero && d[0] == '0') {
+            d[0] = (char) ('1' + gen_rand(9));
+        }
+        lead_nonzero = 0;
+        gen_add(m, d);
+    }
+}
+
+
+static void
+gen_number(mem_t *m)
+{
+    char  e[8];
+
+    if (gen_rand(2)) {
+        gen_add(m, "-");
+    }
+
+    if (gen_rand(3) == 0) {
+        gen_add(m, "0");
+    } else {
+        gen_digits(m, 1 + gen_rand(gen_rand(4) ? 8 : 22), 1);
+    }
+
+    if (gen_rand(2)) {
+        gen_add(m, ".");
+        gen_digits(m, 1 + gen_rand(gen_rand(3) ? 6 : 20), 0);
+    }
+
+    if (gen_rand(6) == 0) {
+        snprintf(e, sizeof(e), "%s%s%u", gen_rand(2) ? "e" : "E",
+                 gen_rand(2) ? "-" : (gen_rand(2) ? "+" : ""), gen_rand(30));
+        gen_add(m, e);
+    }
+}
+
+
+static const char  *gen_names[] = {
+    "a", "b", "ab", "a!", "", "\\u0001", "\\\"", "\\\\", "\\n", "\\/",
+    "\xc3\xa9", "\\u00e9", "\xee\x80\x80", "\\ue000", "\xf0\x9f\x98\x80",
+    "\\ud83d\\ude00", "\\uffff", "\xef\xbf\xbf", "a\\u0000b", "zz", "z\\u001f",
+    "\xf0\x90\x80\x80", "\\ud800\\udc00", "B", "aa",
+};
+
+
+static void
+gen_value(mem_t *m, int depth)
+{
+    unsigned  i, n, k;
+
+    k = gen_rand(depth > 5 ? 3 : 6);
+
+    switch (k) {
+    case 0:
+        gen_number(m);
+        return;
+
+    case 1:
+        gen_add(m, gen_rand(2) ? "true" : (gen_rand(2) ? "false" : "null"));
+        return;
+
+    case 2:
+        gen_add(m, "\"");
+        gen_add(m, gen_names[gen_rand(sizeof(gen_names) / sizeof(char *))]);
+        gen_add(m, "\"");
+        return;
+
+    case 3:
+        n = gen_rand(5);
+        gen_add(m, "[");
+        for (i = 0; i < n; i++) {
+            gen_add(m, i ? (gen_rand(4) ? "," : " ,\n") : "");
+            gen_value(m, depth + 1);
+        }
+        gen_add(m, "]");
+        return;
+
+    default:
+        /* a name repeats now and then: EDUP, found when the object closes */
+        n = gen_rand(7);
+        gen_add(m, gen_rand(4) ? "{" : "{ ");
+        for (i = 0; i < n; i++) {
+            gen_add(m, i ? "," : "");
+            gen_add(m, "\"");
+            gen_add(m, gen_names[gen_rand(sizeof(gen_names) / sizeof(char *))]);
+            gen_add(m, gen_rand(4) ? "\":" : "\" : ");
+            gen_value(m, depth + 1);
+        }
+        gen_add(m, "}");
+    }
+}
+
+
+/* 1 if both paths agree on in[0..len) */
+static int
+same_as_tree(const char *in, size_t len, idem_jcs_rc_t *rc_out)
+{
+    idem_jcs_rc_t   rc, rct;
+    cJSON          *tree;
+    mem_t           a, b;
+    idem_sink_t     sa, sb;
+    int             same;
+
+    memset(&a, 0, sizeof(mem_t));
+    memset(&b, 0, sizeof(mem_t));
+    sa.write = mem_write;
+    sa.data = &a;
+    sb.write = mem_write;
+    sb.data = &b;
+
+    rc = idem_jcs_canonicalize(in, len, &sa);
+    rct = idem_jcs_parse(in, len, &tree);
+    if (rct == IDEM_JCS_OK) {
+        rct = idem_jcs_write_value(tree, &sb);
+        cJSON_Delete(tree);
+    }
+
+    same = (rc == rct)
+           && (rc != IDEM_JCS_OK
+               || (a.len == b.len && memcmp(a.data, b.data, a.len) == 0));
+
+    if (!same) {
+        diag("input:  %.*s", (int) len, in);
+        diag("direct: rc %d %.*s", rc, (int) a.len, a.data ? a.data : "");
+        diag("tree:   rc %d %.*s", rct, (int) b.len, b.data ? b.data : "");
+    }
+
+    *rc_out = rc;
+    free(a.data);
+    free(b.data);
+
+    return same;
+}
+
+
+static void
+test_direct_vs_tree(void)
+{
+    idem_jcs_rc_t   rc;
+    mem_t           m;
+    unsigned        i, bad, okc, dup, num;
+
+    bad = okc = num = 0;
+
+    for (i = 0; i < 50000; i++) {
+        memset(&m, 0, sizeof(mem_t));
+        gen_add(&m, "[");
+        gen_number(&m);
+        gen_add(&m, "]");
+
+        if (!same_as_tree(m.data, m.len, &rc) && bad++ > 5) {
+            free(m.data);
+            break;
+        }
+
+        num += (rc == IDEM_JCS_OK);
+        free(m.data);
+    }
+
+    ok(bad == 0 && num > 40000,
+       "50000 generated number tokens: direct writer == tree path "
+       "(%u accepted)", num);
+
+    bad = okc = dup = 0;
+
+    for (i = 0; i < 20000; i++) {
+        memset(&m, 0, sizeof(mem_t));
+        gen_value(&m, 0);
+
+        if (!same_as_tree(m.data, m.len, &rc) && bad++ > 5) {
+            free(m.data);
+            break;
+        }
+
+        okc += (rc == IDEM_JCS_OK);
+        dup += (rc == IDEM_JCS_EDUP);
+        free(m.data);
+    }
+
+    ok(bad == 0 && okc > 5000 && dup > 500,
+       "20000 generated documents: direct writer == tree path "
+       "(%u accepted, %u duplicate names)", okc, dup);
 }
 
 
@@ -649,6 +883,7 @@ main(int argc, char **argv)
     test_depth();
     test_many_members();
     test_tree_api();
+    test_direct_vs_tree();
 
     return done_testing();
 }
