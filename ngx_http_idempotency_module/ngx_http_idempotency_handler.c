@@ -507,6 +507,13 @@ typedef struct {
 } ngx_http_idem_copy_t;
 
 
+typedef struct {
+    void    *map;           /* the temp file, mmap()ed */
+    size_t   map_len;
+    u_char  *copy;          /* or the parts, copied into the pool */
+} ngx_http_idem_json_body_t;
+
+
 static ngx_int_t
 ngx_http_idem_body_copy(void *data, u_char *p, size_t n)
 {
@@ -530,19 +537,60 @@ ngx_http_idem_body_size(void *data, u_char *p, size_t n)
 }
 
 
-/* JSON is parsed, so it needs the whole body in one piece */
+/*
+ * JSON is parsed, so it needs the whole body in one piece.  A body nginx
+ * spooled into one temp file is mapped, not copied: its pages are in the
+ * page cache already, so the fingerprint adds only the canonical text.
+ */
 static ngx_int_t
-ngx_http_idem_body_json(ngx_http_request_t *r, idem_fp_input_t *in)
+ngx_http_idem_body_map(ngx_http_request_t *r, ngx_buf_t *b,
+    idem_fp_input_t *in, ngx_http_idem_json_body_t *jb)
+{
+    off_t   off;
+    size_t  len;
+    void   *p;
+
+    off = b->file_pos & ~((off_t) ngx_pagesize - 1);
+    len = (size_t) (b->file_last - off);
+
+    p = mmap(NULL, len, PROT_READ, MAP_PRIVATE, b->file->fd, off);
+    if (p == MAP_FAILED) {
+        ngx_log_error(NGX_LOG_INFO, r->connection->log, ngx_errno,
+                      "idempotency: mmap() of the request body's temp "
+                      "file failed, reading it");
+        return NGX_DECLINED;
+    }
+
+    jb->map = p;
+    jb->map_len = len;
+    in->body = (const char *) p + (b->file_pos - off);
+    in->body_len = (size_t) (b->file_last - b->file_pos);
+
+    return NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_http_idem_body_json(ngx_http_request_t *r, idem_fp_input_t *in,
+    ngx_http_idem_json_body_t *jb)
 {
     size_t                 size;
+    ngx_buf_t             *b;
     ngx_chain_t           *bufs;
     ngx_http_idem_copy_t   dst;
 
     bufs = r->request_body ? r->request_body->bufs : NULL;
+    b = bufs ? bufs->buf : NULL;
 
-    if (bufs && bufs->next == NULL && ngx_buf_in_memory(bufs->buf)) {
-        in->body = (const char *) bufs->buf->pos;
-        in->body_len = bufs->buf->last - bufs->buf->pos;
+    if (b && bufs->next == NULL && ngx_buf_in_memory(b)) {
+        in->body = (const char *) b->pos;
+        in->body_len = b->last - b->pos;
+        return NGX_OK;
+    }
+
+    if (b && bufs->next == NULL && b->in_file && b->file_last > b->file_pos
+        && ngx_http_idem_body_map(r, b, in, jb) == NGX_OK)
+    {
         return NGX_OK;
     }
 
@@ -554,11 +602,27 @@ ngx_http_idem_body_json(ngx_http_request_t *r, idem_fp_input_t *in)
         return NGX_ERROR;
     }
 
+    jb->copy = dst.pos;
     in->body = (const char *) dst.pos;
     in->body_len = size;
     dst.end = dst.pos + size;
 
     return ngx_http_idem_body_walk(r, ngx_http_idem_body_copy, &dst);
+}
+
+
+/* the body is needed only while it is fingerprinted */
+static void
+ngx_http_idem_body_json_release(ngx_http_request_t *r,
+    ngx_http_idem_json_body_t *jb)
+{
+    if (jb->map) {
+        (void) munmap(jb->map, jb->map_len);
+    }
+
+    if (jb->copy) {
+        (void) ngx_pfree(r->pool, jb->copy);
+    }
 }
 
 
@@ -698,9 +762,10 @@ ngx_http_idem_fingerprint(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
 {
     u_char            md[EVP_MAX_MD_SIZE];
     ngx_str_t         scope, *ct;
-    ngx_int_t         rc;
-    idem_fp_input_t   in;
-    idem_fp_result_t  res;
+    ngx_int_t                  rc;
+    idem_fp_input_t            in;
+    idem_fp_result_t           res;
+    ngx_http_idem_json_body_t  jb;
 
     if (ngx_http_idem_record_key(r, ctx, &scope) != NGX_OK) {
         return NGX_ERROR;
@@ -727,15 +792,22 @@ ngx_http_idem_fingerprint(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
     in.body_json = ct && idem_media_type_is_json((const char *) ct->data,
                                                  ct->len);
 
-    rc = in.body_json ? ngx_http_idem_body_json(r, &in)
+    ngx_memzero(&jb, sizeof(ngx_http_idem_json_body_t));
+
+    rc = in.body_json ? ngx_http_idem_body_json(r, &in, &jb)
                       : ngx_http_idem_body_raw(r, &in, md);
+
     if (rc != NGX_OK) {
         ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
                       "idempotency: cannot read the request body");
-        return NGX_ERROR;
+
+    } else if (idem_fingerprint(&in, &res) != 0) {
+        rc = NGX_ERROR;
     }
 
-    if (idem_fingerprint(&in, &res) != 0) {
+    ngx_http_idem_body_json_release(r, &jb);
+
+    if (rc != NGX_OK) {
         return NGX_ERROR;
     }
 

@@ -15,7 +15,7 @@ use Idem::Test;
 my $t = Idem::Test->new;
 $t->start_redis;
 $t->start_upstream;
-$t->start_nginx(<<'EOF');
+$t->start_nginx(<<'EOF', log_format => 'F|$request_uri|$idempotency_fingerprint|$idempotency_body_form');
 client_body_buffer_size 16k;
 client_max_body_size 4m;
 server {
@@ -78,6 +78,37 @@ for my $loc ('/upload', '/file-only/upload') {
     my $c = $t->http(POST => '/file-only/json', key => $k, json => $compact =~ s/150000\]/150001]/r);
     $t->is_problem($c, 409, 'fingerprint-mismatch', key => $k, name => 'large JSON, last value changed -> conflict');
     is($t->effects(key => $k), 1, 'large JSON: one effect');
+}
+
+# ---- a JSON body mapped from its temp file (file-only, or spooled past
+#      the 16k buffer) or read in place (small): each gets the fingerprint
+#      the offline tool computes
+{
+    my $tool = "$FindBin::Bin/../build/idempotency-fingerprint";
+    my @n = map { $_ * 7 } 1 .. 20000;
+    my $json = "{ \"z\" : [" . join(', ', @n) . "], \"a\": {\"y\":1,\"b\":\"\\u00e9\"} }";
+    my %bodies = (
+        '/file-only/fp' => $json,            # one temp file: mmap()ed
+        '/fp-spooled'   => $json,            # spooled: one temp file too
+        '/fp-small'     => '{"b":2,"a":1}',  # one memory buffer
+    );
+    for my $uri (sort keys %bodies) {
+        my $k = $t->key('fp');
+        my $r = $t->http(POST => $uri, key => $k, json => $bodies{$uri});
+        is($r->{status}, 201, "$uri: executes") or diag($t->show($r));
+        my $f = "$t->{prefix}/fp-body.json";
+        open my $fh, '>', $f or die "$f: $!";
+        print $fh $bodies{$uri};
+        close $fh;
+        my $want = `$tool --method POST --route $uri --content-type application/json --body-file $f 2>/dev/null`;
+        my ($hex) = $want =~ /\b([0-9a-f]{64})\b/;
+        my @l;
+        $t->wait_for(sub { @l = grep { /^F\|\Q$uri\E\|/ } $t->access_log; @l }, 5);
+        my (undef, undef, $got, $form) = split /\|/, $l[-1] // '';
+        is($form, 'json', "$uri: fingerprinted as JSON");
+        ok($hex && $got eq $hex, "$uri: the tool's fingerprint") or diag("module $got, tool " . ($hex // $want));
+        is($t->effects(key => $k), 1, "$uri: one effect");
+    }
 }
 
 # ---- 1 MiB response stored and replayed byte-exact
