@@ -1,6 +1,7 @@
 /*
  * libFuzzer target: the RFC 8785 canonicalizer (idem_jcs_canonicalize,
- * idem_jcs_parse, idem_jcs_write_value) and the number formatter.
+ * idem_jcs_canonicalize_in_place, idem_jcs_parse, idem_jcs_write_value)
+ * and the number formatter.
  *
  * Properties, for every input:
  *  - the answer is deterministic: the same input gives the same rc and
@@ -12,7 +13,9 @@
  *    and canonicalizes to the same bytes (a fixed point), parses back to a
  *    value equal to the input's (same types, same numbers as doubles, same
  *    strings, same members, same array order), and writing the input's
- *    parsed tree gives the same bytes;
+ *    parsed tree gives the same bytes (the tree writer is an independent
+ *    implementation of the canonical form: the direct writer builds no
+ *    tree), and so does idem_jcs_canonicalize_in_place over a copy;
  *  - the nesting of accepted input is at most IDEM_JCS_MAX_DEPTH.
  * And for the first 8 bytes read as a double: a finite value is written
  * by idem_jcs_format_number as text that strtod reads back to the same
@@ -151,10 +154,10 @@ fuzz_number(const uint8_t *data, size_t size)
 int
 LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    char           *in;
+    char           *in, *copy;
     cJSON          *tree, *tree2;
-    fuzz_buf_t      o1, o2, o3, o4;
-    idem_sink_t     s1, s2, s3, s4;
+    fuzz_buf_t      o1, o2, o3, o4, o5;
+    idem_sink_t     s1, s2, s3, s4, s5;
     idem_jcs_rc_t   rc1, rc2, rc3, rcp;
 
     fuzz_number(data, size);
@@ -165,12 +168,22 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     fuzz_buf_init(&o2, &s2);
     fuzz_buf_init(&o3, &s3);
     fuzz_buf_init(&o4, &s4);
+    fuzz_buf_init(&o5, &s5);
 
     rc1 = idem_jcs_canonicalize(in, size, &s1);
     rc2 = idem_jcs_canonicalize(in, size, &s2);
 
     FUZZ_CHECK(rc1 == rc2, "rc %d then %d for \"%s\"", rc1, rc2,
                fuzz_show(in, size));
+
+    /* over a copy of itself: the same rc and bytes */
+    copy = fuzz_dup(data, size);
+    rc3 = idem_jcs_canonicalize_in_place(copy, size, &s5);
+    free(copy);
+    FUZZ_CHECK(rc1 == rc3, "rc %d, in place %d for \"%s\"", rc1, rc3,
+               fuzz_show(in, size));
+    FUZZ_CHECK(rc1 != IDEM_JCS_OK || fuzz_same(&o1, &o5),
+               "in place differs for \"%s\"", fuzz_show(in, size));
     FUZZ_CHECK(rc1 >= IDEM_JCS_OK && rc1 <= IDEM_JCS_EDEPTH,
                "unexpected rc %d (%s) for \"%s\"", rc1,
                idem_jcs_strerror(rc1), fuzz_show(in, size));
@@ -225,6 +238,7 @@ done:
     fuzz_buf_free(&o2);
     fuzz_buf_free(&o3);
     fuzz_buf_free(&o4);
+    fuzz_buf_free(&o5);
     free(in);
 
     return 0;

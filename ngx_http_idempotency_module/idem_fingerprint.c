@@ -304,7 +304,11 @@ fp_write_body(const idem_fp_input_t *in, idem_sink_t *out,
     res->json_rc = IDEM_JCS_OK;
 
     if (in->body_json) {
-        rc = idem_jcs_canonicalize(in->body, in->body_len, out);
+        /* the caller handed over its copy: body is writable then */
+        rc = in->body_in_place
+             ? idem_jcs_canonicalize_in_place((char *) in->body,
+                                              in->body_len, out)
+             : idem_jcs_canonicalize(in->body, in->body_len, out);
 
         if (rc == IDEM_JCS_OK) {
             res->body_form = IDEM_BODY_JSON;
@@ -321,6 +325,14 @@ fp_write_body(const idem_fp_input_t *in, idem_sink_t *out,
 
     if (in->body_sha256 != NULL && !in->body_json) {
         return fp_write_digest(out, in->body_sha256);
+    }
+
+    if (in->body_json && in->body_in_place) {
+        if (in->raw_sha256 == NULL || in->raw_sha256(in->raw_data, md) != 0) {
+            return -1;
+        }
+
+        return fp_write_digest(out, md);
     }
 
     if (in->body == NULL && in->body_len != 0) {

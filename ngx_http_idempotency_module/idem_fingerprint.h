@@ -49,6 +49,17 @@ typedef struct {
     const char           *body;
     size_t                body_len;
     const unsigned char  *body_sha256;
+
+    /*
+     * body_in_place: body is a copy the caller does not need any more,
+     * so the JSON body is canonicalized over itself (no second buffer).
+     * If it turns out not to be JSON, its bytes are partly overwritten:
+     * raw_sha256(raw_data, md) must then give the digest of the original
+     * bytes from where they came from (0 on success).
+     */
+    int                   body_in_place;
+    int                 (*raw_sha256)(void *raw_data, unsigned char *md);
+    void                 *raw_data;
 } idem_fp_input_t;
 
 typedef struct {

@@ -38,9 +38,11 @@
 
 
 typedef struct {
-    char    *data;
-    size_t   len;
-    size_t   size;
+    char      *data;
+    size_t     len;
+    size_t     size;
+    unsigned   text:1;      /* no NUL after the data: the writer's output */
+    unsigned   borrowed:1;  /* data is the caller's: copy it out to grow */
 } jcs_buf_t;
 
 /* offsets into the direct writer's output are 32-bit */
@@ -850,31 +852,48 @@ jcs_sort_object(cJSON *obj)
 
 /* parser: the pieces both the tree builder and the direct writer use */
 
+/* room for n more bytes, and the NUL unless b holds text */
 static int
 jcs_buf_grow(jcs_buf_t *b, size_t n)
 {
-    size_t   size;
+    size_t   size, need;
     char    *data;
 
-    if (b->size - b->len > n) {
+    need = n + !b->text;
+
+    if (b->size - b->len >= need) {
         return 0;
     }
 
     size = b->size ? b->size : 256;
 
-    while (size - b->len <= n) {
+    if (b->borrowed) {
+        size += need + 64;      /* the input is read in place: no doubling */
+    }
+
+    while (size - b->len < need) {
         size *= 2;
     }
 
     /* the direct writer keeps 32-bit offsets into its buffer */
     if (size > JCS_BUF_MAX) {
         size = JCS_BUF_MAX;
-        if (size - b->len <= n) {
+        if (size - b->len < need) {
             return -1;
         }
     }
 
-    data = realloc(b->data, size);
+    if (b->borrowed) {
+        data = malloc(size);
+        if (data != NULL) {
+            memcpy(data, b->data, b->len);
+            b->borrowed = 0;
+        }
+
+    } else {
+        data = realloc(b->data, size);
+    }
+
     if (data == NULL) {
         return -1;
     }
@@ -893,9 +912,13 @@ jcs_buf_add(jcs_buf_t *b, const void *p, size_t n)
         return -1;
     }
 
-    memcpy(b->data + b->len, p, n);
+    /* in place, the source is input further on in the same buffer */
+    memmove(b->data + b->len, p, n);
     b->len += n;
-    b->data[b->len] = '\0';     /* there is always room for it */
+
+    if (!b->text) {
+        b->data[b->len] = '\0';     /* there is always room for it */
+    }
 
     return 0;
 }
@@ -1698,6 +1721,7 @@ typedef struct {
 
 typedef struct {
     jcs_in_t      in;
+    const unsigned char  *in_start;
     jcs_buf_t     out;      /* the canonical text so far */
     jcs_buf_t     tmp;      /* number tokens; a reordered object */
     jcs_rec_t    *recs;
@@ -1711,7 +1735,7 @@ typedef struct {
 static int
 jcs_put1(jcs_buf_t *b, char c)
 {
-    if (b->size - b->len <= 1 && jcs_buf_grow(b, 1) != 0) {
+    if (b->size == b->len && jcs_buf_grow(b, 1) != 0) {
         return -1;
     }
 
@@ -1919,7 +1943,7 @@ jcs_number_copy(const unsigned char *s, const unsigned char *e,
         return 0;
     }
 
-    if (jcs_buf_grow(out, (e - s) + 1) != 0) {
+    if (jcs_buf_grow(out, e - s) != 0) {
         return -1;
     }
 
@@ -1927,12 +1951,13 @@ jcs_number_copy(const unsigned char *s, const unsigned char *e,
         out->data[out->len++] = '-';
     }
 
-    memcpy(out->data + out->len, ip, ie - ip);
+    /* memmove: in place, the token itself lies at or after the output */
+    memmove(out->data + out->len, ip, ie - ip);
     out->len += ie - ip;
 
     if (fe > fp) {
         out->data[out->len++] = '.';
-        memcpy(out->data + out->len, fp, fe - fp);
+        memmove(out->data + out->len, fp, fe - fp);
         out->len += fe - fp;
     }
 
@@ -1944,6 +1969,7 @@ static idem_jcs_rc_t
 jcs_canon_number(jcs_canon_t *c)
 {
     const unsigned char  *start;
+    char                  num[IDEM_JCS_NUMBER_MAX];
     idem_jcs_rc_t         rc;
     double                d;
     size_t                n;
@@ -1966,14 +1992,23 @@ jcs_canon_number(jcs_canon_t *c)
         return rc;
     }
 
-    if (jcs_buf_grow(&c->out, IDEM_JCS_NUMBER_MAX) != 0) {
-        return IDEM_JCS_ENOMEM;
+    n = idem_jcs_format_number(d, num);
+
+    /*
+     * The one token whose canonical form can be longer than its text
+     * (1e20): in place, it must not run into input not read yet, so the
+     * output moves to a buffer of its own first.
+     */
+    if (c->out.borrowed
+        && c->out.len + n > (size_t) (c->in.p - c->in_start))
+    {
+        if (jcs_buf_grow(&c->out, c->out.size - c->out.len + 1) != 0) {
+            return IDEM_JCS_ENOMEM;
+        }
     }
 
-    n = idem_jcs_format_number(d, c->out.data + c->out.len);
-    c->out.len += n;
-
-    return IDEM_JCS_OK;
+    return (jcs_buf_add(&c->out, num, n) != 0) ? IDEM_JCS_ENOMEM
+                                                : IDEM_JCS_OK;
 }
 
 
@@ -2260,16 +2295,46 @@ jcs_canon_write_root(jcs_canon_t *c, idem_sink_t *out)
 }
 
 
+static idem_jcs_rc_t
+jcs_canon_run(jcs_canon_t *c, idem_sink_t *out)
+{
+    idem_jcs_rc_t  rc;
+    int            root_sorted;
+
+    rc = jcs_canon_text(c);
+
+    if (rc == IDEM_JCS_OK) {
+        root_sorted = (c->out.data[0] != '{' || c->frames[0].sorted
+                       || c->nrecs == 0);
+
+        if ((root_sorted ? jcs_put(out, c->out.data, c->out.len)
+                         : jcs_canon_write_root(c, out)) != 0)
+        {
+            rc = IDEM_JCS_ESINK;
+        }
+    }
+
+    if (!c->out.borrowed) {
+        free(c->out.data);
+    }
+
+    free(c->tmp.data);
+    free(c->recs);
+
+    return rc;
+}
+
+
 idem_jcs_rc_t
 idem_jcs_canonicalize(const char *in, size_t len, idem_sink_t *out)
 {
-    jcs_canon_t    c;
-    idem_jcs_rc_t  rc;
-    int            root_sorted;
+    jcs_canon_t  c;
 
     memset(&c, 0, sizeof(jcs_canon_t));
     c.in.p = (const unsigned char *) in;
     c.in.end = c.in.p + len;
+    c.in_start = c.in.p;
+    c.out.text = 1;
 
     /* the canonical text is rarely longer than the input: one allocation */
     if (len >= JCS_BUF_MAX - 64) {
@@ -2282,22 +2347,33 @@ idem_jcs_canonicalize(const char *in, size_t len, idem_sink_t *out)
         return IDEM_JCS_ENOMEM;
     }
 
-    rc = jcs_canon_text(&c);
+    return jcs_canon_run(&c, out);
+}
 
-    if (rc == IDEM_JCS_OK) {
-        root_sorted = (c.out.data[0] != '{' || c.frames[0].sorted
-                       || c.nrecs == 0);
 
-        if ((root_sorted ? jcs_put(out, c.out.data, c.out.len)
-                         : jcs_canon_write_root(&c, out)) != 0)
-        {
-            rc = IDEM_JCS_ESINK;
-        }
+/*
+ * The canonical text is never longer than the input read so far, except
+ * after a number like 1e20, so it can overwrite the input it came from.
+ * Every write keeps out.len <= the offset of the next input byte; a
+ * number that would not is written after the output moved out.
+ */
+idem_jcs_rc_t
+idem_jcs_canonicalize_in_place(char *buf, size_t len, idem_sink_t *out)
+{
+    jcs_canon_t  c;
+
+    if (len >= JCS_BUF_MAX - 64) {
+        return IDEM_JCS_ENOMEM;
     }
 
-    free(c.out.data);
-    free(c.tmp.data);
-    free(c.recs);
+    memset(&c, 0, sizeof(jcs_canon_t));
+    c.in.p = (const unsigned char *) buf;
+    c.in.end = c.in.p + len;
+    c.in_start = c.in.p;
+    c.out.text = 1;
+    c.out.borrowed = 1;
+    c.out.data = buf;
+    c.out.size = len;
 
-    return rc;
+    return jcs_canon_run(&c, out);
 }

@@ -45,6 +45,14 @@ idem_jcs_rc_t idem_jcs_canonicalize(const char *in, size_t len,
     idem_sink_t *out);
 
 /*
+ * Same, for input the caller no longer needs: buf[0..len) is overwritten
+ * (the canonical text is built over it), so no second body-sized buffer
+ * is needed unless a number grows (1e20).
+ */
+idem_jcs_rc_t idem_jcs_canonicalize_in_place(char *buf, size_t len,
+    idem_sink_t *out);
+
+/*
  * Same as idem_jcs_canonicalize(), but also hands back the parsed tree
  * (caller frees with cJSON_Delete) when tree != NULL and rc == IDEM_JCS_OK.
  */

@@ -507,12 +507,6 @@ typedef struct {
 } ngx_http_idem_copy_t;
 
 
-typedef struct {
-    void    *map;           /* the temp file, mmap()ed */
-    size_t   map_len;
-    u_char  *copy;          /* or the parts, copied into the pool */
-} ngx_http_idem_json_body_t;
-
 
 static ngx_int_t
 ngx_http_idem_body_copy(void *data, u_char *p, size_t n)
@@ -537,60 +531,55 @@ ngx_http_idem_body_size(void *data, u_char *p, size_t n)
 }
 
 
-/*
- * JSON is parsed, so it needs the whole body in one piece.  A body nginx
- * spooled into one temp file is mapped, not copied: its pages are in the
- * page cache already, so the fingerprint adds only the canonical text.
- */
-static ngx_int_t
-ngx_http_idem_body_map(ngx_http_request_t *r, ngx_buf_t *b,
-    idem_fp_input_t *in, ngx_http_idem_json_body_t *jb)
+/* the SHA-256 of the raw body, read from memory and temp file parts */
+static int
+ngx_http_idem_body_sha256(void *data, unsigned char *md)
 {
-    off_t   off;
-    size_t  len;
-    void   *p;
+    int                  rc;
+    unsigned int         n;
+    EVP_MD_CTX          *sha;
+    ngx_http_request_t  *r;
 
-    off = b->file_pos & ~((off_t) ngx_pagesize - 1);
-    len = (size_t) (b->file_last - off);
+    r = data;
 
-    p = mmap(NULL, len, PROT_READ, MAP_PRIVATE, b->file->fd, off);
-    if (p == MAP_FAILED) {
-        ngx_log_error(NGX_LOG_INFO, r->connection->log, ngx_errno,
-                      "idempotency: mmap() of the request body's temp "
-                      "file failed, reading it");
-        return NGX_DECLINED;
+    sha = EVP_MD_CTX_new();
+    if (sha == NULL) {
+        return -1;
     }
 
-    jb->map = p;
-    jb->map_len = len;
-    in->body = (const char *) p + (b->file_pos - off);
-    in->body_len = (size_t) (b->file_last - b->file_pos);
+    rc = (EVP_DigestInit_ex(sha, idem_sha256(), NULL)
+          && ngx_http_idem_body_walk(r, ngx_http_idem_body_sha, sha) == NGX_OK
+          && EVP_DigestFinal_ex(sha, md, &n))
+         ? 0 : -1;
 
-    return NGX_OK;
+    EVP_MD_CTX_free(sha);
+
+    return rc;
 }
 
 
+/*
+ * JSON is parsed, so it needs the whole body in one piece.  One memory
+ * buffer is read where it is.  Otherwise (a temp file, or parts) the body
+ * is read into a copy that is then canonicalized over itself: one body's
+ * worth of memory, freed as soon as the fingerprint is done, and if the
+ * body is not JSON after all its raw digest is read again from the parts.
+ * (mmap() of the temp file was tried: munmap()'s TLB shootdown cost more
+ * than the copy, bench/RESULTS.md.)
+ */
 static ngx_int_t
 ngx_http_idem_body_json(ngx_http_request_t *r, idem_fp_input_t *in,
-    ngx_http_idem_json_body_t *jb)
+    u_char **copy)
 {
     size_t                 size;
-    ngx_buf_t             *b;
     ngx_chain_t           *bufs;
     ngx_http_idem_copy_t   dst;
 
     bufs = r->request_body ? r->request_body->bufs : NULL;
-    b = bufs ? bufs->buf : NULL;
 
-    if (b && bufs->next == NULL && ngx_buf_in_memory(b)) {
-        in->body = (const char *) b->pos;
-        in->body_len = b->last - b->pos;
-        return NGX_OK;
-    }
-
-    if (b && bufs->next == NULL && b->in_file && b->file_last > b->file_pos
-        && ngx_http_idem_body_map(r, b, in, jb) == NGX_OK)
-    {
+    if (bufs && bufs->next == NULL && ngx_buf_in_memory(bufs->buf)) {
+        in->body = (const char *) bufs->buf->pos;
+        in->body_len = bufs->buf->last - bufs->buf->pos;
         return NGX_OK;
     }
 
@@ -602,27 +591,15 @@ ngx_http_idem_body_json(ngx_http_request_t *r, idem_fp_input_t *in,
         return NGX_ERROR;
     }
 
-    jb->copy = dst.pos;
+    *copy = dst.pos;
     in->body = (const char *) dst.pos;
     in->body_len = size;
+    in->body_in_place = 1;
+    in->raw_sha256 = ngx_http_idem_body_sha256;
+    in->raw_data = r;
     dst.end = dst.pos + size;
 
     return ngx_http_idem_body_walk(r, ngx_http_idem_body_copy, &dst);
-}
-
-
-/* the body is needed only while it is fingerprinted */
-static void
-ngx_http_idem_body_json_release(ngx_http_request_t *r,
-    ngx_http_idem_json_body_t *jb)
-{
-    if (jb->map) {
-        (void) munmap(jb->map, jb->map_len);
-    }
-
-    if (jb->copy) {
-        (void) ngx_pfree(r->pool, jb->copy);
-    }
 }
 
 
@@ -630,28 +607,13 @@ static ngx_int_t
 ngx_http_idem_body_raw(ngx_http_request_t *r, idem_fp_input_t *in,
     u_char *md)
 {
-    ngx_int_t     rc;
-    unsigned int  n;
-    EVP_MD_CTX   *sha;
-
-    sha = EVP_MD_CTX_new();
-    if (sha == NULL) {
+    if (ngx_http_idem_body_sha256(r, md) != 0) {
         return NGX_ERROR;
     }
 
-    rc = NGX_ERROR;
+    in->body_sha256 = md;
 
-    if (EVP_DigestInit_ex(sha, idem_sha256(), NULL)
-        && ngx_http_idem_body_walk(r, ngx_http_idem_body_sha, sha) == NGX_OK
-        && EVP_DigestFinal_ex(sha, md, &n))
-    {
-        in->body_sha256 = md;
-        rc = NGX_OK;
-    }
-
-    EVP_MD_CTX_free(sha);
-
-    return rc;
+    return NGX_OK;
 }
 
 
@@ -765,7 +727,7 @@ ngx_http_idem_fingerprint(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
     ngx_int_t                  rc;
     idem_fp_input_t            in;
     idem_fp_result_t           res;
-    ngx_http_idem_json_body_t  jb;
+    u_char                    *copy;
 
     if (ngx_http_idem_record_key(r, ctx, &scope) != NGX_OK) {
         return NGX_ERROR;
@@ -792,9 +754,9 @@ ngx_http_idem_fingerprint(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
     in.body_json = ct && idem_media_type_is_json((const char *) ct->data,
                                                  ct->len);
 
-    ngx_memzero(&jb, sizeof(ngx_http_idem_json_body_t));
+    copy = NULL;
 
-    rc = in.body_json ? ngx_http_idem_body_json(r, &in, &jb)
+    rc = in.body_json ? ngx_http_idem_body_json(r, &in, &copy)
                       : ngx_http_idem_body_raw(r, &in, md);
 
     if (rc != NGX_OK) {
@@ -805,7 +767,9 @@ ngx_http_idem_fingerprint(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
         rc = NGX_ERROR;
     }
 
-    ngx_http_idem_body_json_release(r, &jb);
+    if (copy) {
+        (void) ngx_pfree(r->pool, copy);
+    }
 
     if (rc != NGX_OK) {
         return NGX_ERROR;

@@ -80,33 +80,46 @@ for my $loc ('/upload', '/file-only/upload') {
     is($t->effects(key => $k), 1, 'large JSON: one effect');
 }
 
-# ---- a JSON body mapped from its temp file (file-only, or spooled past
-#      the 16k buffer) or read in place (small): each gets the fingerprint
-#      the offline tool computes
+# ---- a JSON body read from its temp file (file-only, or spooled past the
+#      16k buffer) and canonicalized over that copy, or read where it is
+#      (small): each gets the fingerprint the offline tool computes. A
+#      spooled body that is not JSON after all (a duplicate name at its
+#      end, found when the copy is mostly overwritten) is hashed raw from
+#      the file again, so its retry replays and a changed byte conflicts.
 {
     my $tool = "$FindBin::Bin/../build/idempotency-fingerprint";
     my @n = map { $_ * 7 } 1 .. 20000;
     my $json = "{ \"z\" : [" . join(', ', @n) . "], \"a\": {\"y\":1,\"b\":\"\\u00e9\"} }";
+    my $dup = "{ \"z\" : [" . join(', ', @n) . "], \"a\": 1, \"a\": 2 }";
+    my $dup_grow = "{ \"z\" : [" . join(', ', @n) . "], \"a\": 1e20, \"a\": 2 }";
     my %bodies = (
-        '/file-only/fp' => $json,            # one temp file: mmap()ed
-        '/fp-spooled'   => $json,            # spooled: one temp file too
-        '/fp-small'     => '{"b":2,"a":1}',  # one memory buffer
+        '/file-only/fp' => [ $json, 'json' ],
+        '/fp-spooled'   => [ $json, 'json' ],
+        '/fp-small'     => [ '{"b":2,"a":1}', 'json' ],
+        '/file-only/dup' => [ $dup, 'raw-invalid-json' ],
+        '/fp-dup'       => [ $dup, 'raw-invalid-json' ],
+        '/fp-dup-grow'  => [ $dup_grow, 'raw-invalid-json' ],    # 1e20 moves the output out
     );
     for my $uri (sort keys %bodies) {
+        my ($body, $want_form) = @{ $bodies{$uri} };
         my $k = $t->key('fp');
-        my $r = $t->http(POST => $uri, key => $k, json => $bodies{$uri});
+        my $r = $t->http(POST => $uri, key => $k, json => $body);
         is($r->{status}, 201, "$uri: executes") or diag($t->show($r));
         my $f = "$t->{prefix}/fp-body.json";
         open my $fh, '>', $f or die "$f: $!";
-        print $fh $bodies{$uri};
+        print $fh $body;
         close $fh;
         my $want = `$tool --method POST --route $uri --content-type application/json --body-file $f 2>/dev/null`;
         my ($hex) = $want =~ /\b([0-9a-f]{64})\b/;
         my @l;
         $t->wait_for(sub { @l = grep { /^F\|\Q$uri\E\|/ } $t->access_log; @l }, 5);
         my (undef, undef, $got, $form) = split /\|/, $l[-1] // '';
-        is($form, 'json', "$uri: fingerprinted as JSON");
+        is($form, $want_form, "$uri: body form $want_form");
         ok($hex && $got eq $hex, "$uri: the tool's fingerprint") or diag("module $got, tool " . ($hex // $want));
+        my $again = $t->http(POST => $uri, key => $k, json => $body);
+        is($again->{headers}{'idempotent-replayed'}, 'true', "$uri: the retry replays");
+        my $changed = $t->http(POST => $uri, key => $k, json => $body =~ s/: 2 }$/: 3 }/r =~ s/"y":1/"y":3/r =~ s/"b":2/"b":3/r);
+        $t->is_problem($changed, 409, 'fingerprint-mismatch', key => $k, name => "$uri: a changed value conflicts");
         is($t->effects(key => $k), 1, "$uri: one effect");
     }
 }

@@ -777,10 +777,11 @@ gen_value(mem_t *m, int depth)
 static int
 same_as_tree(const char *in, size_t len, idem_jcs_rc_t *rc_out)
 {
-    idem_jcs_rc_t   rc, rct;
+    idem_jcs_rc_t   rc, rct, rci;
     cJSON          *tree;
-    mem_t           a, b;
-    idem_sink_t     sa, sb;
+    mem_t           a, b, c;
+    idem_sink_t     sa, sb, sc;
+    char           *copy;
     int             same;
 
     memset(&a, 0, sizeof(mem_t));
@@ -801,6 +802,22 @@ same_as_tree(const char *in, size_t len, idem_jcs_rc_t *rc_out)
            && (rc != IDEM_JCS_OK
                || (a.len == b.len && memcmp(a.data, b.data, a.len) == 0));
 
+    /* and in place, over a copy of the input */
+    copy = malloc(len + 1);
+    memcpy(copy, in, len);
+    c.len = 0;
+    c.data = NULL;
+    c.size = 0;
+    c.fail_after = 0;
+    sc.write = mem_write;
+    sc.data = &c;
+    rci = idem_jcs_canonicalize_in_place(copy, len, &sc);
+    same = same && rci == rc
+           && (rc != IDEM_JCS_OK
+               || (c.len == a.len && memcmp(c.data, a.data, a.len) == 0));
+    free(copy);
+    free(c.data);
+
     if (!same) {
         diag("input:  %.*s", (int) len, in);
         diag("direct: rc %d %.*s", rc, (int) a.len, a.data ? a.data : "");
@@ -818,9 +835,22 @@ same_as_tree(const char *in, size_t len, idem_jcs_rc_t *rc_out)
 static void
 test_direct_vs_tree(void)
 {
+    static const char  *grow[] = {
+        "1e20", "[1e20]", "[1e20,1E20,5e+20]", "{\"a\":1e20}",
+        "[1e2,1e3,1e4,1e5,1e6,1e7,1e8,1e9,1e10,1e11,1e12,1e13,1e14,1e20]",
+        "{\"b\":[1e20,{\"z\":1,\"a\":2e20}],\"a\":\"x\"}",
+        "[0.1e1, 12e-1, 1e-7, 123456789012345678901234567890]",
+    };
     idem_jcs_rc_t   rc;
     mem_t           m;
     unsigned        i, bad, okc, dup, num;
+
+    /* numbers whose canonical text is longer: in place moves out */
+    bad = 0;
+    for (i = 0; i < sizeof(grow) / sizeof(grow[0]); i++) {
+        bad += !same_as_tree(grow[i], strlen(grow[i]), &rc) || rc != IDEM_JCS_OK;
+    }
+    ok(bad == 0, "numbers that grow (1e20): direct, in place and tree agree");
 
     bad = okc = num = 0;
 
@@ -840,7 +870,7 @@ test_direct_vs_tree(void)
     }
 
     ok(bad == 0 && num > 40000,
-       "50000 generated number tokens: direct writer == tree path "
+       "50000 generated number tokens: direct writer == in place == tree path "
        "(%u accepted)", num);
 
     bad = okc = dup = 0;
@@ -860,7 +890,7 @@ test_direct_vs_tree(void)
     }
 
     ok(bad == 0 && okc > 5000 && dup > 500,
-       "20000 generated documents: direct writer == tree path "
+       "20000 generated documents: direct writer == in place == tree path "
        "(%u accepted, %u duplicate names)", okc, dup);
 }
 
