@@ -55,7 +55,8 @@ typedef struct {
      * so the JSON body is canonicalized over itself (no second buffer).
      * If it turns out not to be JSON, its bytes are partly overwritten:
      * raw_sha256(raw_data, md) must then give the digest of the original
-     * bytes from where they came from (0 on success).
+     * bytes from where they came from (0 on success).  Such an input is
+     * good for one idem_fingerprint() or idem_fingerprint_preimage() call.
      */
     int                   body_in_place;
     int                 (*raw_sha256)(void *raw_data, unsigned char *md);

@@ -45,8 +45,11 @@ typedef struct {
     unsigned   borrowed:1;  /* data is the caller's: copy it out to grow */
 } jcs_buf_t;
 
-/* offsets into the direct writer's output are 32-bit */
-#define JCS_BUF_MAX  ((size_t) UINT32_MAX)
+/*
+ * Offsets into the direct writer's output are 32-bit, and a name's length
+ * keeps a flag in its top bit: so buffers stay under 2 GiB.
+ */
+#define JCS_BUF_MAX  ((size_t) 0x7fffffff)
 
 typedef struct {
     const unsigned char  *p;
@@ -868,7 +871,8 @@ jcs_buf_grow(jcs_buf_t *b, size_t n)
     size = b->size ? b->size : 256;
 
     if (b->borrowed) {
-        size += need + 64;      /* the input is read in place: no doubling */
+        /* moving out of the input: what is written, and n more */
+        size = b->len + need + 64;
     }
 
     while (size - b->len < need) {
@@ -1748,10 +1752,16 @@ jcs_put1(jcs_buf_t *b, char c)
 static size_t
 jcs_canon_cp(const unsigned char *p, const unsigned char *end, uint32_t *cp)
 {
+    size_t    n;
     uint32_t  v;
 
     if (*p != '\\') {
-        return jcs_utf8_seq(p, end - p, cp);    /* validated when parsed */
+        n = jcs_utf8_seq(p, end - p, cp);      /* validated when parsed */
+        if (n == 0) {
+            *cp = *p;
+            n = 1;
+        }
+        return n;
     }
 
     switch (p[1]) {
@@ -1928,7 +1938,7 @@ jcs_number_copy(const unsigned char *s, const unsigned char *e,
 
     if (*ip == '0') {
         if (fe == fp) {
-            return jcs_put1(out, '0') == 0;
+            return (jcs_put1(out, '0') == 0) ? 1 : -1;
         }
 
         while (fp + z < fe && fp[z] == '0') {
@@ -2002,6 +2012,7 @@ jcs_canon_number(jcs_canon_t *c)
     if (c->out.borrowed
         && c->out.len + n > (size_t) (c->in.p - c->in_start))
     {
+        /* room for the rest of the input, as in a buffer of its own */
         if (jcs_buf_grow(&c->out, c->out.size - c->out.len + 1) != 0) {
             return IDEM_JCS_ENOMEM;
         }

@@ -501,33 +501,52 @@ ngx_http_idem_body_sha(void *data, u_char *p, size_t n)
 }
 
 
-typedef struct {
-    u_char  *pos;
-    u_char  *end;
-} ngx_http_idem_copy_t;
-
-
-
+/* the parts of the body, files read straight into dst (size bytes) */
 static ngx_int_t
-ngx_http_idem_body_copy(void *data, u_char *p, size_t n)
+ngx_http_idem_body_read(ngx_http_request_t *r, u_char *dst, size_t size)
 {
-    ngx_http_idem_copy_t  *dst = data;
+    off_t         pos;
+    size_t        n;
+    ssize_t       got;
+    u_char       *end;
+    ngx_buf_t    *b;
+    ngx_chain_t  *cl;
 
-    if ((size_t) (dst->end - dst->pos) < n) {
-        return NGX_ERROR;
+    end = dst + size;
+
+    for (cl = r->request_body->bufs; cl; cl = cl->next) {
+        b = cl->buf;
+
+        if (ngx_buf_in_memory(b)) {
+            n = b->last - b->pos;
+            if ((size_t) (end - dst) < n) {
+                return NGX_ERROR;
+            }
+
+            dst = ngx_cpymem(dst, b->pos, n);
+            continue;
+        }
+
+        if (!b->in_file) {
+            continue;
+        }
+
+        for (pos = b->file_pos; pos < b->file_last; pos += got) {
+            n = (size_t) (b->file_last - pos);
+            if ((size_t) (end - dst) < n) {
+                return NGX_ERROR;
+            }
+
+            got = ngx_read_file(b->file, dst, n, pos);
+            if (got <= 0) {
+                return NGX_ERROR;
+            }
+
+            dst += got;
+        }
     }
 
-    dst->pos = ngx_cpymem(dst->pos, p, n);
-
-    return NGX_OK;
-}
-
-
-static ngx_int_t
-ngx_http_idem_body_size(void *data, u_char *p, size_t n)
-{
-    *(size_t *) data += n;
-    return NGX_OK;
+    return (dst == end) ? NGX_OK : NGX_ERROR;
 }
 
 
@@ -571,9 +590,10 @@ static ngx_int_t
 ngx_http_idem_body_json(ngx_http_request_t *r, idem_fp_input_t *in,
     u_char **copy)
 {
-    size_t                 size;
-    ngx_chain_t           *bufs;
-    ngx_http_idem_copy_t   dst;
+    size_t        size;
+    u_char       *dst;
+    ngx_buf_t    *b;
+    ngx_chain_t  *bufs, *cl;
 
     bufs = r->request_body ? r->request_body->bufs : NULL;
 
@@ -584,22 +604,32 @@ ngx_http_idem_body_json(ngx_http_request_t *r, idem_fp_input_t *in,
     }
 
     size = 0;
-    (void) ngx_http_idem_body_walk(r, ngx_http_idem_body_size, &size);
 
-    dst.pos = ngx_pnalloc(r->pool, size + 1);
-    if (dst.pos == NULL) {
+    for (cl = bufs; cl; cl = cl->next) {
+        b = cl->buf;
+        size += ngx_buf_in_memory(b) ? (size_t) (b->last - b->pos)
+                : b->in_file ? (size_t) (b->file_last - b->file_pos) : 0;
+    }
+
+    if (size == 0) {
+        in->body = "";
+        in->body_len = 0;
+        return NGX_OK;
+    }
+
+    dst = ngx_pnalloc(r->pool, size);
+    if (dst == NULL) {
         return NGX_ERROR;
     }
 
-    *copy = dst.pos;
-    in->body = (const char *) dst.pos;
+    *copy = dst;
+    in->body = (const char *) dst;
     in->body_len = size;
     in->body_in_place = 1;
     in->raw_sha256 = ngx_http_idem_body_sha256;
     in->raw_data = r;
-    dst.end = dst.pos + size;
 
-    return ngx_http_idem_body_walk(r, ngx_http_idem_body_copy, &dst);
+    return ngx_http_idem_body_read(r, dst, size);
 }
 
 

@@ -376,6 +376,86 @@ test_hex_form(void)
 }
 
 
+/*
+ * body_in_place: the same fingerprint as from an untouched body, and when
+ * the copy is not JSON after all, the raw digest comes from the callback
+ * (the copy is partly overwritten by then), never from the copy.
+ */
+static const char  *orig_body;
+
+
+static int
+orig_sha256(void *data, unsigned char *md)
+{
+    unsigned int  n;
+
+    (*(int *) data)++;
+    return EVP_Digest(orig_body, strlen(orig_body), md, &n, EVP_sha256(),
+                      NULL) == 1 ? 0 : -1;
+}
+
+
+static void
+test_in_place(void)
+{
+    static const char  *bodies[] = {
+        "{ \"b\": 2, \"a\": [1, \"x\"] }",        /* JSON, reordered */
+        "{\"z\":[1,2,3],  \"a\":1, \"a\":2}",      /* EDUP at the end */
+        "[1e20, 2, 3, 1e21, 4]",                     /* output moves out */
+        "[1, 2, 3, 1e400]",                          /* ENUMBER at the end */
+    };
+    idem_fp_input_t   in;
+    idem_fp_result_t  res, want;
+    char             *copy;
+    size_t            i;
+    int               calls, bad;
+
+    bad = 0;
+
+    for (i = 0; i < sizeof(bodies) / sizeof(bodies[0]); i++) {
+        base(&in);
+        in.body = bodies[i];
+        in.body_len = strlen(bodies[i]);
+        if (idem_fingerprint(&in, &want) != 0) {
+            bad++;
+            continue;
+        }
+
+        copy = strdup(bodies[i]);
+        orig_body = bodies[i];
+        calls = 0;
+        in.body = copy;
+        in.body_in_place = 1;
+        in.raw_sha256 = orig_sha256;
+        in.raw_data = &calls;
+
+        if (idem_fingerprint(&in, &res) != 0
+            || strcmp(res.hex, want.hex) != 0
+            || res.body_form != want.body_form
+            || res.json_rc != want.json_rc
+            || calls != (want.body_form == IDEM_BODY_RAW_INVALID_JSON))
+        {
+            diag("in place differs for %s", bodies[i]);
+            bad++;
+        }
+
+        free(copy);
+    }
+
+    ok(bad == 0, "in place: the same fingerprint, form and rc; the raw "
+       "digest of invalid JSON comes from the callback");
+
+    base(&in);
+    copy = strdup("{\"a\":1,\"a\":2}");
+    in.body = copy;
+    in.body_len = strlen(copy);
+    in.body_in_place = 1;
+    ok(idem_fingerprint(&in, &res) == -1,
+       "in place, invalid JSON and no raw_sha256 callback: -1");
+    free(copy);
+}
+
+
 static void
 test_large_body(void)
 {
@@ -486,6 +566,7 @@ main(void)
     test_raw_bodies();
     test_hex_form();
     test_large_body();
+    test_in_place();
     test_media_types();
     test_hex();
 
