@@ -958,6 +958,53 @@ ngx_http_idem_cmd_timeout(ngx_event_t *ev)
 }
 
 
+/*
+ * The command in the Redis protocol, formatted here: hiredis's formatter
+ * (sdscatfmt() per argument) was a seventh of a first write's instructions
+ * in the worker (bench/RESULTS.md).  Short commands are built on the stack;
+ * hiredis copies them into its output buffer either way.
+ */
+#define NGX_HTTP_IDEM_CMD_STACK  2048
+
+static int
+ngx_http_idem_cmd_write(redisAsyncContext *ac, ngx_http_idem_cmd_t *cmd)
+{
+    u_char      stack[NGX_HTTP_IDEM_CMD_STACK], *buf, *p;
+    size_t      len;
+    ngx_uint_t  i;
+    int         rc;
+
+    len = sizeof("*\r\n") - 1 + NGX_SIZE_T_LEN;
+
+    for (i = 0; i < cmd->argc; i++) {
+        len += sizeof("$\r\n\r\n") - 1 + NGX_SIZE_T_LEN + cmd->argvlen[i];
+    }
+
+    buf = (len <= sizeof(stack)) ? stack : ngx_alloc(len, cmd->redis->log);
+    if (buf == NULL) {
+        return REDIS_ERR;
+    }
+
+    p = ngx_sprintf(buf, "*%ui\r\n", cmd->argc);
+
+    for (i = 0; i < cmd->argc; i++) {
+        p = ngx_sprintf(p, "$%uz\r\n", cmd->argvlen[i]);
+        p = ngx_cpymem(p, cmd->argv[i], cmd->argvlen[i]);
+        *p++ = CR;
+        *p++ = LF;
+    }
+
+    rc = redisAsyncFormattedCommand(ac, ngx_http_idem_redis_reply, cmd,
+                                    (const char *) buf, p - buf);
+
+    if (buf != stack) {
+        ngx_free(buf);
+    }
+
+    return rc;
+}
+
+
 ngx_int_t
 ngx_http_idem_cmd_send(ngx_http_idem_cmd_t *cmd,
     ngx_http_idem_reply_pt handler, void *data)
@@ -974,10 +1021,7 @@ ngx_http_idem_cmd_send(ngx_http_idem_cmd_t *cmd,
     cmd->handler = handler;
     cmd->data = data;
 
-    if (redisAsyncCommandArgv(rd->cmd.ac, ngx_http_idem_redis_reply, cmd,
-                              (int) cmd->argc, cmd->argv, cmd->argvlen)
-        != REDIS_OK)
-    {
+    if (ngx_http_idem_cmd_write(rd->cmd.ac, cmd) != REDIS_OK) {
         /* disconnecting: no callback will ever come for this one */
         ngx_free(cmd);
         return NGX_ERROR;
@@ -1018,10 +1062,7 @@ ngx_http_idem_redis_reply(redisAsyncContext *ac, void *r, void *privdata)
         cmd->argv[1] = (const char *) s->text.data;
         cmd->argvlen[1] = s->text.len;
 
-        if (redisAsyncCommandArgv(ac, ngx_http_idem_redis_reply, cmd,
-                                  (int) cmd->argc, cmd->argv, cmd->argvlen)
-            == REDIS_OK)
-        {
+        if (ngx_http_idem_cmd_write(ac, cmd) == REDIS_OK) {
             return;
         }
 
