@@ -19,7 +19,9 @@
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
-local r = redis.call('HMGET', KEYS[1], 'v', 'state', 'fp', 'op', 'lease')
+-- one read for every answer: a replay needs no second call for its response
+local r = redis.call('HMGET', KEYS[1], 'v', 'state', 'fp', 'op', 'lease',
+                     'status', 'hdr', 'body', 'stored')
 
 if not r[2] and redis.call('EXISTS', KEYS[1]) == 1 then
     -- another application's hash under our name: never write into it
@@ -45,8 +47,7 @@ if r[3] ~= ARGV[1] then
 end
 
 if r[2] == 'completed' then
-    local c = redis.call('HMGET', KEYS[1], 'status', 'hdr', 'body', 'stored')
-    return {'completed', r[4], c[1] or '', c[2] or '', c[3] or '', c[4] or '0'}
+    return {'completed', r[4], r[6] or '', r[7] or '', r[8] or '', r[9] or '0'}
 end
 
 if r[2] == 'in_progress' then
