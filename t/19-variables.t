@@ -219,5 +219,19 @@ is($lq->{outcome}, 'executed', 'quoted key: executed');
     is($t->effects(key => $km), 1, 'repeated header: one effect');
 }
 
+# ---- operation ids: 300 first writes, more than one refill of the
+#      worker's 4 KiB random reserve (32 bytes per request), all distinct
+{
+    my (%seen, $bad);
+    for my $i (1 .. 300) {
+        my $ki = $t->key("opid$i");
+        my $r = $t->http(POST => '/v/ids', key => $ki, json => { i => $i });
+        my $l = logged("operation id $i");
+        $bad++ unless $r->{status} == 201 && $l->{op} =~ $hex32 && !$seen{ $l->{op} }++;
+    }
+    ok(!$bad, '300 first writes: 300 distinct 32-hex operation ids');
+    is(scalar(grep { ($_->{uri} // '') eq '/v/ids' } $t->effect_list), 300, '300 first writes: 300 effects');
+}
+
 $t->check_logs;
 done_testing;
