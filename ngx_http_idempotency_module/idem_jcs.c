@@ -1232,6 +1232,85 @@ jcs_literal(jcs_in_t *in, const char **word, size_t *len)
 }
 
 
+/*
+ * After a value, before what follows it: 1 (and *rc) when the text ends
+ * here, at depth 0, or cannot, inside a container.
+ */
+static int
+jcs_value_end(jcs_in_t *in, int depth, int *more, idem_jcs_rc_t *rc)
+{
+    jcs_skip_ws(in);
+
+    if (depth == 0) {
+        *more = 0;
+        *rc = (in->p == in->end) ? IDEM_JCS_OK : jcs_unexpected(in);
+        return 1;
+    }
+
+    if (in->p == in->end) {
+        *rc = IDEM_JCS_ESYNTAX;
+        return 1;
+    }
+
+    return 0;
+}
+
+
+/*
+ * The whole text, iteratively (the only stack is the consumer's): values,
+ * and after each one the containers it closes.  The tree builder and the
+ * direct writer differ only in what they do at each step.  jcs_drive() is
+ * inline, so each caller gets its own copy with direct calls.
+ */
+typedef struct {
+    idem_jcs_rc_t  (*open)(void *st, int *done);        /* '{' or '[' */
+    idem_jcs_rc_t  (*scalar)(void *st);
+    idem_jcs_rc_t  (*after_value)(void *st, int *more);
+} jcs_grammar_t;
+
+
+static inline idem_jcs_rc_t
+jcs_drive(jcs_in_t *in, void *st, const jcs_grammar_t *g)
+{
+    idem_jcs_rc_t  rc;
+    int            more, done;
+
+    do {
+        jcs_skip_ws(in);
+
+        if (in->p == in->end) {
+            return IDEM_JCS_ESYNTAX;
+        }
+
+        if (*in->p == '{' || *in->p == '[') {
+            rc = g->open(st, &done);
+            if (rc != IDEM_JCS_OK) {
+                return rc;
+            }
+
+            if (!done) {
+                more = 1;
+                continue;       /* the first element */
+            }
+
+        } else {
+            rc = g->scalar(st);
+            if (rc != IDEM_JCS_OK) {
+                return rc;
+            }
+        }
+
+        rc = g->after_value(st, &more);
+        if (rc != IDEM_JCS_OK) {
+            return rc;
+        }
+
+    } while (more);
+
+    return IDEM_JCS_OK;
+}
+
+
 /* tree builder: idem_jcs_parse() */
 
 static idem_jcs_rc_t
@@ -1360,8 +1439,9 @@ jcs_attach(jcs_parser_t *ps, cJSON *item)
 
 /* '[' or '{' at ps->in.p; *done is set when the container was empty */
 static idem_jcs_rc_t
-jcs_open(jcs_parser_t *ps, int *done)
+jcs_open(void *st, int *done)
 {
+    jcs_parser_t   *ps = st;
     idem_jcs_rc_t   rc;
     cJSON          *item;
     int             object;
@@ -1402,23 +1482,16 @@ jcs_open(jcs_parser_t *ps, int *done)
  * the end of the text (*more = 0).
  */
 static idem_jcs_rc_t
-jcs_after_value(jcs_parser_t *ps, int *more)
+jcs_after_value(void *st, int *more)
 {
+    jcs_parser_t   *ps = st;
     idem_jcs_rc_t   rc;
     cJSON          *top;
     int             object;
 
     for ( ;; ) {
-        jcs_skip_ws(&ps->in);
-
-        if (ps->depth == 0) {
-            *more = 0;
-            return (ps->in.p == ps->in.end) ? IDEM_JCS_OK
-                                            : jcs_unexpected(&ps->in);
-        }
-
-        if (ps->in.p == ps->in.end) {
-            return IDEM_JCS_ESYNTAX;
+        if (jcs_value_end(&ps->in, ps->depth, more, &rc)) {
+            return rc;
         }
 
         top = ps->stack[ps->depth - 1];
@@ -1447,53 +1520,21 @@ jcs_after_value(jcs_parser_t *ps, int *more)
 }
 
 
-/* The whole text; iterative, the only stack is ps->stack. */
 static idem_jcs_rc_t
-jcs_parse_text(jcs_parser_t *ps)
+jcs_tree_scalar(void *st)
 {
-    idem_jcs_rc_t   rc;
-    cJSON          *item;
-    int             more, done;
+    idem_jcs_rc_t  rc;
+    cJSON         *item;
 
-    do {
-        jcs_skip_ws(&ps->in);
+    rc = jcs_parse_scalar(st, &item);
 
-        if (ps->in.p == ps->in.end) {
-            return IDEM_JCS_ESYNTAX;
-        }
-
-        if (*ps->in.p == '{' || *ps->in.p == '[') {
-            rc = jcs_open(ps, &done);
-            if (rc != IDEM_JCS_OK) {
-                return rc;
-            }
-
-            if (!done) {
-                more = 1;
-                continue;       /* the first element */
-            }
-
-        } else {
-            rc = jcs_parse_scalar(ps, &item);
-            if (rc != IDEM_JCS_OK) {
-                return rc;
-            }
-
-            rc = jcs_attach(ps, item);
-            if (rc != IDEM_JCS_OK) {
-                return rc;
-            }
-        }
-
-        rc = jcs_after_value(ps, &more);
-        if (rc != IDEM_JCS_OK) {
-            return rc;
-        }
-
-    } while (more);
-
-    return IDEM_JCS_OK;
+    return (rc == IDEM_JCS_OK) ? jcs_attach(st, item) : rc;
 }
+
+
+static const jcs_grammar_t  jcs_tree_grammar = {
+    jcs_open, jcs_tree_scalar, jcs_after_value
+};
 
 
 idem_jcs_rc_t
@@ -1506,7 +1547,7 @@ idem_jcs_parse(const char *in, size_t len, struct cJSON **tree)
     ps.in.p = (const unsigned char *) in;
     ps.in.end = ps.in.p + len;
 
-    rc = jcs_parse_text(&ps);
+    rc = jcs_drive(&ps.in, &ps, &jcs_tree_grammar);
 
     free(ps.str.data);
     free(ps.key.data);
@@ -2024,8 +2065,9 @@ jcs_canon_number(jcs_canon_t *c)
 
 
 static idem_jcs_rc_t
-jcs_canon_scalar(jcs_canon_t *c)
+jcs_canon_scalar(void *st)
 {
+    jcs_canon_t    *c = st;
     const char     *word;
     idem_jcs_rc_t   rc;
     size_t          n;
@@ -2068,8 +2110,9 @@ jcs_canon_scalar(jcs_canon_t *c)
 
 /* '[' or '{' at c->in.p; *done is set when the container was empty */
 static idem_jcs_rc_t
-jcs_canon_open(jcs_canon_t *c, int *done)
+jcs_canon_open(void *st, int *done)
 {
+    jcs_canon_t  *c = st;
     jcs_frame_t  *f;
     int           object;
 
@@ -2179,22 +2222,15 @@ jcs_canon_sort(jcs_canon_t *c, jcs_frame_t *f)
  * either step over a comma (*more = 1) or reach the end (*more = 0).
  */
 static idem_jcs_rc_t
-jcs_canon_after_value(jcs_canon_t *c, int *more)
+jcs_canon_after_value(void *st, int *more)
 {
+    jcs_canon_t    *c = st;
     jcs_frame_t    *f;
     idem_jcs_rc_t   rc;
 
     for ( ;; ) {
-        jcs_skip_ws(&c->in);
-
-        if (c->depth == 0) {
-            *more = 0;
-            return (c->in.p == c->in.end) ? IDEM_JCS_OK
-                                          : jcs_unexpected(&c->in);
-        }
-
-        if (c->in.p == c->in.end) {
-            return IDEM_JCS_ESYNTAX;
+        if (jcs_value_end(&c->in, c->depth, more, &rc)) {
+            return rc;
         }
 
         f = &c->frames[c->depth - 1];
@@ -2239,46 +2275,9 @@ jcs_canon_after_value(jcs_canon_t *c, int *more)
 }
 
 
-static idem_jcs_rc_t
-jcs_canon_text(jcs_canon_t *c)
-{
-    idem_jcs_rc_t  rc;
-    int            more, done;
-
-    do {
-        jcs_skip_ws(&c->in);
-
-        if (c->in.p == c->in.end) {
-            return IDEM_JCS_ESYNTAX;
-        }
-
-        if (*c->in.p == '{' || *c->in.p == '[') {
-            rc = jcs_canon_open(c, &done);
-            if (rc != IDEM_JCS_OK) {
-                return rc;
-            }
-
-            if (!done) {
-                more = 1;
-                continue;       /* the first element */
-            }
-
-        } else {
-            rc = jcs_canon_scalar(c);
-            if (rc != IDEM_JCS_OK) {
-                return rc;
-            }
-        }
-
-        rc = jcs_canon_after_value(c, &more);
-        if (rc != IDEM_JCS_OK) {
-            return rc;
-        }
-
-    } while (more);
-
-    return IDEM_JCS_OK;
-}
+static const jcs_grammar_t  jcs_canon_grammar = {
+    jcs_canon_open, jcs_canon_scalar, jcs_canon_after_value
+};
 
 
 /* A root object out of order goes out member by member, never copied. */
@@ -2306,31 +2305,57 @@ jcs_canon_write_root(jcs_canon_t *c, idem_sink_t *out)
 }
 
 
+/* in[0..len) to out; in place when borrow (== in) may be overwritten */
 static idem_jcs_rc_t
-jcs_canon_run(jcs_canon_t *c, idem_sink_t *out)
+jcs_canon_run(const char *in, size_t len, char *borrow, idem_sink_t *out)
 {
-    idem_jcs_rc_t  rc;
-    int            root_sorted;
+    jcs_canon_t     c;
+    idem_jcs_rc_t   rc;
+    int             root_sorted;
 
-    rc = jcs_canon_text(c);
+    if (len >= JCS_BUF_MAX - 64) {
+        return IDEM_JCS_ENOMEM;
+    }
+
+    memset(&c, 0, sizeof(jcs_canon_t));
+    c.in.p = (const unsigned char *) in;
+    c.in.end = c.in.p + len;
+    c.in_start = c.in.p;
+    c.out.text = 1;
+
+    if (borrow) {
+        c.out.borrowed = 1;
+        c.out.data = borrow;
+        c.out.size = len;
+
+    } else {
+        /* the canonical text is rarely longer than the input */
+        c.out.size = len + 64;
+        c.out.data = malloc(c.out.size);
+        if (c.out.data == NULL) {
+            return IDEM_JCS_ENOMEM;
+        }
+    }
+
+    rc = jcs_drive(&c.in, &c, &jcs_canon_grammar);
 
     if (rc == IDEM_JCS_OK) {
-        root_sorted = (c->out.data[0] != '{' || c->frames[0].sorted
-                       || c->nrecs == 0);
+        root_sorted = (c.out.data[0] != '{' || c.frames[0].sorted
+                       || c.nrecs == 0);
 
-        if ((root_sorted ? jcs_put(out, c->out.data, c->out.len)
-                         : jcs_canon_write_root(c, out)) != 0)
+        if ((root_sorted ? jcs_put(out, c.out.data, c.out.len)
+                         : jcs_canon_write_root(&c, out)) != 0)
         {
             rc = IDEM_JCS_ESINK;
         }
     }
 
-    if (!c->out.borrowed) {
-        free(c->out.data);
+    if (!c.out.borrowed) {
+        free(c.out.data);
     }
 
-    free(c->tmp.data);
-    free(c->recs);
+    free(c.tmp.data);
+    free(c.recs);
 
     return rc;
 }
@@ -2339,26 +2364,7 @@ jcs_canon_run(jcs_canon_t *c, idem_sink_t *out)
 idem_jcs_rc_t
 idem_jcs_canonicalize(const char *in, size_t len, idem_sink_t *out)
 {
-    jcs_canon_t  c;
-
-    memset(&c, 0, sizeof(jcs_canon_t));
-    c.in.p = (const unsigned char *) in;
-    c.in.end = c.in.p + len;
-    c.in_start = c.in.p;
-    c.out.text = 1;
-
-    /* the canonical text is rarely longer than the input: one allocation */
-    if (len >= JCS_BUF_MAX - 64) {
-        return IDEM_JCS_ENOMEM;
-    }
-
-    c.out.size = len + 64;
-    c.out.data = malloc(c.out.size);
-    if (c.out.data == NULL) {
-        return IDEM_JCS_ENOMEM;
-    }
-
-    return jcs_canon_run(&c, out);
+    return jcs_canon_run(in, len, NULL, out);
 }
 
 
@@ -2371,20 +2377,5 @@ idem_jcs_canonicalize(const char *in, size_t len, idem_sink_t *out)
 idem_jcs_rc_t
 idem_jcs_canonicalize_in_place(char *buf, size_t len, idem_sink_t *out)
 {
-    jcs_canon_t  c;
-
-    if (len >= JCS_BUF_MAX - 64) {
-        return IDEM_JCS_ENOMEM;
-    }
-
-    memset(&c, 0, sizeof(jcs_canon_t));
-    c.in.p = (const unsigned char *) buf;
-    c.in.end = c.in.p + len;
-    c.in_start = c.in.p;
-    c.out.text = 1;
-    c.out.borrowed = 1;
-    c.out.data = buf;
-    c.out.size = len;
-
-    return jcs_canon_run(&c, out);
+    return jcs_canon_run(buf, len, buf, out);
 }
