@@ -20,6 +20,9 @@
 #define NGX_HTTP_IDEM_TOKEN_HEX       32   /* 128 random bits as hex */
 #define NGX_HTTP_IDEM_SHA1_HEX        40
 
+/* idempotency_thread_pool: smaller JSON bodies are not worth a hand-off */
+#define NGX_HTTP_IDEM_THREAD_MIN      (32 * 1024)
+
 #define NGX_HTTP_IDEM_FAILURE_CLOSED  0
 #define NGX_HTTP_IDEM_FAILURE_OPEN    1
 
@@ -180,6 +183,12 @@ typedef struct {
     ngx_array_t                 *release_statuses; /* ngx_uint_t */
     ngx_msec_t                   wait;
     ngx_uint_t                   ops;    /* status or admin location */
+#if (NGX_THREADS)
+    ngx_thread_pool_t           *thread_pool;      /* NULL: off */
+#else
+    void                        *thread_pool;      /* always NULL */
+#endif
+    size_t                       thread_min;       /* body bytes */
 } ngx_http_idem_loc_conf_t;
 
 
@@ -187,6 +196,8 @@ typedef enum {
     NGX_HTTP_IDEM_NEW = 0,
     NGX_HTTP_IDEM_READING_BODY,
     NGX_HTTP_IDEM_BODY_READ,
+    NGX_HTTP_IDEM_FINGERPRINTING,   /* in idempotency_thread_pool */
+    NGX_HTTP_IDEM_FINGERPRINTED,
     NGX_HTTP_IDEM_CLAIMING,
     NGX_HTTP_IDEM_WAITING,
     NGX_HTTP_IDEM_ANSWERED,
@@ -303,6 +314,10 @@ ngx_int_t ngx_http_idem_copy_str(ngx_pool_t *pool, redisReply *e,
     ngx_str_t *dst);
 ngx_uint_t ngx_http_idem_is(ngx_str_t *s, const char *lit);
 ngx_uint_t ngx_http_idem_is_hex(ngx_str_t *s);
+
+/* ngx_http_idempotency_body.c */
+ngx_int_t ngx_http_idem_body_fingerprint(ngx_http_request_t *r,
+    ngx_http_idem_ctx_t *ctx, idem_fp_input_t *in);
 
 /* ngx_http_idempotency_ops.c */
 ngx_int_t ngx_http_idem_status_handler(ngx_http_request_t *r);

@@ -9,8 +9,6 @@
 #include "ngx_http_idempotency.h"
 
 
-#define NGX_HTTP_IDEM_READ_CHUNK  65536
-
 /* bodies above this may take long enough to hash that time must be read */
 #define NGX_HTTP_IDEM_BIG_BODY    (256 * 1024)
 
@@ -22,6 +20,8 @@ static ngx_int_t ngx_http_idem_start(ngx_http_request_t *r,
     ngx_http_idem_ctx_t *ctx);
 static void ngx_http_idem_body_handler(ngx_http_request_t *r);
 static ngx_int_t ngx_http_idem_claim(ngx_http_request_t *r,
+    ngx_http_idem_ctx_t *ctx);
+static ngx_int_t ngx_http_idem_claim_fingerprinted(ngx_http_request_t *r,
     ngx_http_idem_ctx_t *ctx);
 static ngx_int_t ngx_http_idem_claim_send(ngx_http_request_t *r,
     ngx_http_idem_ctx_t *ctx);
@@ -195,12 +195,16 @@ ngx_http_idem_precontent_handler(ngx_http_request_t *r)
     switch (ctx->phase) {
 
     case NGX_HTTP_IDEM_READING_BODY:
+    case NGX_HTTP_IDEM_FINGERPRINTING:
     case NGX_HTTP_IDEM_CLAIMING:
     case NGX_HTTP_IDEM_WAITING:
         return NGX_DONE;
 
     case NGX_HTTP_IDEM_BODY_READ:
         return ngx_http_idem_claim(r, ctx);
+
+    case NGX_HTTP_IDEM_FINGERPRINTED:
+        return ngx_http_idem_claim_fingerprinted(r, ctx);
 
     case NGX_HTTP_IDEM_ANSWERED:
         return ngx_http_idem_act(r, ctx);
@@ -426,227 +430,6 @@ ngx_http_idem_body_handler(ngx_http_request_t *r)
 }
 
 
-/* body */
-
-typedef ngx_int_t (*ngx_http_idem_body_pt)(void *data, u_char *p, size_t n);
-
-
-/* Walks memory and temp-file parts alike, reading files in chunks. */
-static ngx_int_t
-ngx_http_idem_body_walk(ngx_http_request_t *r, ngx_http_idem_body_pt fn,
-    void *data)
-{
-    off_t         pos;
-    size_t        n;
-    ssize_t       got;
-    u_char       *chunk;
-    ngx_buf_t    *b;
-    ngx_chain_t  *cl;
-
-    chunk = NULL;
-
-    if (r->request_body == NULL) {
-        return NGX_OK;
-    }
-
-    for (cl = r->request_body->bufs; cl; cl = cl->next) {
-        b = cl->buf;
-
-        if (ngx_buf_in_memory(b)) {
-            if (fn(data, b->pos, b->last - b->pos) != NGX_OK) {
-                return NGX_ERROR;
-            }
-
-            continue;
-        }
-
-        if (!b->in_file) {
-            continue;
-        }
-
-        if (chunk == NULL) {
-            chunk = ngx_palloc(r->pool, NGX_HTTP_IDEM_READ_CHUNK);
-            if (chunk == NULL) {
-                return NGX_ERROR;
-            }
-        }
-
-        for (pos = b->file_pos; pos < b->file_last; pos += got) {
-            n = (size_t) ngx_min(b->file_last - pos,
-                                 NGX_HTTP_IDEM_READ_CHUNK);
-
-            got = ngx_read_file(b->file, chunk, n, pos);
-            if (got <= 0) {
-                return NGX_ERROR;
-            }
-
-            if (fn(data, chunk, (size_t) got) != NGX_OK) {
-                return NGX_ERROR;
-            }
-        }
-    }
-
-    if (chunk) {
-        ngx_pfree(r->pool, chunk);
-    }
-
-    return NGX_OK;
-}
-
-
-static ngx_int_t
-ngx_http_idem_body_sha(void *data, u_char *p, size_t n)
-{
-    return EVP_DigestUpdate(data, p, n) ? NGX_OK : NGX_ERROR;
-}
-
-
-/* the parts of the body, files read straight into dst (size bytes) */
-static ngx_int_t
-ngx_http_idem_body_read(ngx_http_request_t *r, u_char *dst, size_t size)
-{
-    off_t         pos;
-    size_t        n;
-    ssize_t       got;
-    u_char       *end;
-    ngx_buf_t    *b;
-    ngx_chain_t  *cl;
-
-    end = dst + size;
-
-    for (cl = r->request_body->bufs; cl; cl = cl->next) {
-        b = cl->buf;
-
-        if (ngx_buf_in_memory(b)) {
-            n = b->last - b->pos;
-            if ((size_t) (end - dst) < n) {
-                return NGX_ERROR;
-            }
-
-            dst = ngx_cpymem(dst, b->pos, n);
-            continue;
-        }
-
-        if (!b->in_file) {
-            continue;
-        }
-
-        for (pos = b->file_pos; pos < b->file_last; pos += got) {
-            n = (size_t) (b->file_last - pos);
-            if ((size_t) (end - dst) < n) {
-                return NGX_ERROR;
-            }
-
-            got = ngx_read_file(b->file, dst, n, pos);
-            if (got <= 0) {
-                return NGX_ERROR;
-            }
-
-            dst += got;
-        }
-    }
-
-    return (dst == end) ? NGX_OK : NGX_ERROR;
-}
-
-
-/* the SHA-256 of the raw body, read from memory and temp file parts */
-static int
-ngx_http_idem_body_sha256(void *data, unsigned char *md)
-{
-    int                  rc;
-    unsigned int         n;
-    EVP_MD_CTX          *sha;
-    ngx_http_request_t  *r;
-
-    r = data;
-
-    sha = EVP_MD_CTX_new();
-    if (sha == NULL) {
-        return -1;
-    }
-
-    rc = (EVP_DigestInit_ex(sha, idem_sha256(), NULL)
-          && ngx_http_idem_body_walk(r, ngx_http_idem_body_sha, sha) == NGX_OK
-          && EVP_DigestFinal_ex(sha, md, &n))
-         ? 0 : -1;
-
-    EVP_MD_CTX_free(sha);
-
-    return rc;
-}
-
-
-/*
- * JSON is parsed, so it needs the whole body in one piece.  One memory
- * buffer is read where it is.  Otherwise (a temp file, or parts) the body
- * is read into a copy that is then canonicalized over itself: one body's
- * worth of memory, freed as soon as the fingerprint is done, and if the
- * body is not JSON after all its raw digest is read again from the parts.
- * (mmap() of the temp file was tried: munmap()'s TLB shootdown cost more
- * than the copy, bench/RESULTS.md.)
- */
-static ngx_int_t
-ngx_http_idem_body_json(ngx_http_request_t *r, idem_fp_input_t *in,
-    u_char **copy)
-{
-    size_t        size;
-    u_char       *dst;
-    ngx_buf_t    *b;
-    ngx_chain_t  *bufs, *cl;
-
-    bufs = r->request_body ? r->request_body->bufs : NULL;
-
-    if (bufs && bufs->next == NULL && ngx_buf_in_memory(bufs->buf)) {
-        in->body = (const char *) bufs->buf->pos;
-        in->body_len = bufs->buf->last - bufs->buf->pos;
-        return NGX_OK;
-    }
-
-    size = 0;
-
-    for (cl = bufs; cl; cl = cl->next) {
-        b = cl->buf;
-        size += ngx_buf_in_memory(b) ? (size_t) (b->last - b->pos)
-                : b->in_file ? (size_t) (b->file_last - b->file_pos) : 0;
-    }
-
-    if (size == 0) {
-        in->body = "";
-        in->body_len = 0;
-        return NGX_OK;
-    }
-
-    dst = ngx_pnalloc(r->pool, size);
-    if (dst == NULL) {
-        return NGX_ERROR;
-    }
-
-    *copy = dst;
-    in->body = (const char *) dst;
-    in->body_len = size;
-    in->body_in_place = 1;
-    in->raw_sha256 = ngx_http_idem_body_sha256;
-    in->raw_data = r;
-
-    return ngx_http_idem_body_read(r, dst, size);
-}
-
-
-static ngx_int_t
-ngx_http_idem_body_raw(ngx_http_request_t *r, idem_fp_input_t *in,
-    u_char *md)
-{
-    if (ngx_http_idem_body_sha256(r, md) != 0) {
-        return NGX_ERROR;
-    }
-
-    in->body_sha256 = md;
-
-    return NGX_OK;
-}
-
-
 /* fingerprint */
 
 static ngx_str_t *
@@ -749,15 +532,15 @@ ngx_http_idem_fp_headers(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
 }
 
 
+/*
+ * NGX_OK with ctx->fingerprint set, NGX_AGAIN while a thread computes it,
+ * NGX_ERROR.
+ */
 static ngx_int_t
 ngx_http_idem_fingerprint(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
 {
-    u_char            md[EVP_MAX_MD_SIZE];
     ngx_str_t         scope, *ct;
-    ngx_int_t                  rc;
-    idem_fp_input_t            in;
-    idem_fp_result_t           res;
-    u_char                    *copy;
+    idem_fp_input_t   in;
 
     if (ngx_http_idem_record_key(r, ctx, &scope) != NGX_OK) {
         return NGX_ERROR;
@@ -784,38 +567,7 @@ ngx_http_idem_fingerprint(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
     in.body_json = ct && idem_media_type_is_json((const char *) ct->data,
                                                  ct->len);
 
-    copy = NULL;
-
-    rc = in.body_json ? ngx_http_idem_body_json(r, &in, &copy)
-                      : ngx_http_idem_body_raw(r, &in, md);
-
-    if (rc != NGX_OK) {
-        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
-                      "idempotency: cannot read the request body");
-
-    } else if (idem_fingerprint(&in, &res) != 0) {
-        rc = NGX_ERROR;
-    }
-
-    if (copy) {
-        (void) ngx_pfree(r->pool, copy);
-    }
-
-    if (rc != NGX_OK) {
-        return NGX_ERROR;
-    }
-
-    ngx_memcpy(ctx->fingerprint, res.hex, IDEM_FP_HEX_LEN);
-    ctx->body_form = res.body_form;
-    ctx->fingerprinted = 1;
-
-    if (res.body_form == IDEM_BODY_RAW_INVALID_JSON) {
-        ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
-                      "idempotency: JSON body hashed raw: %s",
-                      idem_jcs_strerror(res.json_rc));
-    }
-
-    return NGX_OK;
+    return ngx_http_idem_body_fingerprint(r, ctx, &in);
 }
 
 
@@ -882,7 +634,15 @@ ngx_http_idem_tokens(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
 static ngx_int_t
 ngx_http_idem_claim(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
 {
-    if (ngx_http_idem_fingerprint(r, ctx) != NGX_OK) {
+    switch (ngx_http_idem_fingerprint(r, ctx)) {
+
+    case NGX_OK:
+        break;
+
+    case NGX_AGAIN:
+        return NGX_DONE;
+
+    default:
         return ngx_http_idem_finalize(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
     }
 
@@ -896,7 +656,15 @@ ngx_http_idem_claim(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
         ngx_time_update();
     }
 
-    if (ngx_http_idem_tokens(r, ctx) != NGX_OK) {
+    return ngx_http_idem_claim_fingerprinted(r, ctx);
+}
+
+
+static ngx_int_t
+ngx_http_idem_claim_fingerprinted(ngx_http_request_t *r,
+    ngx_http_idem_ctx_t *ctx)
+{
+    if (!ctx->fingerprinted || ngx_http_idem_tokens(r, ctx) != NGX_OK) {
         return ngx_http_idem_finalize(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
     }
 

@@ -31,6 +31,8 @@ static char *ngx_http_idem_check_positive_sec(ngx_conf_t *cf, void *post,
     void *data);
 static char *ngx_http_idem_check_positive_msec(ngx_conf_t *cf, void *post,
     void *data);
+static char *ngx_http_idem_thread_pool(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
 static char *ngx_http_idem_status(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 static char *ngx_http_idem_admin(ngx_conf_t *cf, ngx_command_t *cmd,
@@ -161,6 +163,13 @@ static ngx_command_t  ngx_http_idem_commands[] = {
       ngx_http_idem_lowercase_list,
       NGX_HTTP_LOC_CONF_OFFSET,
       offsetof(ngx_http_idem_loc_conf_t, fp_headers),
+      NULL },
+
+    { ngx_string("idempotency_thread_pool"),
+      NGX_HTTP_IDEM_CONF_ANY|NGX_CONF_TAKE12,
+      ngx_http_idem_thread_pool,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      0,
       NULL },
 
     { ngx_string("idempotency_status"),
@@ -387,6 +396,8 @@ ngx_http_idem_create_loc_conf(ngx_conf_t *cf)
     conf->store_failure = NGX_CONF_UNSET_UINT;
     conf->fp_headers = NGX_CONF_UNSET_PTR;
     conf->release_statuses = NGX_CONF_UNSET_PTR;
+    conf->thread_pool = NGX_CONF_UNSET_PTR;
+    conf->thread_min = NGX_CONF_UNSET_SIZE;
 
     return conf;
 }
@@ -537,6 +548,16 @@ ngx_http_idem_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
         conf->release_statuses = prev->release_statuses;
     }
 
+    /* the pool and its threshold are one directive, inherited together */
+    if (conf->thread_pool == NGX_CONF_UNSET_PTR) {
+        conf->thread_pool = prev->thread_pool;
+        conf->thread_min = prev->thread_min;
+    }
+
+    ngx_conf_merge_ptr_value(conf->thread_pool, NGX_CONF_UNSET_PTR, NULL);
+    ngx_conf_merge_size_value(conf->thread_min, NGX_CONF_UNSET_SIZE,
+                              NGX_HTTP_IDEM_THREAD_MIN);
+
     if (ngx_http_idem_check_fp_headers(cf, conf) != NGX_CONF_OK) {
         return NGX_CONF_ERROR;
     }
@@ -670,6 +691,76 @@ ngx_http_idem_conflict_status(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     }
 
     return NGX_CONF_OK;
+}
+
+
+/* idempotency_thread_pool off | name [min_size=size] */
+static char *
+ngx_http_idem_thread_pool(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_http_idem_loc_conf_t  *lcf = conf;
+
+    ssize_t     size;
+    ngx_str_t  *value, s;
+
+    if (lcf->thread_pool != NGX_CONF_UNSET_PTR) {
+        return "is duplicate";
+    }
+
+    value = cf->args->elts;
+
+    if (ngx_strcmp(value[1].data, "off") == 0) {
+        if (cf->args->nelts != 2) {
+            return "takes no size with \"off\"";
+        }
+
+        lcf->thread_pool = NULL;
+        return NGX_CONF_OK;
+    }
+
+    size = NGX_HTTP_IDEM_THREAD_MIN;
+
+    if (cf->args->nelts == 3) {
+        if (ngx_strncmp(value[2].data, "min_size=", 9) != 0) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "invalid parameter \"%V\" in \"%V\" "
+                               "directive, it must be \"min_size=size\"",
+                               &value[2], &cmd->name);
+            return NGX_CONF_ERROR;
+        }
+
+        s.data = value[2].data + 9;
+        s.len = value[2].len - 9;
+
+        size = ngx_parse_size(&s);
+        if (size == NGX_ERROR) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "invalid size \"%V\" in \"%V\" directive",
+                               &s, &cmd->name);
+            return NGX_CONF_ERROR;
+        }
+    }
+
+#if (NGX_THREADS)
+
+    /* an undefined pool other than "default" fails later, with its line */
+    lcf->thread_pool = ngx_thread_pool_add(cf, &value[1]);
+    if (lcf->thread_pool == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    lcf->thread_min = (size_t) size;
+
+    return NGX_CONF_OK;
+
+#else
+
+    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                       "\"%V\" needs nginx built with threads "
+                       "(--with-threads)", &cmd->name);
+    return NGX_CONF_ERROR;
+
+#endif
 }
 
 

@@ -78,6 +78,11 @@ for my $c (
     [ 'store_max garbage',       'idempotency_store_max',       "idempotency on; $R idempotency_store_max lots;" ],
     [ 'on without redis',        'idempotency_redis',           'idempotency on;' ],
     [ 'idempotency maybe',       'idempotency',                 "idempotency maybe; $R" ],
+    [ 'thread pool size garbage', 'idempotency_thread_pool',    "idempotency on; $R idempotency_thread_pool default min_size=big;" ],
+    [ 'thread pool parameter',   'idempotency_thread_pool',     "idempotency on; $R idempotency_thread_pool default threads=4;" ],
+    [ 'thread pool off + size',  'idempotency_thread_pool',     "idempotency on; $R idempotency_thread_pool off min_size=1k;" ],
+    [ 'thread pool twice',       'idempotency_thread_pool',     "idempotency on; $R idempotency_thread_pool default; idempotency_thread_pool off;" ],
+    [ 'thread pool no value',    'idempotency_thread_pool',     "idempotency on; $R idempotency_thread_pool;" ],
 ) {
     my ($what, $dir, $loc) = @$c;
     my ($rc, $out) = $t->nginx_test_conf(conf($loc));
