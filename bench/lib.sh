@@ -201,6 +201,9 @@ master_process $master;
 worker_processes 1;
 pid $d/nginx.pid;
 error_log $d/error.log error;
+# B canonicalizes JSON bodies from 32 KiB up in these threads (the
+# module's idempotency_thread_pool); BENCH_THREAD_POOL=off measures without
+thread_pool idem threads=2;
 events { worker_connections 4096; }
 http {
 $(nginx_common "$d")
@@ -230,7 +233,8 @@ EOF
     server {
         listen 127.0.0.1:$pb backlog=4096;
         location / {
-            idempotency on;$proxy
+            idempotency on;
+            idempotency_thread_pool ${BENCH_THREAD_POOL:-idem};$proxy
         }
     }
 EOF
