@@ -199,11 +199,14 @@ sub _stop_pid {
 
 # ---------------------------------------------------------------- redis
 
-# start_redis(appendonly => 1, unixsocket => 1, port => P, args => [...])
+# start_redis(appendonly => 1, unixsocket => 1, port => P, args => [...],
+#             auth => [password] or [user, password]: what the harness's own
+#             commands send as AUTH, for a server started with requirepass)
 sub start_redis {
     my ($self, %o) = @_;
     %o = (%{ $self->{redis_opts} // {} }, %o);
     $self->{redis_opts} = \%o;
+    $self->{redis_auth} = $o{auth};
     my $port = $self->{redis_port} = $o{port} // $self->{redis_port} // free_port();
     my $dir = "$self->{prefix}/redis";
     my @argv = ($self->{redis_bin},
@@ -266,6 +269,8 @@ sub redis_multi {
         Timeout => 3,
     ) or return (Idem::Test::RedisError->new("ERRCONN connect: $!"));
     binmode $s;
+    # a password-protected server (redis_auth => [password] or [user, password])
+    @cmds = ([ 'AUTH', @{ $self->{redis_auth} } ], @cmds) if $self->{redis_auth};
     my $req = join '', map {
         my @cmd = @$_;
         '*' . @cmd . "\r\n" . join('', map { '$' . length($_) . "\r\n$_\r\n" } @cmd)
@@ -284,6 +289,7 @@ sub redis_multi {
         push @replies, $reply;
     }
     close $s;
+    shift @replies if $self->{redis_auth};
     return @replies;
 }
 

@@ -1,0 +1,150 @@
+#!/usr/bin/perl
+# idempotency_redis password= and user=: against a redis-server that requires
+# a password (requirepass) and has an ACL user, the module authenticates its
+# command and subscription links (idempotency_wait), so claims, replays and
+# waiting work; a wrong password or user gets 503 store-unavailable with
+# nothing executed, Redis's refusal is logged, and the password itself never
+# reaches error.log.
+
+use strict;
+use warnings;
+use FindBin;
+use lib "$FindBin::Bin/lib";
+use Test::More;
+use Idem::Test;
+
+my $PW  = 'masterpw-' . int(rand 1e9);
+my $UPW = 'alicepw-' . int(rand 1e9);
+my $BAD = 'wrongpw-' . int(rand 1e9);
+
+my $t = Idem::Test->new;
+$t->start_redis(auth => [$PW], args => [
+    '--requirepass', $PW,
+    # an ACL user with every key, channel and command: the subscriber link
+    # needs the channel permission
+    '--user', 'alice', 'on', ">$UPW", '~*', '&*', '+@all',
+    '--user', 'bob', 'on', ">bobpw-$UPW", '~*', '&*', '-@all', '+ping',
+]);
+$t->start_upstream;
+
+my $R = '%%REDIS%%';
+$t->start_nginx(<<"EOF", workers => 2, error_log_level => 'info');
+server {
+    listen 127.0.0.1:%%PORT%%;
+    location /pw/ {
+        idempotency on;
+        idempotency_redis $R password=$PW;
+        proxy_pass http://%%UPSTREAM%%;
+    }
+    location /acl/ {
+        idempotency on;
+        idempotency_redis $R user=alice password=$UPW db=3;
+        idempotency_wait 5s;
+        proxy_pass http://%%UPSTREAM%%;
+    }
+    location /nopw/ {
+        idempotency on;
+        idempotency_redis $R;
+        proxy_pass http://%%UPSTREAM%%;
+    }
+    location /badpw/ {
+        idempotency on;
+        idempotency_redis $R password=$BAD;
+        proxy_pass http://%%UPSTREAM%%;
+    }
+    location /baduser/ {
+        idempotency on;
+        idempotency_redis $R user=mallory password=$UPW;
+        proxy_pass http://%%UPSTREAM%%;
+    }
+    location /noperm/ {
+        idempotency on;
+        idempotency_redis $R user=bob password=bobpw-$UPW;
+        proxy_pass http://%%UPSTREAM%%;
+    }
+}
+EOF
+
+sub ptype { (($t->problem($_[0]) // {})->{type} // '') =~ s/^urn:ngx-idempotency:problem://r }
+
+# A link authenticates when it connects, which may be just after the first
+# request: retry 503 until the links are up, as a client would.
+sub first_write {
+    my ($path, @req) = @_;
+    my $r;
+    for (1 .. 20) {
+        $r = $t->http(POST => $path, @req);
+        last unless $r->{status} == 503;
+        sleep 0.25;
+    }
+    return $r;
+}
+
+for my $c ([ '/pw/x', 'password=' ], [ '/acl/x', 'user= password= db=' ]) {
+    my ($path, $what) = @$c;
+    my $k = $t->key('auth');
+    my @req = (key => $k, json => { pay => $path });
+    my $r = first_write($path, @req);
+    is($r->{status}, 201, "$what: first write executes") or diag($t->show($r));
+    is($t->effects(key => $k), 1, "$what: one effect");
+    my $again = $t->http(POST => $path, @req);
+    is($again->{status}, 201, "$what: retry");
+    is($again->{headers}{'idempotent-replayed'}, 'true', "$what: retry replayed");
+    is($again->{content}, $r->{content}, "$what: same body");
+    is($t->effects(key => $k), 1, "$what: still one effect");
+}
+
+# the ACL user's records are in db 3, the default user's in db 0
+{
+    my @db0 = $t->redis_keys('idem:*');
+    my (undef, $db3) = $t->redis_multi([ 'SELECT', 3 ], [ 'KEYS', 'idem:*' ]);
+    my $n3 = ref $db3 eq 'ARRAY' ? scalar @$db3 : -1;
+    is(scalar @db0, 1, 'password= location: its record in db 0');
+    is($n3, 1, 'user= db=3 location: its record in db 3');
+}
+
+# idempotency_wait through an authenticated subscriber link
+{
+    my $N = 5;
+    my $k = $t->key('authwait');
+    my $res = $t->parallel($N, sub {
+        my $r = $t->http(POST => '/acl/w', key => $k, json => { w => 1 },
+            headers => [ 'X-Delay' => 1 ], timeout => 15);
+        return { status => $r->{status}, replayed => $r->{headers}{'idempotent-replayed'},
+                 type => ptype($r) };
+    }, timeout => 20);
+    is($t->effects(key => $k), 1, "$N waiting duplicates as an ACL user: one effect");
+    is(scalar(grep { $_ && $_->{status} == 201 } @$res), $N, 'every duplicate got the 201')
+        or diag(explain $res);
+    is(scalar(grep { $_ && ($_->{replayed} // '') eq 'true' } @$res), $N - 1,
+        'the others waited and got the replay');
+}
+
+# refused credentials: 503, nothing executed, and it stays so
+for my $c (
+    [ '/nopw/x',    'no password',          qr/NOAUTH|Authentication required/ ],
+    [ '/badpw/x',   'wrong password',       qr/WRONGPASS|invalid password|invalid username-password/ ],
+    [ '/baduser/x', 'unknown user',         qr/WRONGPASS|invalid username-password/ ],
+    [ '/noperm/x',  'user without EVALSHA', qr/NOPERM|no permissions/ ],
+) {
+    my ($path, $what, $logged) = @$c;
+    my $k = $t->key('badauth');
+    for my $try (1 .. 3) {
+        my $r = $t->http(POST => $path, key => $k, json => { bad => $what });
+        $t->is_problem($r, 503, 'store-unavailable', key => $k, retry_after => 1,
+            name => "$what, attempt $try -> 503 store-unavailable");
+        sleep 0.3;
+    }
+    is($t->effects(key => $k), 0, "$what: nothing executed");
+    like($t->error_log, $logged, "$what: Redis's refusal is in error.log");
+}
+
+# the passwords are not logged (AUTH's arguments never are)
+{
+    my $log = $t->error_log;
+    my @found = grep { index($log, $_) >= 0 } ($PW, $UPW, $BAD);
+    is(scalar @found, 0, 'no password in error.log (info level)') or diag("@found");
+}
+
+$t->check_logs;
+done_testing;
