@@ -114,7 +114,8 @@ $t->stop_redis;
         ok(!exists $o->{headers}{'idempotent-replayed'}, "fail open, attempt $i: not a replay");
     }
     is($t->effects(key => $ko), 2, 'fail open: unprotected, every attempt is an effect');
-    like($t->error_log, qr/\[warn\].*(?:idempoten|redis|store)/i, 'fail open is logged at warn');
+    like($t->error_log, qr/\[warn\].*idempotency: redis unavailable, passing key "\Q$ko\E" through unprotected/,
+        'fail open is logged at warn, naming the key');
 }
 
 # ---- Redis back on the same port

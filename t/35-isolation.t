@@ -16,6 +16,9 @@ use Idem::Test;
 
 my $t = Idem::Test->new;
 $t->start_redis;
+# every command the module sends, with its arguments, lands in the slow log
+$t->redis('CONFIG', 'SET', 'slowlog-max-len', 100000);
+$t->redis('CONFIG', 'SET', 'slowlog-log-slower-than', 0);
 $t->start_upstream;
 my $conf = <<'EOF';
 server {
@@ -183,9 +186,18 @@ for my $who (qw(alice bob carol)) {
     }
     ok($values > 40, "$values values scanned");
     ok(!@leaks, 'no scope, key or fingerprinted header value in clear in Redis') or diag(join "\n", @leaks[0 .. ($#leaks < 20 ? $#leaks : 19)]);
-    # the scripts' cache and the server's own view: nothing either (CLIENT LIST shows no commands' arguments)
-    my $info = $t->redis('INFO', 'keyspace') // '';
-    unlike($info, qr/SCOPEMARK|KEYMARK/, 'INFO shows no markers');
+    # nor in what the module sent: the slow log keeps every command's
+    # arguments (the first 128 bytes of each, where the markers are)
+    $t->redis('ECHO', "control-$M");    # the scan must find this one
+    my $slow = $t->redis('SLOWLOG', 'GET', 100000);
+    my @cmds = grep { ref $_->[3] eq 'ARRAY' } @{ ref $slow eq 'ARRAY' ? $slow : [] };
+    my @scripts = grep { $_->[3][0] =~ /^eval(?:sha)?$/i } @cmds;
+    ok(@scripts > 20, scalar(@scripts) . ' script calls in the slow log, with their arguments');
+    my @sent = grep { join("\0", @{ $_->[3] }) =~ /SCOPEMARK|KEYMARK|NOTEMARK|\Q$M\E/ } @cmds;
+    is(scalar(grep { lc $_->[3][0] eq 'echo' } @sent), 1, 'the scan finds a marker sent on purpose');
+    @sent = grep { lc $_->[3][0] ne 'echo' } @sent;
+    ok(!@sent, 'no command sent to Redis carries a scope, key or header value in clear')
+        or diag(explain [ map { $_->[3] } @sent[0 .. ($#sent < 5 ? $#sent : 4)] ]);
 }
 
 # ---- Redis unreachable (last: the restart empties Redis): store-unavailable,
