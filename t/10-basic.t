@@ -25,7 +25,8 @@ EOF
 
 my $key = $t->key('basic');
 my @req = (key => $key, json => { amount => 100, currency => 'EUR' },
-    headers => [ 'X-Reply-Header' => 'X-Custom: kept', 'X-Reply-Header' => 'Set-Cookie: sid=secret' ]);
+    headers => [ 'X-Reply-Header' => 'X-Custom: kept', 'X-Reply-Header' => 'Set-Cookie: sid=secret',
+                 'X-Reply-Header' => 'Keep-Alive: timeout=5' ]);
 
 my $first = $t->http(POST => '/payments', @req);
 is($first->{status}, 201, 'first request passes through') or diag($t->show($first));
@@ -51,6 +52,26 @@ for my $n (1 .. 2) {
         "retry $n: Content-Length matches the body");
 }
 is($t->effects, 1, 'still one effect after two retries');
+
+# What the default idempotency_store_headers kept, as stored in Redis: the
+# end-to-end headers, none of the excluded ones (the upstream sent
+# Connection, Content-Length, Set-Cookie and Keep-Alive; nginx adds Date and
+# Server; Transfer-Encoding when it chunks).
+{
+    my $hdr = ($t->record($key) // {})->{hdr} // '';
+    my (@names, $i);
+    while ($hdr =~ /\G(\d+):/gc) {
+        my $v = substr($hdr, pos($hdr), $1);
+        pos($hdr) += $1;
+        last unless $hdr =~ /\G,/gc;
+        push @names, lc $v if $i++ % 2 == 0;
+    }
+    is(pos($hdr) // 0, length $hdr, 'stored headers: well-formed netstrings');
+    my %have = map { $_ => 1 } @names;
+    ok($have{$_}, "stored headers include $_") for qw(location content-type x-custom x-upstream-seq);
+    ok(!$have{$_}, "stored headers exclude $_")
+        for qw(date server connection keep-alive transfer-encoding content-length set-cookie);
+}
 
 # The record lives in Redis under a digest, never under the raw key.
 my @keys = $t->redis_keys('*');
