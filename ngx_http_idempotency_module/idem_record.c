@@ -153,3 +153,150 @@ idem_hdrs_next(idem_hdrs_iter_t *it, const char **name, size_t *name_len,
 
     return 1;
 }
+
+
+static int
+idem_rv_is(const idem_rv_t *v, const char *lit)
+{
+    size_t  len = strlen(lit);
+
+    return v->is_str && v->len == len && memcmp(v->data, lit, len) == 0;
+}
+
+
+/* an operation id or fingerprint as the scripts write them: 1..64 hex */
+int
+idem_is_hex(const char *p, size_t len)
+{
+    size_t  i;
+
+    if (len == 0 || len > 64) {
+        return 0;
+    }
+
+    for (i = 0; i < len; i++) {
+        if (!((p[i] >= '0' && p[i] <= '9') || (p[i] >= 'a' && p[i] <= 'f'))) {
+            return 0;
+        }
+    }
+
+    return 1;
+}
+
+
+/* 1..18 decimal digits (no sign, no overflow), or -1 */
+static long long
+idem_rv_decimal(const idem_rv_t *v)
+{
+    size_t     i;
+    long long  n;
+
+    if (!v->is_str || v->len == 0 || v->len > 18) {
+        return -1;
+    }
+
+    n = 0;
+
+    for (i = 0; i < v->len; i++) {
+        if (v->data[i] < '0' || v->data[i] > '9') {
+            return -1;
+        }
+
+        n = n * 10 + (v->data[i] - '0');
+    }
+
+    return n;
+}
+
+
+static idem_claim_kind_e
+idem_claim_completed(const idem_rv_t *el, size_t n, idem_claim_t *c)
+{
+    long long  status;
+
+    if (n != 6) {
+        return IDEM_CLAIM_CORRUPT;
+    }
+
+    status = idem_rv_decimal(&el[2]);
+
+    if (status < 200 || status > 599
+        || !el[3].is_str || !el[4].is_str || !el[5].is_str)
+    {
+        return IDEM_CLAIM_CORRUPT;
+    }
+
+    c->status = (int) status;
+    c->hdr = el[3];
+    c->body = el[4];
+    c->body_stored = idem_rv_is(&el[5], "1");
+    c->state = "completed";
+
+    return IDEM_CLAIM_COMPLETED;
+}
+
+
+static idem_claim_kind_e
+idem_claim_kind(const idem_rv_t *el, size_t n, idem_claim_t *c)
+{
+    long long    left;
+    const char  *states[] = { "in_progress", "completed", "unknown" };
+    size_t       i;
+
+    if (n < 2 || !el[0].is_str || !el[1].is_str || !idem_is_hex(el[1].data, el[1].len)) {
+        return IDEM_CLAIM_INVALID;
+    }
+
+    c->op = el[1];
+
+    if (idem_rv_is(&el[0], "claimed")) {
+        c->state = "in_progress";
+        return IDEM_CLAIM_CLAIMED;
+    }
+
+    if (idem_rv_is(&el[0], "completed")) {
+        return idem_claim_completed(el, n, c);
+    }
+
+    if (idem_rv_is(&el[0], "in_progress")) {
+        left = (n == 3) ? idem_rv_decimal(&el[2]) : -1;
+        if (left < 0) {
+            return IDEM_CLAIM_INVALID;
+        }
+
+        c->lease_left = (unsigned long long) left;
+        c->state = "in_progress";
+        return IDEM_CLAIM_IN_PROGRESS;
+    }
+
+    if (idem_rv_is(&el[0], "unknown")) {
+        c->state = "unknown";
+        return IDEM_CLAIM_UNKNOWN;
+    }
+
+    if (idem_rv_is(&el[0], "mismatch") && n == 3) {
+        for (i = 0; i < sizeof(states) / sizeof(states[0]); i++) {
+            if (idem_rv_is(&el[2], states[i])) {
+                c->state = states[i];
+                return IDEM_CLAIM_MISMATCH;
+            }
+        }
+    }
+
+    return IDEM_CLAIM_INVALID;
+}
+
+
+idem_claim_kind_e
+idem_claim_decode(const idem_rv_t *el, size_t n, idem_claim_t *c)
+{
+    memset(c, 0, sizeof(*c));
+
+    c->kind = idem_claim_kind(el, n, c);
+
+    if (c->kind == IDEM_CLAIM_INVALID) {
+        memset(c, 0, sizeof(*c));
+    }
+
+    return c->kind;
+}

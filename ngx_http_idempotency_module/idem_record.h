@@ -42,4 +42,52 @@ int idem_hdrs_next(idem_hdrs_iter_t *it, const char **name, size_t *name_len,
 /* Largest header name or value accepted when decoding. */
 #define IDEM_HDRS_FIELD_MAX  (64 * 1024)
 
+
+/*
+ * The claim script's answer (redis-scripts/claim.lua), decoded from the
+ * elements of its array reply without hiredis or nginx types, so that the
+ * fuzzer checks exactly what the module accepts from Redis.  An element is
+ * a bulk or status string (is_str) or anything else (nil, integer, array).
+ */
+typedef struct {
+    const char  *data;
+    size_t       len;
+    int          is_str;
+} idem_rv_t;
+
+/* 1 when p is 1..64 lowercase hex digits (operation ids, fingerprints) */
+int idem_is_hex(const char *p, size_t len);
+
+/* No decision reads an element past the sixth. */
+#define IDEM_CLAIM_ELEMS  6
+
+typedef enum {
+    IDEM_CLAIM_INVALID = 0,    /* not an answer claim.lua gives */
+    IDEM_CLAIM_CORRUPT,        /* "completed" with bad fields; op is set */
+    IDEM_CLAIM_CLAIMED,        /* {"claimed", op} */
+    IDEM_CLAIM_COMPLETED,      /* {"completed", op, status, hdr, body, stored} */
+    IDEM_CLAIM_IN_PROGRESS,    /* {"in_progress", op, lease ms left} */
+    IDEM_CLAIM_UNKNOWN,        /* {"unknown", op} */
+    IDEM_CLAIM_MISMATCH        /* {"mismatch", op, state} */
+} idem_claim_kind_e;
+
+typedef struct {
+    idem_claim_kind_e    kind;
+    const char          *state;   /* "in_progress", "completed", "unknown"
+                                     (static strings), or NULL */
+    idem_rv_t            op;      /* 1..64 lowercase hex */
+    int                  status;  /* COMPLETED: 200..599 */
+    idem_rv_t            hdr;     /* COMPLETED: stored headers (netstrings) */
+    idem_rv_t            body;    /* COMPLETED */
+    int                  body_stored;
+    unsigned long long   lease_left;   /* IN_PROGRESS, milliseconds */
+} idem_claim_t;
+
+/*
+ * el holds the first min(n, IDEM_CLAIM_ELEMS) elements of a reply of n;
+ * the pointers in *c point into them.  Returns c->kind.
+ */
+idem_claim_kind_e idem_claim_decode(const idem_rv_t *el, size_t n,
+    idem_claim_t *c);
+
 #endif /* IDEM_RECORD_H */

@@ -310,8 +310,6 @@ ngx_int_t ngx_http_idem_parse_key(ngx_http_request_t *r,
 ngx_int_t ngx_http_idem_record_key(ngx_http_request_t *r,
     ngx_http_idem_ctx_t *ctx, ngx_str_t *scope);
 ngx_int_t ngx_http_idem_reply_str(redisReply *e, ngx_str_t *s);
-ngx_int_t ngx_http_idem_copy_str(ngx_pool_t *pool, redisReply *e,
-    ngx_str_t *dst);
 ngx_uint_t ngx_http_idem_is(ngx_str_t *s, const char *lit);
 ngx_uint_t ngx_http_idem_is_hex(ngx_str_t *s);
 

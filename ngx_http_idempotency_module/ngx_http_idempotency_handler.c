@@ -731,45 +731,10 @@ ngx_http_idem_reply_str(redisReply *e, ngx_str_t *s)
 }
 
 
-ngx_int_t
-ngx_http_idem_copy_str(ngx_pool_t *pool, redisReply *e, ngx_str_t *dst)
-{
-    ngx_str_t  s;
-
-    if (ngx_http_idem_reply_str(e, &s) != NGX_OK) {
-        return NGX_ERROR;
-    }
-
-    dst->len = s.len;
-    dst->data = ngx_pnalloc(pool, s.len + 1);
-    if (dst->data == NULL) {
-        return NGX_ERROR;
-    }
-
-    ngx_memcpy(dst->data, s.data, s.len);
-
-    return NGX_OK;
-}
-
-
 ngx_uint_t
 ngx_http_idem_is_hex(ngx_str_t *s)
 {
-    size_t  i;
-
-    if (s->len == 0 || s->len > 64) {
-        return 0;
-    }
-
-    for (i = 0; i < s->len; i++) {
-        if (!((s->data[i] >= '0' && s->data[i] <= '9')
-              || (s->data[i] >= 'a' && s->data[i] <= 'f')))
-        {
-            return 0;
-        }
-    }
-
-    return 1;
+    return idem_is_hex((const char *) s->data, s->len);
 }
 
 
@@ -782,39 +747,18 @@ ngx_http_idem_is(ngx_str_t *s, const char *lit)
 }
 
 
-static ngx_http_idem_answer_e
-ngx_http_idem_parse_completed(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
-    redisReply *reply)
+static ngx_int_t
+ngx_http_idem_copy_rv(ngx_pool_t *pool, idem_rv_t *v, ngx_str_t *dst)
 {
-    ngx_int_t  status;
-    ngx_str_t  s;
-
-    if (reply->elements != 6
-        || ngx_http_idem_reply_str(reply->element[2], &s) != NGX_OK)
-    {
-        return NGX_HTTP_IDEM_ANS_STORE_ERROR;
+    dst->len = v->len;
+    dst->data = ngx_pnalloc(pool, v->len + 1);
+    if (dst->data == NULL) {
+        return NGX_ERROR;
     }
 
-    status = ngx_atoi(s.data, s.len);
-    if (status < 200 || status > 599) {
-        return NGX_HTTP_IDEM_ANS_STORE_ERROR;
-    }
+    ngx_memcpy(dst->data, v->data, v->len);
 
-    ctx->stored_status = status;
-
-    if (ngx_http_idem_copy_str(r->pool, reply->element[3],
-                               &ctx->stored_headers) != NGX_OK
-        || ngx_http_idem_copy_str(r->pool, reply->element[4],
-                                  &ctx->stored_body) != NGX_OK
-        || ngx_http_idem_reply_str(reply->element[5], &s) != NGX_OK)
-    {
-        return NGX_HTTP_IDEM_ANS_STORE_ERROR;
-    }
-
-    ctx->body_stored = ngx_http_idem_is(&s, "1");
-    ngx_str_set(&ctx->state, "completed");
-
-    return NGX_HTTP_IDEM_ANS_COMPLETED;
+    return NGX_OK;
 }
 
 
@@ -822,7 +766,10 @@ static ngx_http_idem_answer_e
 ngx_http_idem_parse_claim(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
     redisReply *reply)
 {
-    ngx_str_t   what, op;
+    size_t         i, n;
+    idem_rv_t      el[IDEM_CLAIM_ELEMS];
+    redisReply    *e;
+    idem_claim_t   c;
 
     if (reply == NULL) {
         return NGX_HTTP_IDEM_ANS_STORE_DOWN;
@@ -843,66 +790,63 @@ ngx_http_idem_parse_claim(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
         return NGX_HTTP_IDEM_ANS_STORE_DOWN;
     }
 
-    if (reply->type != REDIS_REPLY_ARRAY || reply->elements < 2
-        || ngx_http_idem_reply_str(reply->element[0], &what) != NGX_OK
-        || ngx_http_idem_reply_str(reply->element[1], &op) != NGX_OK
-        || !ngx_http_idem_is_hex(&op))
-    {
+    if (reply->type != REDIS_REPLY_ARRAY) {
         goto invalid;
     }
 
-    if (ngx_http_idem_copy_str(r->pool, reply->element[1], &ctx->op_id)
-        != NGX_OK)
-    {
+    n = ngx_min(reply->elements, IDEM_CLAIM_ELEMS);
+
+    for (i = 0; i < n; i++) {
+        e = reply->element[i];
+        el[i].is_str = (e->type == REDIS_REPLY_STRING
+                        || e->type == REDIS_REPLY_STATUS);
+        el[i].data = el[i].is_str ? e->str : NULL;
+        el[i].len = el[i].is_str ? e->len : 0;
+    }
+
+    if (idem_claim_decode(el, reply->elements, &c) == IDEM_CLAIM_INVALID) {
+        goto invalid;
+    }
+
+    if (ngx_http_idem_copy_rv(r->pool, &c.op, &ctx->op_id) != NGX_OK) {
         return NGX_HTTP_IDEM_ANS_STORE_ERROR;
     }
 
-    if (ngx_http_idem_is(&what, "claimed")) {
-        ngx_str_set(&ctx->state, "in_progress");
+    if (c.state) {
+        ctx->state.data = (u_char *) c.state;
+        ctx->state.len = ngx_strlen(c.state);
+    }
+
+    switch (c.kind) {
+
+    case IDEM_CLAIM_CLAIMED:
         return NGX_HTTP_IDEM_ANS_CLAIMED;
-    }
 
-    if (ngx_http_idem_is(&what, "completed")) {
-        return ngx_http_idem_parse_completed(r, ctx, reply);
-    }
-
-    if (ngx_http_idem_is(&what, "in_progress")) {
-        ngx_int_t  left;
-
-        if (reply->elements != 3
-            || ngx_http_idem_reply_str(reply->element[2], &what) != NGX_OK
-            || (left = ngx_atoi(what.data, what.len)) == NGX_ERROR)
+    case IDEM_CLAIM_COMPLETED:
+        if (ngx_http_idem_copy_rv(r->pool, &c.hdr, &ctx->stored_headers)
+            != NGX_OK
+            || ngx_http_idem_copy_rv(r->pool, &c.body, &ctx->stored_body)
+               != NGX_OK)
         {
-            goto invalid;
+            return NGX_HTTP_IDEM_ANS_STORE_ERROR;
         }
 
-        ctx->lease_left = (ngx_msec_t) left;
-        ngx_str_set(&ctx->state, "in_progress");
+        ctx->stored_status = c.status;
+        ctx->body_stored = c.body_stored;
+        return NGX_HTTP_IDEM_ANS_COMPLETED;
+
+    case IDEM_CLAIM_IN_PROGRESS:
+        ctx->lease_left = (ngx_msec_t) c.lease_left;
         return NGX_HTTP_IDEM_ANS_IN_PROGRESS;
-    }
 
-    if (ngx_http_idem_is(&what, "unknown")) {
-        ngx_str_set(&ctx->state, "unknown");
+    case IDEM_CLAIM_UNKNOWN:
         return NGX_HTTP_IDEM_ANS_UNKNOWN;
-    }
 
-    if (ngx_http_idem_is(&what, "mismatch") && reply->elements == 3
-        && ngx_http_idem_reply_str(reply->element[2], &ctx->state) == NGX_OK)
-    {
-        if (ngx_http_idem_is(&ctx->state, "in_progress")) {
-            ngx_str_set(&ctx->state, "in_progress");
-            return NGX_HTTP_IDEM_ANS_MISMATCH;
-        }
+    case IDEM_CLAIM_MISMATCH:
+        return NGX_HTTP_IDEM_ANS_MISMATCH;
 
-        if (ngx_http_idem_is(&ctx->state, "completed")) {
-            ngx_str_set(&ctx->state, "completed");
-            return NGX_HTTP_IDEM_ANS_MISMATCH;
-        }
-
-        if (ngx_http_idem_is(&ctx->state, "unknown")) {
-            ngx_str_set(&ctx->state, "unknown");
-            return NGX_HTTP_IDEM_ANS_MISMATCH;
-        }
+    default: /* IDEM_CLAIM_CORRUPT: a completed record with bad fields */
+        return NGX_HTTP_IDEM_ANS_STORE_ERROR;
     }
 
 invalid:

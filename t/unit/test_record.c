@@ -1,8 +1,10 @@
 /*
  * Unit tests of idem_record.c: the Redis record key derived from (scope,
- * key) and the netstring encoding of stored response headers.
+ * key), the netstring encoding of stored response headers, and the
+ * decoder of the claim script's reply.
  */
 
+#include <stdarg.h>
 #include <stdlib.h>
 
 #include "tap.h"
@@ -106,12 +108,87 @@ test_hdrs_malformed(void)
 }
 
 
+/* a reply of string elements; "~" stands for a nil (not a string) */
+static idem_claim_kind_e
+claim(idem_claim_t *c, size_t n, ...)
+{
+    size_t       i;
+    va_list      ap;
+    idem_rv_t    el[IDEM_CLAIM_ELEMS];
+    const char  *s;
+
+    va_start(ap, n);
+
+    for (i = 0; i < n && i < IDEM_CLAIM_ELEMS; i++) {
+        s = va_arg(ap, const char *);
+        el[i].is_str = strcmp(s, "~") != 0;
+        el[i].data = el[i].is_str ? s : NULL;
+        el[i].len = el[i].is_str ? strlen(s) : 0;
+    }
+
+    va_end(ap);
+
+    return idem_claim_decode(el, n, c);
+}
+
+
+static void
+test_claim_decode(void)
+{
+    idem_claim_t  c;
+    const char   *op = "0123456789abcdef0123456789abcdef";
+
+    ok(claim(&c, 2, "claimed", op) == IDEM_CLAIM_CLAIMED
+       && strcmp(c.state, "in_progress") == 0 && c.op.len == 32,
+       "claimed: in_progress with its operation id");
+    ok(claim(&c, 6, "completed", op, "201", "1:a,1:b,", "{}", "1")
+       == IDEM_CLAIM_COMPLETED && c.status == 201 && c.body_stored
+       && c.hdr.len == 8 && c.body.len == 2 && strcmp(c.state, "completed") == 0,
+       "completed: status, headers, body, stored");
+    ok(claim(&c, 6, "completed", op, "599", "", "", "0") == IDEM_CLAIM_COMPLETED
+       && !c.body_stored, "completed without a stored body");
+    ok(claim(&c, 6, "completed", op, "199", "", "", "1") == IDEM_CLAIM_CORRUPT
+       && c.op.len == 32 && c.state == NULL,
+       "status below 200: corrupt record, operation id kept");
+    ok(claim(&c, 6, "completed", op, "600", "", "", "1") == IDEM_CLAIM_CORRUPT,
+       "status 600: corrupt");
+    ok(claim(&c, 6, "completed", op, "+201", "", "", "1") == IDEM_CLAIM_CORRUPT,
+       "signed status: corrupt");
+    ok(claim(&c, 6, "completed", op, "201", "~", "", "1") == IDEM_CLAIM_CORRUPT,
+       "nil headers: corrupt");
+    ok(claim(&c, 5, "completed", op, "201", "", "") == IDEM_CLAIM_CORRUPT,
+       "five elements: corrupt");
+    ok(claim(&c, 3, "in_progress", op, "1500") == IDEM_CLAIM_IN_PROGRESS
+       && c.lease_left == 1500, "in_progress with the lease left");
+    ok(claim(&c, 3, "in_progress", op, "-1") == IDEM_CLAIM_INVALID,
+       "negative lease: invalid");
+    ok(claim(&c, 3, "in_progress", op, "1234567890123456789")
+       == IDEM_CLAIM_INVALID, "19-digit lease: invalid");
+    ok(claim(&c, 2, "unknown", op) == IDEM_CLAIM_UNKNOWN
+       && strcmp(c.state, "unknown") == 0, "unknown");
+    ok(claim(&c, 3, "mismatch", op, "completed") == IDEM_CLAIM_MISMATCH
+       && strcmp(c.state, "completed") == 0, "mismatch with the record's state");
+    ok(claim(&c, 3, "mismatch", op, "gone") == IDEM_CLAIM_INVALID,
+       "mismatch with a foreign state: invalid");
+    ok(claim(&c, 2, "claimed", "0123ABCD") == IDEM_CLAIM_INVALID
+       && c.op.data == NULL && c.state == NULL,
+       "uppercase operation id: invalid, nothing set");
+    ok(claim(&c, 2, "claimed", "") == IDEM_CLAIM_INVALID, "empty operation id");
+    ok(claim(&c, 1, "claimed") == IDEM_CLAIM_INVALID, "one element: invalid");
+    ok(claim(&c, 2, "~", op) == IDEM_CLAIM_INVALID, "nil kind: invalid");
+    ok(claim(&c, 2, "claimedx", op) == IDEM_CLAIM_INVALID, "unknown kind");
+    ok(claim(&c, 9, "claimed", op, "x", "x", "x", "x") == IDEM_CLAIM_CLAIMED,
+       "extra elements after a claim are ignored");
+}
+
+
 int
 main(void)
 {
     test_record_key();
     test_hdrs_roundtrip();
     test_hdrs_malformed();
+    test_claim_decode();
 
     return done_testing();
 }
