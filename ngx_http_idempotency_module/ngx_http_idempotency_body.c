@@ -106,53 +106,27 @@ ngx_http_idem_body_sha(void *data, u_char *p, size_t n)
 }
 
 
-/* the parts of the body, files read straight into dst (size bytes) */
+/*
+ * Appends a part to the copy at src->chunk, src->chunk_size bytes left:
+ * memory parts are copied, file parts were read there by the walk.
+ */
 static ngx_int_t
-ngx_http_idem_body_read(ngx_http_idem_body_src_t *src, u_char *dst,
-    size_t size)
+ngx_http_idem_body_append(void *data, u_char *p, size_t n)
 {
-    off_t         pos;
-    size_t        n;
-    ssize_t       got;
-    u_char       *end;
-    ngx_buf_t    *b;
-    ngx_chain_t  *cl;
+    ngx_http_idem_body_src_t  *src = data;
 
-    end = dst + size;
-
-    for (cl = src->bufs; cl; cl = cl->next) {
-        b = cl->buf;
-
-        if (ngx_buf_in_memory(b)) {
-            n = b->last - b->pos;
-            if ((size_t) (end - dst) < n) {
-                return NGX_ERROR;
-            }
-
-            dst = ngx_cpymem(dst, b->pos, n);
-            continue;
-        }
-
-        if (!b->in_file) {
-            continue;
-        }
-
-        for (pos = b->file_pos; pos < b->file_last; pos += got) {
-            n = (size_t) (b->file_last - pos);
-            if ((size_t) (end - dst) < n) {
-                return NGX_ERROR;
-            }
-
-            got = ngx_http_idem_pread(src, b->file, dst, n, pos);
-            if (got < 0) {
-                return NGX_ERROR;
-            }
-
-            dst += got;
-        }
+    if (n > src->chunk_size) {
+        return NGX_ERROR;
     }
 
-    return (dst == end) ? NGX_OK : NGX_ERROR;
+    if (p != src->chunk) {
+        ngx_memcpy(src->chunk, p, n);
+    }
+
+    src->chunk += n;
+    src->chunk_size -= n;
+
+    return NGX_OK;
 }
 
 
@@ -306,12 +280,22 @@ ngx_http_idem_body_run(ngx_http_idem_body_src_t *src, idem_fp_input_t *in,
         return -1;
     }
 
-    in->body = (const char *) copy;
+    /* the walk reads file parts straight into the copy, in one piece each */
     src->chunk = copy;
     src->chunk_size = in->body_len;
 
-    rc = (ngx_http_idem_body_read(src, copy, in->body_len) == NGX_OK)
-         ? idem_fingerprint(in, res) : -1;
+    if (ngx_http_idem_body_walk(src, ngx_http_idem_body_append, src) == NGX_OK
+        && src->chunk_size == 0)
+    {
+        /* the copy doubles as the chunk of a raw digest, should JSON fail */
+        in->body = (const char *) copy;
+        src->chunk = copy;
+        src->chunk_size = in->body_len;
+        rc = idem_fingerprint(in, res);
+
+    } else {
+        rc = -1;
+    }
 
     free(copy);
 
