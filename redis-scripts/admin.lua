@@ -42,8 +42,8 @@ end
 
 redis.call('HSET', KEYS[1],
            'state', 'completed', 'status', ARGV[2], 'hdr', '', 'body', '',
-           'stored', '1', 'completed', tostring(now), 'resolved', '1')
+           'stored', '1', 'completed', string.format('%d', now), 'resolved', '1')
 redis.call('HDEL', KEYS[1], 'owner', 'lease')
-redis.call('EXPIRE', KEYS[1], tonumber(ARGV[3]))
+redis.call('EXPIRE', KEYS[1], ARGV[3])
 
 return {'completed'}

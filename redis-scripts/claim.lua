@@ -16,6 +16,10 @@
 --   {"in_progress", op, lease_left_ms}
 --   {"unknown", op}
 
+-- Times are written with string.format('%d'): tostring() of a Lua number
+-- goes through '%.14g', glibc's float printer, a measurable part of a claim's
+-- time in Redis (bench/RESULTS.md).  Numbers from ARGV stay strings for the
+-- same reason.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
@@ -32,9 +36,9 @@ if not r[2] then
     redis.call('HSET', KEYS[1],
                'v', '1', 'state', 'in_progress', 'fp', ARGV[1],
                'owner', ARGV[2], 'op', ARGV[3],
-               'lease', tostring(now + tonumber(ARGV[4])),
-               'created', tostring(now))
-    redis.call('EXPIRE', KEYS[1], tonumber(ARGV[5]))
+               'lease', string.format('%d', now + tonumber(ARGV[4])),
+               'created', string.format('%d', now))
+    redis.call('EXPIRE', KEYS[1], ARGV[5])
     return {'claimed', ARGV[3]}
 end
 
@@ -57,11 +61,11 @@ if r[2] == 'in_progress' then
             -- whoever closes this record announces it (idempotency_wait)
             redis.call('HSET', KEYS[1], 'waiters', '1')
         end
-        return {'in_progress', r[4], tostring(left)}
+        return {'in_progress', r[4], string.format('%d', left)}
     end
     -- The owner stopped renewing its lease: it may or may not have reached
     -- the upstream, so the outcome is unknown, never free.
-    redis.call('HSET', KEYS[1], 'state', 'unknown', 'unknown_at', tostring(now))
+    redis.call('HSET', KEYS[1], 'state', 'unknown', 'unknown_at', string.format('%d', now))
     redis.call('HDEL', KEYS[1], 'owner')
     return {'unknown', r[4]}
 end

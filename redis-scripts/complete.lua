@@ -26,8 +26,8 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
 redis.call('HSET', KEYS[1],
            'state', 'completed', 'status', ARGV[2], 'hdr', ARGV[3],
-           'body', ARGV[4], 'stored', ARGV[5], 'completed', tostring(now))
+           'body', ARGV[4], 'stored', ARGV[5], 'completed', string.format('%d', now))
 redis.call('HDEL', KEYS[1], 'owner', 'lease')
-redis.call('EXPIRE', KEYS[1], tonumber(ARGV[6]))
+redis.call('EXPIRE', KEYS[1], ARGV[6])
 
 return 1

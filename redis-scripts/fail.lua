@@ -20,7 +20,7 @@ end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
-redis.call('HSET', KEYS[1], 'state', 'unknown', 'unknown_at', tostring(now))
+redis.call('HSET', KEYS[1], 'state', 'unknown', 'unknown_at', string.format('%d', now))
 redis.call('HDEL', KEYS[1], 'owner', 'lease')
 
 return 1

@@ -15,6 +15,6 @@ end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
-redis.call('HSET', KEYS[1], 'lease', tostring(now + tonumber(ARGV[2])))
+redis.call('HSET', KEYS[1], 'lease', string.format('%d', now + tonumber(ARGV[2])))
 
 return 1
