@@ -40,7 +40,6 @@ server {
 EOF
 
 sub json_of { my $r = shift; my $j = eval { JSON::PP->new->decode($r->{content}) }; ref $j eq 'HASH' ? $j : {} }
-sub ptype { (($t->problem($_[0]) // {})->{type} // '') =~ s/^urn:ngx-idempotency:problem://r }
 
 # ---- kill -9 of the worker that holds the claim, mid-request
 {
@@ -64,8 +63,8 @@ sub ptype { (($t->problem($_[0]) // {})->{type} // '') =~ s/^urn:ngx-idempotency
     my $end = time + 15;
     while (time < $end) {
         $last = $t->http(POST => '/transfers', @req);
-        push @answers, $last->{status} . ' ' . ptype($last);
-        last unless $last->{status} == 409 && ptype($last) eq 'in-progress';
+        push @answers, $last->{status} . ' ' . $t->ptype($last);
+        last unless $last->{status} == 409 && $t->ptype($last) eq 'in-progress';
         sleep 0.25;
     }
     note('answers after the kill: ' . join(', ', @answers));
@@ -133,7 +132,7 @@ sub ptype { (($t->problem($_[0]) // {})->{type} // '') =~ s/^urn:ngx-idempotency
     my @seen;
     while (1) {
         my $r = $t->http(POST => '/transfers', @req);
-        push @seen, $r->{status} . ' ' . ptype($r);
+        push @seen, $r->{status} . ' ' . $t->ptype($r);
         last if time > $bg->{t_start} + 3 || $r->{status} != 409;
         sleep 0.4;
     }

@@ -39,7 +39,6 @@ server {
 }
 EOF
 
-sub ptype { (($t->problem($_[0]) // {})->{type} // '') =~ s/^urn:ngx-idempotency:problem://r }
 sub produced { my @r = $t->upstream_responses(key => $_[0]); $r[-1] }
 sub cmdstats {
     my $info = $t->redis('INFO', 'commandstats');
@@ -48,24 +47,6 @@ sub cmdstats {
     return \%c;
 }
 sub sleep_until { my $d = $_[0] - time; sleep $d if $d > 0 }
-
-# A client following the retry rule: retries 503 store-unavailable and 409
-# in-progress (after a short pause) until another answer, for at most $max s.
-# Returns (final response, list of "status slug" of every answer).
-sub retry_until_final {
-    my ($path, $max, @req) = @_;
-    my (@seen, $r);
-    my $end = time + $max;
-    while (1) {
-        $r = $t->http(POST => $path, @req, timeout => 5);
-        push @seen, "$r->{status} " . ptype($r);
-        last unless ($r->{status} == 503 && ptype($r) eq 'store-unavailable')
-            || ($r->{status} == 409 && ptype($r) eq 'in-progress');
-        last if time > $end;
-        sleep 0.3;
-    }
-    return ($r, @seen);
-}
 
 # ---- Redis paused during a claim
 {
@@ -79,7 +60,7 @@ sub retry_until_final {
     is($t->effects(key => $k), 0, 'paused: nothing executed');
 
     sleep_until($t0 + 2.2);    # the pause is over
-    my ($r, @seen) = retry_until_final('/pay', 10, @req);
+    my ($r, @seen) = $t->retry_until_final('/pay', 10, @req);
     note('answers after the pause: ' . join(', ', @seen));
     is($r->{status}, 201, 'after the pause: the retry executes') or diag($t->show($r));
     ok(!exists $r->{headers}{'idempotent-replayed'}, 'after the pause: an execution, not a replay');
@@ -115,7 +96,7 @@ sub retry_until_final {
     my $after = cmdstats();
     note(sprintf('while asleep + after: %d HSET and %d DEL calls in Redis (the late claim and its release)',
         map { ($after->{$_} // 0) - ($before->{$_} // 0) } qw(hset del)));
-    my ($r, @seen) = retry_until_final('/pay', 10, @req);
+    my ($r, @seen) = $t->retry_until_final('/pay', 10, @req);
     note('answers after the sleep: ' . join(', ', @seen));
     is($r->{status}, 201, 'after the sleep: the retry executes') or diag($t->show($r));
     ok(!exists $r->{headers}{'idempotent-replayed'}, 'after the sleep: an execution');
@@ -133,13 +114,13 @@ sub retry_until_final {
     my $res = $t->parallel(scalar @k, sub {
         my $i = shift;
         my $r = $t->http(POST => '/pay', key => $k[$i], json => { i => $i }, timeout => 5);
-        return { status => $r->{status}, type => ptype($r) };
+        return { status => $r->{status}, type => $t->ptype($r) };
     });
     is(scalar(grep { $_ && $_->{status} == 503 && $_->{type} eq 'store-unavailable' } @$res), scalar @k,
         'every claim during the pause -> 503') or diag(explain $res);
     sleep_until($t0 + 1.7);
     for my $i (0 .. $#k) {
-        my ($r, @seen) = retry_until_final('/pay', 10, key => $k[$i], json => { i => $i });
+        my ($r, @seen) = $t->retry_until_final('/pay', 10, key => $k[$i], json => { i => $i });
         is($r->{status}, 201, "key $i after the pause: executes") or diag(join ', ', @seen);
         ok(!exists $r->{headers}{'idempotent-replayed'}, "key $i: not a replay");
         is($t->effects(key => $k[$i]), 1, "key $i: one effect");
@@ -157,20 +138,20 @@ sub retry_until_final {
     sleep_until($t0 + 1.2);
     my @other = map { $t->key('after') } 1 .. 4;
     for my $i (0 .. $#other) {
-        my ($r, @seen) = retry_until_final('/pay', 10, key => $other[$i], json => { o => $i });
+        my ($r, @seen) = $t->retry_until_final('/pay', 10, key => $other[$i], json => { o => $i });
         is($r->{status}, 201, "fresh key $i after a late reply: executes") or diag(join ', ', @seen);
         is($t->effects(key => $other[$i]), 1, "fresh key $i: one effect");
         # The other worker's link may still be reconnecting (503) and the
         # completion is written after the response (409 in-progress): a
         # client following the retry rule gets the replay in the end.
-        my ($b, @again) = retry_until_final('/pay', 10, key => $other[$i], json => { o => $i });
+        my ($b, @again) = $t->retry_until_final('/pay', 10, key => $other[$i], json => { o => $i });
         is($b->{headers}{'idempotent-replayed'}, 'true', "fresh key $i: replayed")
             or diag(join ', ', @again);
         note("fresh key $i, answers before the replay: @again[0 .. $#again - 1]") if @again > 1;
         is($t->sha256($b->{content}), (produced($other[$i]) // {})->{sha}, "fresh key $i: its own body");
         is($t->effects(key => $other[$i]), 1, "fresh key $i: still one effect after the retries");
     }
-    my ($r, @seen) = retry_until_final('/pay', 10, key => $kk, json => { n => 1 });
+    my ($r, @seen) = $t->retry_until_final('/pay', 10, key => $kk, json => { n => 1 });
     is($r->{status}, 201, 'the paused key executes once') or diag(join ', ', @seen);
     is($t->effects(key => $kk), 1, 'paused key: one effect');
 }
@@ -187,10 +168,10 @@ sub retry_until_final {
     my $r1 = $bg->result(10);
     note("first attempt, completion during the pause: $r1->{status}");
     sleep_until($t0 + 1.7);
-    my ($r, @seen) = retry_until_final('/pay', 8, @req);
+    my ($r, @seen) = $t->retry_until_final('/pay', 8, @req);
     note('answers after the pause: ' . join(', ', @seen));
     ok(($r->{status} == 201 && ($r->{headers}{'idempotent-replayed'} // '') eq 'true')
-        || ($r->{status} == 409 && ptype($r) eq 'outcome-unknown'),
+        || ($r->{status} == 409 && $t->ptype($r) eq 'outcome-unknown'),
         'after the pause: the replay or outcome-unknown') or diag($t->show($r));
     if ($r->{status} == 201) {
         is($t->sha256($r->{content}), (produced($k) // {})->{sha}, 'replay = the upstream\'s body');
@@ -211,7 +192,7 @@ sub retry_until_final {
     my $r1 = $bg->result(10);
     is($r1->{status}, 201, 'resend: the first attempt got its answer');
     sleep_until($t0 + 1.7);
-    my ($r, @seen) = retry_until_final('/long/pay', 10, @req);
+    my ($r, @seen) = $t->retry_until_final('/long/pay', 10, @req);
     note('answers after the pause: ' . join(', ', @seen));
     is($r->{status}, 201, 'resend: the retry is answered 201') or diag($t->show($r));
     is($r->{headers}{'idempotent-replayed'}, 'true', 'resend: ... as a replay');

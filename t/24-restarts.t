@@ -30,7 +30,6 @@ $t->start_nginx($conf, workers => 2);
 
 my $AUTH = "Bearer restarts-$$";
 
-sub ptype { (($t->problem($_[0]) // {})->{type} // '') =~ s/^urn:ngx-idempotency:problem://r }
 sub produced { my @r = $t->upstream_responses(key => $_[0]); $r[-1] }
 
 # The answer once the store is reachable again (503 store-unavailable, while
@@ -40,7 +39,7 @@ sub post {
     my $r;
     $t->wait_for(sub {
         $r = $t->http(POST => '/orders', @req, timeout => 5);
-        !($r->{status} == 503 && ptype($r) eq 'store-unavailable');
+        !($r->{status} == 503 && $t->ptype($r) eq 'store-unavailable');
     }, 8);
     return $r;
 }

@@ -43,7 +43,6 @@ server {
 }
 EOF
 
-sub ptype { (($t->problem($_[0]) // {})->{type} // '') =~ s/^urn:ngx-idempotency:problem://r }
 sub produced { my @r = $t->upstream_responses(key => $_[0]); $r[-1] }
 
 sub commandstats {
@@ -63,7 +62,7 @@ sub evals { my $c = shift; ($c->{evalsha} // 0) + ($c->{eval} // 0) }
         my $r = $t->http(POST => '/transfers', key => $k, json => { amount => 20, to => 'x' },
             headers => [ 'X-Delay' => 1.5 ], timeout => 20);
         return { status => $r->{status}, replayed => $r->{headers}{'idempotent-replayed'},
-                 type => ptype($r), content => $r->{content},
+                 type => $t->ptype($r), content => $r->{content},
                  seq => $r->{headers}{'x-upstream-seq'} };
     }, timeout => 30);
     my $after = commandstats();
@@ -124,7 +123,7 @@ sub evals { my $c = shift; ($c->{evalsha} // 0) + ($c->{eval} // 0) }
     ok($t->wait_for(sub { $t->effects(key => $k) == 1 }, 5), 'first attempt reached the upstream');
     my $res = $t->parallel(6, sub {
         my $r = $t->http(POST => '/x', @req, headers => [ 'X-Delay' => 0.5 ], timeout => 15);
-        return { status => $r->{status}, replayed => $r->{headers}{'idempotent-replayed'}, type => ptype($r),
+        return { status => $r->{status}, replayed => $r->{headers}{'idempotent-replayed'}, type => $t->ptype($r),
                  sha => $t->sha256($r->{content}) };
     });
     is(($bg->result(10) // {})->{status}, 503, 'the first attempt got the 503');
@@ -189,7 +188,7 @@ sub evals { my $c = shift; ($c->{evalsha} // 0) + ($c->{eval} // 0) }
     my $killed = $t->redis('CLIENT', 'KILL', 'TYPE', 'pubsub');
     ok(!ref $killed && $killed >= 1, "subscriber connections killed ($killed)");
     my $d = $t->http(POST => '/x', @req, timeout => 10);
-    ok(($d->{status} == 409 && ptype($d) eq 'in-progress')
+    ok(($d->{status} == 409 && $t->ptype($d) eq 'in-progress')
         || ($d->{status} == 201 && ($d->{headers}{'idempotent-replayed'} // '') eq 'true'),
         'a duplicate right after the cut: in-progress at once, or (resubscribed) the replay')
         or diag($t->show($d));
@@ -214,7 +213,7 @@ sub evals { my $c = shift; ($c->{evalsha} // 0) + ($c->{eval} // 0) }
     ok($t->kill_worker($owner), 'owner killed (-9)');
     my @w = map { $t->http_bg(POST => '/lease/x', @req, timeout => 15) } 1 .. 4;
     my @res = map { $_->result(15) // {} } @w;
-    my @ans = map { ($_->{status} // 'none') . ' ' . ptype($_) } @res;
+    my @ans = map { ($_->{status} // 'none') . ' ' . $t->ptype($_) } @res;
     note('waiters: ' . join(', ', @ans));
     is(scalar(grep { $_ eq '409 outcome-unknown' } @ans), 4,
         'owner dead: every waiter ends with 409 outcome-unknown (not in-progress, not executed)')

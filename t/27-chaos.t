@@ -50,7 +50,6 @@ server {
 }
 EOF
 
-sub ptype { (($t->problem($_[0]) // {})->{type} // '') =~ s/^urn:ngx-idempotency:problem://r }
 
 # What a client does with an answer.
 sub classify {
@@ -58,7 +57,7 @@ sub classify {
     my $s = $r->{status};
     return 'executed' if $s == 201 && !exists $r->{headers}{'idempotent-replayed'};
     return 'replayed' if $s == 201 && ($r->{headers}{'idempotent-replayed'} // '') eq 'true';
-    my $p = ptype($r);
+    my $p = $t->ptype($r);
     return 'unknown'     if $s == 409 && $p eq 'outcome-unknown';
     return 'in-progress' if $s == 409 && $p eq 'in-progress';
     return 'store-unavailable' if $s == 503 && $p eq 'store-unavailable';

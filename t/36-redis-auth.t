@@ -65,26 +65,14 @@ server {
 }
 EOF
 
-sub ptype { (($t->problem($_[0]) // {})->{type} // '') =~ s/^urn:ngx-idempotency:problem://r }
-
-# A link authenticates when it connects, which may be just after the first
-# request: retry 503 until the links are up, as a client would.
-sub first_write {
-    my ($path, @req) = @_;
-    my $r;
-    for (1 .. 20) {
-        $r = $t->http(POST => $path, @req);
-        last unless $r->{status} == 503;
-        sleep 0.25;
-    }
-    return $r;
-}
 
 for my $c ([ '/pw/x', 'password=' ], [ '/acl/x', 'user= password= db=' ]) {
     my ($path, $what) = @$c;
     my $k = $t->key('auth');
     my @req = (key => $k, json => { pay => $path });
-    my $r = first_write($path, @req);
+    # a link authenticates when it connects, which may be just after the
+    # first request: retry by the rule, as a client would
+    my ($r) = $t->retry_until_final($path, 5, @req);
     is($r->{status}, 201, "$what: first write executes") or diag($t->show($r));
     is($t->effects(key => $k), 1, "$what: one effect");
     my $again = $t->http(POST => $path, @req);
@@ -111,7 +99,7 @@ for my $c ([ '/pw/x', 'password=' ], [ '/acl/x', 'user= password= db=' ]) {
         my $r = $t->http(POST => '/acl/w', key => $k, json => { w => 1 },
             headers => [ 'X-Delay' => 1 ], timeout => 15);
         return { status => $r->{status}, replayed => $r->{headers}{'idempotent-replayed'},
-                 type => ptype($r) };
+                 type => $t->ptype($r) };
     }, timeout => 20);
     is($t->effects(key => $k), 1, "$N waiting duplicates as an ACL user: one effect");
     is(scalar(grep { $_ && $_->{status} == 201 } @$res), $N, 'every duplicate got the 201')

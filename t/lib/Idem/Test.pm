@@ -926,6 +926,31 @@ sub problem {
     return ref $p eq 'HASH' ? $p : undef;
 }
 
+# The problem type of $r without its URN prefix ("in-progress", ...), or ''.
+sub ptype {
+    my ($self, $r) = @_;
+    return (($self->problem($r) // {})->{type} // '') =~ s/^urn:ngx-idempotency:problem://r;
+}
+
+# A client following the retry rule (docs/states.md): POSTs again after
+# 503 store-unavailable and 409 in-progress, 0.3 s apart, for at most $max s.
+# Returns (the final response, "status slug" of every answer in order).
+sub retry_until_final {
+    my ($self, $path, $max, @req) = @_;
+    my (@seen, $r);
+    my $end = time + $max;
+    while (1) {
+        $r = $self->http(POST => $path, @req, timeout => 5);
+        my $p = $self->ptype($r);
+        push @seen, "$r->{status} $p";
+        last unless ($r->{status} == 503 && $p eq 'store-unavailable')
+            || ($r->{status} == 409 && $p eq 'in-progress');
+        last if time > $end;
+        sleep 0.3;
+    }
+    return ($r, @seen);
+}
+
 # is_problem($r, $status, $slug, key => K|undef, state => S, operation_id => 1|0,
 #            retry_after => 1|0, name => ...): one subtest.
 sub is_problem {
