@@ -1,7 +1,8 @@
 /*
- * libFuzzer target: the decoder of the claim script's reply
- * (idem_claim_decode), i.e. what the module accepts from Redis before it
- * replays a stored response or answers in-progress, unknown or mismatch.
+ * libFuzzer target: the decoders of the scripts' replies, i.e. what the
+ * module accepts from Redis before it replays a stored response or answers
+ * in-progress, unknown or mismatch (idem_claim_decode), and what the status
+ * and admin endpoints print (idem_status_decode, idem_admin_decode).
  *
  * The input is split at 0x00 bytes into up to 8 elements; an element whose
  * first byte is 0x01 is a non-string (nil, integer, array) and the rest of
@@ -22,6 +23,18 @@
  *    decodes to the same result (the decoder and the script agree);
  *  - a completed answer's headers are then decoded as netstrings without
  *    reading outside them.
+ *
+ * The same reply is also decoded as the status script's answer
+ * (idem_status_decode) and the admin script's (idem_admin_decode):
+ *  - both deterministic, and anything but an accepted answer sets nothing;
+ *  - status: no record exactly for 0 elements; a record has exactly 6,
+ *    a known state (element 0), a 64-hex fingerprint (1) and a hex
+ *    operation id (2), times that are element 3 and 4 in decimal up to
+ *    year 9999 or -1 for an empty element, a status 200..599 (element 5)
+ *    or 0 for an empty one, never 0 when completed; written back as
+ *    status.lua writes it, it decodes the same;
+ *  - admin: "refused" exactly with 2 elements and a state of in_progress
+ *    or completed (element 1), the other answers with 1 element.
  */
 
 #include "idem_record.h"
@@ -265,6 +278,136 @@ check_fields(const fuzz_reply_t *rp, const idem_claim_t *c)
 }
 
 
+static int
+status_eq(const idem_status_t *a, const idem_status_t *b)
+{
+    return a->kind == b->kind && a->state == b->state
+           && rv_eq(&a->fp, &b->fp) && rv_eq(&a->op, &b->op)
+           && a->created == b->created && a->completed == b->completed
+           && a->status == b->status;
+}
+
+
+/* a decimal element as the status answer's time fields read it, or -2 */
+static long long
+rv_time(const idem_rv_t *v)
+{
+    size_t     i;
+    long long  n = 0;
+
+    if (!v->is_str) {
+        return -2;
+    }
+
+    if (v->len == 0) {
+        return -1;
+    }
+
+    for (i = 0; i < v->len; i++) {
+        if (v->data[i] < '0' || v->data[i] > '9' || n > IDEM_TIME_MS_MAX) {
+            return -2;
+        }
+        n = n * 10 + (v->data[i] - '0');
+    }
+
+    return n <= IDEM_TIME_MS_MAX ? n : -2;
+}
+
+
+static idem_rv_t
+rv_num(char *buf, size_t size, long long n)
+{
+    return n < 0 ? rv_str("", 0)
+                 : rv_str(buf, (size_t) snprintf(buf, size, "%lld", n));
+}
+
+
+static void
+check_status(const fuzz_reply_t *rp)
+{
+    char           t1[32], t2[32], st[16];
+    idem_rv_t      el[IDEM_STATUS_ELEMS];
+    idem_status_t  a, b;
+
+    idem_status_decode(rp->el, rp->count, &a);
+    idem_status_decode(rp->el, rp->count, &b);
+
+    FUZZ_CHECK(status_eq(&a, &b), "status: not deterministic");
+    FUZZ_CHECK((a.kind == IDEM_STATUS_NONE) == (rp->count == 0),
+               "status: 'no record' is not exactly the empty reply");
+
+    if (a.kind != IDEM_STATUS_RECORD) {
+        FUZZ_CHECK(a.state == NULL && a.fp.data == NULL && a.op.data == NULL
+                   && a.created == 0 && a.completed == 0 && a.status == 0,
+                   "status: a reply that is no record set fields");
+        return;
+    }
+
+    FUZZ_CHECK(rp->count == 6 && a.state && rv_is(&rp->el[0], a.state)
+               && rv_eq(&a.fp, &rp->el[1]) && a.fp.len == 64
+               && idem_is_hex(a.fp.data, 64)
+               && rv_eq(&a.op, &rp->el[2]) && idem_is_hex(a.op.data, a.op.len),
+               "status: state, fingerprint or operation id");
+    FUZZ_CHECK(a.created == rv_time(&rp->el[3])
+               && a.completed == rv_time(&rp->el[4]),
+               "status: times are not elements 3 and 4");
+    FUZZ_CHECK((a.status == 0 && rv_is(&rp->el[5], ""))
+               || (a.status >= 200 && a.status <= 599),
+               "status: response status %d", a.status);
+    FUZZ_CHECK(a.status != 0 || strcmp(a.state, "completed") != 0,
+               "status: completed without a response status");
+
+    el[0] = rv_str(a.state, strlen(a.state));
+    el[1] = a.fp;
+    el[2] = a.op;
+    el[3] = rv_num(t1, sizeof(t1), a.created);
+    el[4] = rv_num(t2, sizeof(t2), a.completed);
+    el[5] = a.status ? rv_num(st, sizeof(st), a.status) : rv_str("", 0);
+
+    idem_status_decode(el, 6, &b);
+
+    FUZZ_CHECK(status_eq(&a, &b), "status: rewritten answer decodes otherwise");
+}
+
+
+static void
+check_admin(const fuzz_reply_t *rp)
+{
+    const char         *sa, *sb;
+    idem_admin_kind_e   a, b;
+
+    a = idem_admin_decode(rp->el, rp->count, &sa);
+    b = idem_admin_decode(rp->el, rp->count, &sb);
+
+    FUZZ_CHECK(a == b && sa == sb, "admin: not deterministic");
+
+    switch (a) {
+
+    case IDEM_ADMIN_REFUSED:
+        FUZZ_CHECK(rp->count == 2 && sa && rv_is(&rp->el[1], sa)
+                   && (strcmp(sa, "in_progress") == 0
+                       || strcmp(sa, "completed") == 0)
+                   && rv_is(&rp->el[0], "refused"),
+                   "admin: refused shape");
+        break;
+
+    case IDEM_ADMIN_NONE:
+    case IDEM_ADMIN_RELEASED:
+    case IDEM_ADMIN_COMPLETED:
+        FUZZ_CHECK(rp->count == 1 && sa == NULL
+                   && rv_is(&rp->el[0], a == IDEM_ADMIN_NONE ? "none"
+                            : a == IDEM_ADMIN_RELEASED ? "released"
+                            : "completed"),
+                   "admin: kind %d shape", a);
+        break;
+
+    default:
+        FUZZ_CHECK(sa == NULL, "admin: an invalid answer set a state");
+        break;
+    }
+}
+
+
 int
 LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -280,6 +423,8 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                a.kind, b.kind);
 
     check_fields(&rp, &a);
+    check_status(&rp);
+    check_admin(&rp);
 
     reply_free(&rp);
 

@@ -209,6 +209,23 @@ idem_rv_decimal(const idem_rv_t *v)
 }
 
 
+/* the record state an element names, as a static string, or NULL */
+static const char *
+idem_rv_state(const idem_rv_t *v)
+{
+    static const char  *states[] = { "in_progress", "completed", "unknown" };
+    size_t              i;
+
+    for (i = 0; i < sizeof(states) / sizeof(states[0]); i++) {
+        if (idem_rv_is(v, states[i])) {
+            return states[i];
+        }
+    }
+
+    return NULL;
+}
+
+
 static idem_claim_kind_e
 idem_claim_completed(const idem_rv_t *el, size_t n, idem_claim_t *c)
 {
@@ -239,9 +256,7 @@ idem_claim_completed(const idem_rv_t *el, size_t n, idem_claim_t *c)
 static idem_claim_kind_e
 idem_claim_kind(const idem_rv_t *el, size_t n, idem_claim_t *c)
 {
-    long long    left;
-    const char  *states[] = { "in_progress", "completed", "unknown" };
-    size_t       i;
+    long long  left;
 
     if (n < 2 || !el[0].is_str || !el[1].is_str || !idem_is_hex(el[1].data, el[1].len)) {
         return IDEM_CLAIM_INVALID;
@@ -275,11 +290,9 @@ idem_claim_kind(const idem_rv_t *el, size_t n, idem_claim_t *c)
     }
 
     if (idem_rv_is(&el[0], "mismatch") && n == 3) {
-        for (i = 0; i < sizeof(states) / sizeof(states[0]); i++) {
-            if (idem_rv_is(&el[2], states[i])) {
-                c->state = states[i];
-                return IDEM_CLAIM_MISMATCH;
-            }
+        c->state = idem_rv_state(&el[2]);
+        if (c->state) {
+            return IDEM_CLAIM_MISMATCH;
         }
     }
 
@@ -299,4 +312,115 @@ idem_claim_decode(const idem_rv_t *el, size_t n, idem_claim_t *c)
     }
 
     return c->kind;
+}
+
+
+/* an optional field: "" is absent (dflt); else a decimal in [min, max] */
+static int
+idem_rv_optional(const idem_rv_t *v, long long min, long long max,
+    long long dflt, long long *out)
+{
+    long long  n;
+
+    if (v->is_str && v->len == 0) {
+        *out = dflt;
+        return 0;
+    }
+
+    n = idem_rv_decimal(v);
+
+    if (n < min || n > max) {
+        return -1;
+    }
+
+    *out = n;
+
+    return 0;
+}
+
+
+static idem_status_kind_e
+idem_status_kind(const idem_rv_t *el, size_t n, idem_status_t *s)
+{
+    long long  status;
+
+    if (n == 0) {
+        return IDEM_STATUS_NONE;
+    }
+
+    if (n != IDEM_STATUS_ELEMS) {
+        return IDEM_STATUS_INVALID;
+    }
+
+    s->state = idem_rv_state(&el[0]);
+
+    if (s->state == NULL
+        || !el[1].is_str || el[1].len != 64 || !idem_is_hex(el[1].data, 64)
+        || !el[2].is_str || !idem_is_hex(el[2].data, el[2].len)
+        || idem_rv_optional(&el[3], 0, IDEM_TIME_MS_MAX, -1, &s->created)
+        || idem_rv_optional(&el[4], 0, IDEM_TIME_MS_MAX, -1, &s->completed)
+        || idem_rv_optional(&el[5], 200, 599, 0, &status))
+    {
+        return IDEM_STATUS_INVALID;
+    }
+
+    /* what the claim would refuse to replay, the status does not show */
+    if (status == 0 && strcmp(s->state, "completed") == 0) {
+        return IDEM_STATUS_INVALID;
+    }
+
+    s->fp = el[1];
+    s->op = el[2];
+    s->status = (int) status;
+
+    return IDEM_STATUS_RECORD;
+}
+
+
+idem_status_kind_e
+idem_status_decode(const idem_rv_t *el, size_t n, idem_status_t *s)
+{
+    idem_status_kind_e  kind;
+
+    memset(s, 0, sizeof(*s));
+
+    kind = idem_status_kind(el, n, s);
+
+    /* no record, or not an answer status.lua gives: nothing is set */
+    if (kind != IDEM_STATUS_RECORD) {
+        memset(s, 0, sizeof(*s));
+    }
+
+    s->kind = kind;
+
+    return kind;
+}
+
+
+idem_admin_kind_e
+idem_admin_decode(const idem_rv_t *el, size_t n, const char **state)
+{
+    *state = NULL;
+
+    if (n == 1 && idem_rv_is(&el[0], "none")) {
+        return IDEM_ADMIN_NONE;
+    }
+
+    if (n == 1 && idem_rv_is(&el[0], "released")) {
+        return IDEM_ADMIN_RELEASED;
+    }
+
+    if (n == 1 && idem_rv_is(&el[0], "completed")) {
+        return IDEM_ADMIN_COMPLETED;
+    }
+
+    if (n == 2 && idem_rv_is(&el[0], "refused")
+        && (idem_rv_is(&el[1], "in_progress")
+            || idem_rv_is(&el[1], "completed")))
+    {
+        *state = idem_rv_state(&el[1]);
+        return IDEM_ADMIN_REFUSED;
+    }
+
+    return IDEM_ADMIN_INVALID;
 }

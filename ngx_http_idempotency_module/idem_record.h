@@ -90,4 +90,54 @@ typedef struct {
 idem_claim_kind_e idem_claim_decode(const idem_rv_t *el, size_t n,
     idem_claim_t *c);
 
+
+/* the latest time a record may name: 9999-12-31T23:59:59.999Z */
+#define IDEM_TIME_MS_MAX  253402300799999LL
+
+/*
+ * The status script's answer (redis-scripts/status.lua): no elements when
+ * there is no record, else {state, fingerprint, op, created, completed,
+ * status}, the last three empty when the record has none.
+ */
+#define IDEM_STATUS_ELEMS  6
+
+typedef enum {
+    IDEM_STATUS_INVALID = 0,
+    IDEM_STATUS_NONE,
+    IDEM_STATUS_RECORD
+} idem_status_kind_e;
+
+typedef struct {
+    idem_status_kind_e   kind;
+    const char          *state;       /* static, as in idem_claim_t */
+    idem_rv_t            fp;          /* 64 lowercase hex */
+    idem_rv_t            op;          /* 1..64 lowercase hex */
+    long long            created;     /* ms since the epoch, or -1 */
+    long long            completed;   /* ms since the epoch, or -1 */
+    int                  status;      /* 200..599 (always when completed),
+                                         or 0 */
+} idem_status_t;
+
+/* el holds the first min(n, IDEM_STATUS_ELEMS) elements of a reply of n */
+idem_status_kind_e idem_status_decode(const idem_rv_t *el, size_t n,
+    idem_status_t *s);
+
+/* admin.lua: {"released"} | {"completed"} | {"none"} | {"refused", state} */
+#define IDEM_ADMIN_ELEMS  2
+
+typedef enum {
+    IDEM_ADMIN_INVALID = 0,
+    IDEM_ADMIN_NONE,
+    IDEM_ADMIN_REFUSED,
+    IDEM_ADMIN_RELEASED,
+    IDEM_ADMIN_COMPLETED
+} idem_admin_kind_e;
+
+/*
+ * *state is set for REFUSED only: "in_progress" or "completed" (static),
+ * the states an operator may not resolve; NULL otherwise.
+ */
+idem_admin_kind_e idem_admin_decode(const idem_rv_t *el, size_t n,
+    const char **state);
+
 #endif /* IDEM_RECORD_H */

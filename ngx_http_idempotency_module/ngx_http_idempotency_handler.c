@@ -731,10 +731,27 @@ ngx_http_idem_reply_str(redisReply *e, ngx_str_t *s)
 }
 
 
-ngx_uint_t
-ngx_http_idem_is_hex(ngx_str_t *s)
+/*
+ * The elements of an array reply as the pure-C decoders take them: the
+ * first max of them in el, the reply's element count returned.
+ */
+size_t
+ngx_http_idem_reply_elements(redisReply *reply, idem_rv_t *el, size_t max)
 {
-    return idem_is_hex((const char *) s->data, s->len);
+    size_t       i, n;
+    redisReply  *e;
+
+    n = ngx_min(reply->elements, max);
+
+    for (i = 0; i < n; i++) {
+        e = reply->element[i];
+        el[i].is_str = (e->type == REDIS_REPLY_STRING
+                        || e->type == REDIS_REPLY_STATUS);
+        el[i].data = el[i].is_str ? e->str : NULL;
+        el[i].len = el[i].is_str ? e->len : 0;
+    }
+
+    return reply->elements;
 }
 
 
@@ -766,9 +783,8 @@ static ngx_http_idem_answer_e
 ngx_http_idem_parse_claim(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
     redisReply *reply)
 {
-    size_t         i, n;
+    size_t         n;
     idem_rv_t      el[IDEM_CLAIM_ELEMS];
-    redisReply    *e;
     idem_claim_t   c;
 
     if (reply == NULL) {
@@ -794,17 +810,9 @@ ngx_http_idem_parse_claim(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
         goto invalid;
     }
 
-    n = ngx_min(reply->elements, IDEM_CLAIM_ELEMS);
+    n = ngx_http_idem_reply_elements(reply, el, IDEM_CLAIM_ELEMS);
 
-    for (i = 0; i < n; i++) {
-        e = reply->element[i];
-        el[i].is_str = (e->type == REDIS_REPLY_STRING
-                        || e->type == REDIS_REPLY_STATUS);
-        el[i].data = el[i].is_str ? e->str : NULL;
-        el[i].len = el[i].is_str ? e->len : 0;
-    }
-
-    if (idem_claim_decode(el, reply->elements, &c) == IDEM_CLAIM_INVALID) {
+    if (idem_claim_decode(el, n, &c) == IDEM_CLAIM_INVALID) {
         goto invalid;
     }
 

@@ -11,25 +11,22 @@ static void ngx_http_idem_ops_done(ngx_http_idem_cmd_t *cmd,
     redisReply *reply);
 
 
-/* "1796222500440" (ms since the epoch) as RFC 3339 UTC, or JSON null */
+/* ms since the epoch (at most IDEM_TIME_MS_MAX) as RFC 3339 UTC; -1: null */
 static u_char *
-ngx_http_idem_json_time(u_char *p, u_char *end, ngx_str_t *ms)
+ngx_http_idem_json_time(u_char *p, u_char *end, long long ms)
 {
-    ngx_tm_t   tm;
-    ngx_int_t  n;
+    ngx_tm_t  tm;
 
-    n = ms->len ? ngx_atoi(ms->data, ms->len) : NGX_ERROR;
-
-    if (n == NGX_ERROR) {
+    if (ms < 0) {
         return ngx_slprintf(p, end, "null");
     }
 
-    ngx_gmtime(n / 1000, &tm);
+    ngx_gmtime((time_t) (ms / 1000), &tm);
 
     return ngx_slprintf(p, end, "\"%4d-%02d-%02dT%02d:%02d:%02d.%03dZ\"",
                         tm.ngx_tm_year, tm.ngx_tm_mon, tm.ngx_tm_mday,
                         tm.ngx_tm_hour, tm.ngx_tm_min, tm.ngx_tm_sec,
-                        (int) (n % 1000));
+                        (int) (ms % 1000));
 }
 
 
@@ -37,32 +34,25 @@ static ngx_int_t
 ngx_http_idem_status_answer(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
     redisReply *reply)
 {
-    u_char     *body, *p, *end;
-    ngx_str_t   f[6];
-    ngx_uint_t  i;
+    u_char         *body, *p, *end;
+    size_t          n;
+    idem_rv_t       el[IDEM_STATUS_ELEMS];
+    idem_status_t   st;
 
-    if (reply->elements == 0) {
+    n = ngx_http_idem_reply_elements(reply, el, IDEM_STATUS_ELEMS);
+
+    switch (idem_status_decode(el, n, &st)) {
+
+    case IDEM_STATUS_NONE:
         return ngx_http_idem_send_problem(r, ctx, NGX_HTTP_NOT_FOUND,
                    "not-found", "No record for this idempotency key",
                    "no request with this idempotency key is known in "
                    "this scope");
-    }
 
-    if (reply->elements != 6) {
-        return NGX_ERROR;
-    }
+    case IDEM_STATUS_RECORD:
+        break;
 
-    for (i = 0; i < 6; i++) {
-        if (ngx_http_idem_reply_str(reply->element[i], &f[i]) != NGX_OK) {
-            return NGX_ERROR;
-        }
-    }
-
-    if (!ngx_http_idem_is_hex(&f[1]) || !ngx_http_idem_is_hex(&f[2])
-        || !(ngx_http_idem_is(&f[0], "in_progress")
-             || ngx_http_idem_is(&f[0], "completed")
-             || ngx_http_idem_is(&f[0], "unknown")))
-    {
+    default:
         return NGX_ERROR;
     }
 
@@ -75,20 +65,21 @@ ngx_http_idem_status_answer(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
 
     p = ngx_slprintf(body, end, "{\"idempotency_key\":");
     p = ngx_http_idem_json_str(p, end, ctx->key.data, ctx->key.len);
-    p = ngx_slprintf(p, end, ",\"operation_id\":\"%V\",\"state\":\"%V\","
-                     "\"created_at\":", &f[2], &f[0]);
-    p = ngx_http_idem_json_time(p, end, &f[3]);
+    p = ngx_slprintf(p, end, ",\"operation_id\":\"%*s\",\"state\":\"%s\","
+                     "\"created_at\":", st.op.len, st.op.data, st.state);
+    p = ngx_http_idem_json_time(p, end, st.created);
     p = ngx_slprintf(p, end, ",\"completed_at\":");
-    p = ngx_http_idem_json_time(p, end, &f[4]);
+    p = ngx_http_idem_json_time(p, end, st.completed);
 
-    if (f[5].len && ngx_atoi(f[5].data, f[5].len) != NGX_ERROR) {
-        p = ngx_slprintf(p, end, ",\"response_status\":%V", &f[5]);
+    if (st.status) {
+        p = ngx_slprintf(p, end, ",\"response_status\":%d", st.status);
 
     } else {
         p = ngx_slprintf(p, end, ",\"response_status\":null");
     }
 
-    p = ngx_slprintf(p, end, ",\"fingerprint\":\"%V\"}\n", &f[1]);
+    p = ngx_slprintf(p, end, ",\"fingerprint\":\"%*s\"}\n",
+                     st.fp.len, st.fp.data);
 
     return ngx_http_idem_send_json(r, NGX_HTTP_OK, body, p - body);
 }
@@ -98,42 +89,42 @@ static ngx_int_t
 ngx_http_idem_admin_answer(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
     redisReply *reply)
 {
-    u_char     *body, *p, *end;
-    ngx_str_t   what, state;
+    u_char             *body, *p, *end;
+    size_t              n;
+    ngx_str_t           what;
+    idem_rv_t           el[IDEM_ADMIN_ELEMS];
+    const char         *state;
+    idem_admin_kind_e   kind;
 
-    if (reply->elements < 1
-        || ngx_http_idem_reply_str(reply->element[0], &what) != NGX_OK)
-    {
-        return NGX_ERROR;
-    }
+    n = ngx_http_idem_reply_elements(reply, el, IDEM_ADMIN_ELEMS);
+    kind = idem_admin_decode(el, n, &state);
 
-    if (ngx_http_idem_is(&what, "none")) {
+    switch (kind) {
+
+    case IDEM_ADMIN_NONE:
         return ngx_http_idem_send_problem(r, ctx, NGX_HTTP_NOT_FOUND,
                    "not-found", "No record for this idempotency key",
                    "no request with this idempotency key is known in "
                    "this scope");
-    }
 
-    if (ngx_http_idem_is(&what, "refused")) {
-        if (reply->elements != 2
-            || ngx_http_idem_reply_str(reply->element[1], &state) != NGX_OK
-            || !(ngx_http_idem_is(&state, "in_progress")
-                 || ngx_http_idem_is(&state, "completed")))
-        {
-            return NGX_ERROR;
-        }
-
-        ctx->state = state;
+    case IDEM_ADMIN_REFUSED:
+        ctx->state.data = (u_char *) state;
+        ctx->state.len = ngx_strlen(state);
 
         return ngx_http_idem_send_problem(r, ctx, NGX_HTTP_CONFLICT,
                    "not-resolvable", "Record is not unknown",
                    "only a record whose outcome is unknown, or whose "
                    "owner's lease lapsed, can be resolved");
-    }
 
-    if (!ngx_http_idem_is(&what, "released")
-        && !ngx_http_idem_is(&what, "completed"))
-    {
+    case IDEM_ADMIN_RELEASED:
+        ngx_str_set(&what, "released");
+        break;
+
+    case IDEM_ADMIN_COMPLETED:
+        ngx_str_set(&what, "completed");
+        break;
+
+    default:
         return NGX_ERROR;
     }
 

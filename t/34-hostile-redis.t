@@ -13,6 +13,7 @@ use warnings;
 use FindBin;
 use lib "$FindBin::Bin/lib";
 use Test::More;
+use JSON::PP;
 use Idem::Test;
 
 my $t = Idem::Test->new;
@@ -112,6 +113,19 @@ sub damaged_case {
     }
     is($t->effects(uri => $uri), 1, "$what: no second execution");
     is(dump_key($name), $before, "$what: the record is not rewritten");
+    # the status endpoint reads the same record: valid JSON or store-error
+    my $s = $t->http(GET => '/status', key => $k, @A);
+    if (($o{status_endpoint} // 500) == 200) {
+        is($s->{status}, 200, "$what: the status endpoint answers 200") or diag($t->show($s));
+        my $j = eval { JSON::PP->new->decode($s->{content}) };
+        ok(ref $j eq 'HASH', "$what: its body is valid JSON") or diag($s->{content});
+        $o{status_json}->($j // {}) if $o{status_json};
+    } else {
+        $t->is_problem($s, 500, 'store-error', key => $k,
+            name => "$what: the status endpoint answers 500 store-error");
+    }
+    ok(($s->{content} // '') !~ /foreign-payload/, "$what: the status endpoint shows nothing of it");
+    is(dump_key($name), $before, "$what: the status endpoint left the record alone");
 }
 
 damaged_case('state rewritten to garbage', [ 'state', 'exploded' ]);
@@ -121,13 +135,14 @@ damaged_case('operation id missing', [], hdel => [ 'op' ]);
 damaged_case('status not a number', [ 'status', 'foreign-payload' ]);
 damaged_case('status out of range', [ 'status', '999' ]);
 damaged_case('status missing', [], hdel => [ 'status' ]);
-damaged_case('headers blob malformed', [ 'hdr', '12:Content-Type,99:foreign-payload,' ]);
-damaged_case('headers blob with a leading zero', [ 'hdr', '012:Content-Type,1:x,' ]);
-damaged_case('headers blob with a huge length', [ 'hdr', '99999999999999999999:x,1:y,' ]);
-damaged_case('headers blob with an empty name', [ 'hdr', '0:,3:abc,' ]);
+damaged_case('headers blob malformed', [ 'hdr', '12:Content-Type,99:foreign-payload,' ], status_endpoint => 200);
+damaged_case('headers blob with a leading zero', [ 'hdr', '012:Content-Type,1:x,' ], status_endpoint => 200);
+damaged_case('headers blob with a huge length', [ 'hdr', '99999999999999999999:x,1:y,' ], status_endpoint => 200);
+damaged_case('headers blob with an empty name', [ 'hdr', '0:,3:abc,' ], status_endpoint => 200);
 # header injection through a stored value: never a new header line on the wire
 sub ns { join '', map { length($_) . ":$_," } @_ }
 damaged_case('header value with CRLF', [ 'hdr', ns('X-Stuff', "a\r\nSet-Cookie: injected=foreign") ],
+    status_endpoint => 200,
     ok => sub {
         my ($r) = @_;
         ok(!exists $r->{headers}{'set-cookie'}, 'header value with CRLF: no injected Set-Cookie on the wire')
@@ -136,17 +151,35 @@ damaged_case('header value with CRLF', [ 'hdr', ns('X-Stuff', "a\r\nSet-Cookie: 
             "header value with CRLF: refused (500) or replayed without the injection ($r->{status})");
     });
 damaged_case('header name with CRLF', [ 'hdr', ns("X-A\r\nSet-Cookie: injected=1", 'x') ],
+    status_endpoint => 200,
     ok => sub {
         my ($r) = @_;
         ok(!exists $r->{headers}{'set-cookie'}, 'header name with CRLF: no injected Set-Cookie')
             or diag($t->show($r));
     });
 damaged_case('body field missing, stored=1', [ 'stored', '1' ], hdel => [ 'body' ],
+    status_endpoint => 200,
     ok => sub {
         my ($r) = @_;
         ok($r->{status} == 500 || ($r->{headers}{'idempotent-replayed'} // '') eq 'true',
             "body field missing: refused or replayed ($r->{status}), no crash");
     });
+
+# status written with a leading zero: the claim reads 201, the status
+# endpoint prints a JSON number (not "0201", which is not JSON)
+damaged_case('status with a leading zero', [ 'status', '0201' ], status_endpoint => 200,
+    status_json => sub { is($_[0]{response_status}, 201, 'status with a leading zero: response_status 201') },
+    ok => sub {
+        is($_[0]{headers}{'idempotent-replayed'}, 'true', 'status with a leading zero: replayed');
+        is($_[0]{status}, 201, 'status with a leading zero: as 201');
+    });
+# times the claim never reads, but the status endpoint prints
+damaged_case('creation time after year 9999', [ 'created', '253402300800000' ],
+    ok => sub { is($_[0]{headers}{'idempotent-replayed'}, 'true', 'creation time after 9999: still replayed') });
+damaged_case('completion time not a number', [ 'completed', 'foreign-payload' ],
+    ok => sub { is($_[0]{headers}{'idempotent-replayed'}, 'true', 'completion time garbage: still replayed') });
+damaged_case('fingerprint shortened', [ 'fp', 'f' x 63 ],
+    ok => sub { $t->is_problem($_[0], 409, 'fingerprint-mismatch', name => 'fingerprint shortened: 409 mismatch') });
 
 # ---- the module keeps working for clean keys afterwards
 {

@@ -1,7 +1,7 @@
 /*
  * Unit tests of idem_record.c: the Redis record key derived from (scope,
  * key), the netstring encoding of stored response headers, and the
- * decoder of the claim script's reply.
+ * decoders of the claim, status and admin scripts' replies.
  */
 
 #include <stdarg.h>
@@ -109,26 +109,60 @@ test_hdrs_malformed(void)
 
 
 /* a reply of string elements; "~" stands for a nil (not a string) */
-static idem_claim_kind_e
-claim(idem_claim_t *c, size_t n, ...)
+static void
+fill(idem_rv_t *el, size_t max, size_t n, va_list ap)
 {
     size_t       i;
-    va_list      ap;
-    idem_rv_t    el[IDEM_CLAIM_ELEMS];
     const char  *s;
 
-    va_start(ap, n);
-
-    for (i = 0; i < n && i < IDEM_CLAIM_ELEMS; i++) {
+    for (i = 0; i < n && i < max; i++) {
         s = va_arg(ap, const char *);
         el[i].is_str = strcmp(s, "~") != 0;
         el[i].data = el[i].is_str ? s : NULL;
         el[i].len = el[i].is_str ? strlen(s) : 0;
     }
+}
 
+
+static idem_claim_kind_e
+claim(idem_claim_t *c, size_t n, ...)
+{
+    va_list    ap;
+    idem_rv_t  el[IDEM_CLAIM_ELEMS];
+
+    va_start(ap, n);
+    fill(el, IDEM_CLAIM_ELEMS, n, ap);
     va_end(ap);
 
     return idem_claim_decode(el, n, c);
+}
+
+
+static idem_status_kind_e
+status(idem_status_t *st, size_t n, ...)
+{
+    va_list    ap;
+    idem_rv_t  el[IDEM_STATUS_ELEMS];
+
+    va_start(ap, n);
+    fill(el, IDEM_STATUS_ELEMS, n, ap);
+    va_end(ap);
+
+    return idem_status_decode(el, n, st);
+}
+
+
+static idem_admin_kind_e
+admin(const char **state, size_t n, ...)
+{
+    va_list    ap;
+    idem_rv_t  el[IDEM_ADMIN_ELEMS];
+
+    va_start(ap, n);
+    fill(el, IDEM_ADMIN_ELEMS, n, ap);
+    va_end(ap);
+
+    return idem_admin_decode(el, n, state);
 }
 
 
@@ -182,6 +216,80 @@ test_claim_decode(void)
 }
 
 
+static void
+test_status_decode(void)
+{
+    idem_status_t  st;
+    const char    *op = "0123456789abcdef0123456789abcdef";
+    const char    *fp = "00112233445566778899aabbccddeeff"
+                        "00112233445566778899aabbccddeeff";
+
+    ok(status(&st, 0) == IDEM_STATUS_NONE && st.state == NULL,
+       "no elements: no record");
+    ok(status(&st, 6, "completed", fp, op, "1796222500440", "1796222501000",
+              "201") == IDEM_STATUS_RECORD
+       && strcmp(st.state, "completed") == 0 && st.fp.len == 64
+       && st.op.len == 32 && st.created == 1796222500440LL
+       && st.completed == 1796222501000LL && st.status == 201,
+       "completed record: every field");
+    ok(status(&st, 6, "in_progress", fp, op, "1796222500440", "", "")
+       == IDEM_STATUS_RECORD && st.completed == -1 && st.status == 0,
+       "in progress: no completion time, no status");
+    ok(status(&st, 6, "unknown", fp, op, "", "", "") == IDEM_STATUS_RECORD
+       && st.created == -1, "no creation time: absent, not invalid");
+    ok(status(&st, 6, "completed", fp, op, "1", "2", "0201")
+       == IDEM_STATUS_RECORD && st.status == 201,
+       "status with a leading zero is read as a number (and printed as one)");
+    ok(status(&st, 6, "completed", fp, op, "1", "2", "") == IDEM_STATUS_INVALID,
+       "completed without a status: invalid, as the claim finds it corrupt");
+    ok(status(&st, 6, "completed", fp, op, "1", "2", "999")
+       == IDEM_STATUS_INVALID && st.state == NULL && st.op.data == NULL,
+       "status 999: invalid, nothing set");
+    ok(status(&st, 6, "completed", fp, op, "1", "2", "20x") == IDEM_STATUS_INVALID,
+       "status not a number: invalid");
+    ok(status(&st, 6, "completed", fp, op, "253402300799999", "", "201")
+       == IDEM_STATUS_RECORD, "the last millisecond of year 9999");
+    ok(status(&st, 6, "completed", fp, op, "253402300800000", "", "201")
+       == IDEM_STATUS_INVALID, "a time after year 9999: invalid");
+    ok(status(&st, 6, "completed", fp, op, "-5", "", "201")
+       == IDEM_STATUS_INVALID, "negative time: invalid");
+    ok(status(&st, 6, "exploded", fp, op, "", "", "") == IDEM_STATUS_INVALID,
+       "foreign state: invalid");
+    ok(status(&st, 6, "unknown", "abc", op, "", "", "") == IDEM_STATUS_INVALID,
+       "short fingerprint: invalid");
+    ok(status(&st, 6, "unknown", fp, "XYZ", "", "", "") == IDEM_STATUS_INVALID,
+       "operation id not hex: invalid");
+    ok(status(&st, 6, "unknown", fp, op, "~", "", "") == IDEM_STATUS_INVALID,
+       "nil time: invalid");
+    ok(status(&st, 5, "unknown", fp, op, "", "") == IDEM_STATUS_INVALID,
+       "five elements: invalid");
+    ok(status(&st, 7, "unknown", fp, op, "", "", "") == IDEM_STATUS_INVALID,
+       "seven elements: invalid");
+}
+
+
+static void
+test_admin_decode(void)
+{
+    const char  *state;
+
+    ok(admin(&state, 1, "none") == IDEM_ADMIN_NONE && state == NULL, "none");
+    ok(admin(&state, 1, "released") == IDEM_ADMIN_RELEASED, "released");
+    ok(admin(&state, 1, "completed") == IDEM_ADMIN_COMPLETED, "completed");
+    ok(admin(&state, 2, "refused", "in_progress") == IDEM_ADMIN_REFUSED
+       && strcmp(state, "in_progress") == 0, "refused, in progress");
+    ok(admin(&state, 2, "refused", "completed") == IDEM_ADMIN_REFUSED
+       && strcmp(state, "completed") == 0, "refused, completed");
+    ok(admin(&state, 2, "refused", "unknown") == IDEM_ADMIN_INVALID
+       && state == NULL, "refused an unknown record: not an answer admin.lua gives");
+    ok(admin(&state, 1, "refused") == IDEM_ADMIN_INVALID, "refused without a state");
+    ok(admin(&state, 2, "released", "x") == IDEM_ADMIN_INVALID,
+       "released with an extra element: invalid");
+    ok(admin(&state, 0) == IDEM_ADMIN_INVALID, "no elements: invalid");
+    ok(admin(&state, 1, "~") == IDEM_ADMIN_INVALID, "nil: invalid");
+}
+
+
 int
 main(void)
 {
@@ -189,6 +297,8 @@ main(void)
     test_hdrs_roundtrip();
     test_hdrs_malformed();
     test_claim_decode();
+    test_status_decode();
+    test_admin_decode();
 
     return done_testing();
 }
