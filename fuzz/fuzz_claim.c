@@ -33,8 +33,11 @@
  *    year 9999 or -1 for an empty element, a status 200..599 (element 5)
  *    or 0 for an empty one, never 0 when completed; written back as
  *    status.lua writes it, it decodes the same;
+ *  - a well-formed status reply built from the input's first bytes is
+ *    accepted, with exactly its fields (so rejecting good records fails);
  *  - admin: "refused" exactly with 2 elements and a state of in_progress
  *    or completed (element 1), the other answers with 1 element.
+ * A single 0x03 byte is the empty reply.
  */
 
 #include "idem_record.h"
@@ -98,6 +101,11 @@ reply_build(fuzz_reply_t *rp, const uint8_t *data, size_t size)
     }
 
     rp->count += rp->n;
+
+    /* a single 0x03 byte is the empty reply (status.lua's "no record") */
+    if (size == 1 && data[0] == 0x03) {
+        rp->count = 0;
+    }
 }
 
 
@@ -352,8 +360,9 @@ check_status(const fuzz_reply_t *rp)
                && a.completed == rv_time(&rp->el[4]),
                "status: times are not elements 3 and 4");
     FUZZ_CHECK((a.status == 0 && rv_is(&rp->el[5], ""))
-               || (a.status >= 200 && a.status <= 599),
-               "status: response status %d", a.status);
+               || (a.status >= 200 && a.status <= 599
+                   && a.status == rv_time(&rp->el[5])),
+               "status: response status %d is not element 5", a.status);
     FUZZ_CHECK(a.status != 0 || strcmp(a.state, "completed") != 0,
                "status: completed without a response status");
 
@@ -367,6 +376,53 @@ check_status(const fuzz_reply_t *rp)
     idem_status_decode(el, 6, &b);
 
     FUZZ_CHECK(status_eq(&a, &b), "status: rewritten answer decodes otherwise");
+}
+
+
+/*
+ * Acceptance: a reply status.lua could give, built from the input (its
+ * bytes pick the state, the times, the status, the operation id's length),
+ * must decode as that record; the other properties only check what was
+ * accepted.
+ */
+static void
+check_status_accepts(const uint8_t *data, size_t size)
+{
+    static const char  *states[] = { "in_progress", "completed", "unknown" };
+    static const char   hex[] = "0123456789abcdef";
+    char                fp[64], op[64], t1[32], t2[32], st[16];
+    size_t              i, oplen;
+    long long           c, d;
+    int                 status;
+    idem_rv_t           el[IDEM_STATUS_ELEMS];
+    idem_status_t       s;
+    uint8_t             b[8] = { 0 };
+
+    memcpy(b, data, size < sizeof(b) ? size : sizeof(b));
+
+    for (i = 0; i < 64; i++) {
+        fp[i] = hex[(b[i % 8] + i) & 15];
+        op[i] = hex[(b[(i + 3) % 8] ^ i) & 15];
+    }
+
+    oplen = 1 + b[0] % 64;
+    c = (b[1] & 1) ? -1 : (long long) (b[2] | (b[3] << 8)) * 1000003LL;
+    d = (b[1] & 2) ? -1 : IDEM_TIME_MS_MAX - b[4];
+    status = 200 + (b[5] | (b[6] << 8)) % 400;
+
+    el[0] = rv_str(states[b[7] % 3], strlen(states[b[7] % 3]));
+    el[1] = rv_str(fp, 64);
+    el[2] = rv_str(op, oplen);
+    el[3] = rv_num(t1, sizeof(t1), c);
+    el[4] = rv_num(t2, sizeof(t2), d);
+    el[5] = (b[1] & 4) && b[7] % 3 != 1 ? rv_str("", 0)
+                                        : rv_num(st, sizeof(st), status);
+
+    FUZZ_CHECK(idem_status_decode(el, 6, &s) == IDEM_STATUS_RECORD
+               && s.created == c && s.completed == d
+               && s.status == ((b[1] & 4) && b[7] % 3 != 1 ? 0 : status)
+               && s.op.len == oplen && strcmp(s.state, states[b[7] % 3]) == 0,
+               "status: a well-formed record was not accepted as it is");
 }
 
 
@@ -424,6 +480,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     check_fields(&rp, &a);
     check_status(&rp);
+    check_status_accepts(data, size);
     check_admin(&rp);
 
     reply_free(&rp);

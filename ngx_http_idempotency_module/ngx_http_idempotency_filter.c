@@ -345,7 +345,7 @@ ngx_http_idem_closed(ngx_http_idem_cmd_t *cmd, redisReply *reply)
     if (reply->type == REDIS_REPLY_ERROR) {
         ngx_log_error(NGX_LOG_ERR, log, 0,
                       "idempotency: %s script failed: %*s%s",
-                      what, (int) reply->len, reply->str,
+                      what, (size_t) reply->len, reply->str,
                       cmd->script == NGX_HTTP_IDEM_SCRIPT_RENEW
                       ? "" : "; the record turns unknown when its lease lapses");
         return;

@@ -794,7 +794,7 @@ ngx_http_idem_parse_claim(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
     if (reply->type == REDIS_REPLY_ERROR) {
         ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
                       "idempotency: claim failed: %*s",
-                      (int) reply->len, reply->str);
+                      (size_t) reply->len, reply->str);
 
         /* our own script's complaint, or a foreign value under our key */
         if (ngx_strstr(reply->str, "IDEMCORRUPT")

@@ -282,7 +282,7 @@ ngx_http_idem_link_handshake(redisAsyncContext *ac, void *r, void *privdata)
     ngx_log_error(NGX_LOG_ERR, lk->redis->log, 0,
                   "idempotency: redis %V%s: %s failed: %*s", &lk->redis->name,
                   ngx_http_idem_link_name(lk), (char *) privdata,
-                  (int) reply->len, reply->str);
+                  (size_t) reply->len, reply->str);
 
     ngx_http_idem_link_recycle_later(lk);
 }

@@ -19,7 +19,7 @@
 -- Times are written with string.format('%d'): tostring() of a Lua number
 -- goes through '%.14g', glibc's float printer, a measurable part of a claim's
 -- time in Redis (bench/RESULTS.md).  Numbers from ARGV stay strings for the
--- same reason.
+-- same reason.  '%d' is a C long: Redis must be a 64-bit build (docs/redis.md).
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 

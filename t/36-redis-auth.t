@@ -131,17 +131,21 @@ for my $c ([ '/pw/x', 'password=' ], [ '/acl/x', 'user= password= db=' ]) {
     my $bg = $t->http_bg(POST => '/acl/drop', @req, headers => [ 'X-Drop' => 1, 'X-Delay' => 4 ],
                          timeout => 15);
     ok($t->wait_for(sub { $t->effects(key => $k) == 1 }, 5), 'ACL user: the request reached the upstream');
-    sleep 2.5;    # lease 3 s, renewed every second
-    my (undef, $rec) = $t->redis_multi([ 'SELECT', 3 ],
-                                       [ 'HMGET', $t->record_name($k), 'created', 'lease' ]);
-    my ($created, $lease) = ref $rec eq 'ARRAY' ? @$rec : (0, 0);
-    cmp_ok(($lease // 0) - ($created // 0), '>', 3000,
+    # lease 3 s, renewed every second while the upstream works (4 s)
+    my $db3 = sub {
+        my (undef, $rec) = $t->redis_multi([ 'SELECT', 3 ], [ 'HMGET', $t->record_name($k), @_ ]);
+        return ref $rec eq 'ARRAY' ? @$rec : ();
+    };
+    ok($t->wait_for(sub { my ($c, $l) = $db3->('created', 'lease');
+                          ($l // 0) - ($c // 0) > 3000 }, 3.8),
         'ACL user: the renew script moved the lease past claim time + 3 s');
     my $r = $bg->result(15);
     is($r && $r->{status}, 502, 'ACL user: the upstream dropped the connection -> 502');
+    ok($t->wait_for(sub { (($db3->('state'))[0] // '') eq 'unknown' }, 5),
+        'ACL user: the fail script marked the record unknown');
     my $u = $t->http(POST => '/acl/drop', @req);
     $t->is_problem($u, 409, 'outcome-unknown', key => $k,
-        name => 'ACL user: the fail script marked the record unknown');
+        name => 'ACL user: a retry is told outcome-unknown');
     my $st = $t->http(GET => '/acl-status', key => $k);
     is($st->{status}, 200, 'ACL user: the status endpoint reads the record');
     like($st->{content}, qr/"state":"unknown"/, 'ACL user: status says unknown');

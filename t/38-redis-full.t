@@ -22,7 +22,7 @@ server {
     location / {
         idempotency on;
         idempotency_redis %%REDIS%%;
-        idempotency_lease 4s;
+        idempotency_lease 6s;
         proxy_ignore_client_abort on;
         proxy_pass http://%%UPSTREAM%%;
     }
@@ -49,6 +49,9 @@ my @req1 = (key => $k1, json => { order => 'before full' });
 my ($first) = $t->retry_until_final('/orders', 5, @req1);
 is($first->{status}, 201, 'a write before Redis is full executes') or diag($t->show($first));
 is($t->effects(key => $k1), 1, 'one effect');
+# the completion goes out as the response ends: let it land before filling Redis
+ok($t->wait_for(sub { (($t->record($k1) // {})->{state} // '') eq 'completed' }, 5),
+    'its record is completed');
 
 # ---- a full Redis: a test write shows what the module will meet
 redis_full(1);
@@ -96,7 +99,7 @@ ok($t->is_redis_error($probe) && $probe->message =~ /^OOM /, 'Redis refuses a wr
     my $k = $t->key('complete');
     my @req = (key => $k, json => { order => 'filled mid-request' });
     my $before = oom_lines('complete');
-    my $bg = $t->http_bg(POST => '/orders', @req, headers => [ 'X-Delay' => 1 ], timeout => 10);
+    my $bg = $t->http_bg(POST => '/orders', @req, headers => [ 'X-Delay' => 2 ], timeout => 10);
     ok($t->wait_for(sub { $t->effects(key => $k) == 1 }, 5), 'the request reached the upstream');
     redis_full(1);
 
@@ -112,9 +115,9 @@ ok($t->is_redis_error($probe) && $probe->message =~ /^OOM /, 'Redis refuses a wr
     $t->is_problem($again, 409, 'in-progress', key => $k, retry_after => 1,
         name => 'a retry while the lease runs: 409 in-progress');
 
-    # The lease (4 s) outlives the request (1 s), so the owner never renewed
-    # it.  Its lapse needs a write (the record turns unknown), which a full
-    # Redis refuses.  Wait for it by Redis's own clock.
+    # The lease (6 s) outlives the request (2 s), and a renewal while Redis
+    # is full is refused.  The lapse needs a write (the record turns
+    # unknown), which a full Redis refuses too.  Wait for it by Redis's clock.
     my $lease = ($t->record($k) // {})->{lease} // 0;
     ok($lease > 0, 'the record has a lease deadline');
     ok($t->wait_for(sub { my $n = $t->redis('TIME'); ref $n eq 'ARRAY'
