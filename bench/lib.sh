@@ -309,11 +309,32 @@ build_fpbench() {   # build_fpbench OUT: bench/fpbench.c with the pure-C core an
 wrk_run() {
     local out=$1 port=$2 script=$3 conns=$4 dur=$5 line
     shift 5
-    line=$(wrk -t2 -c"$conns" -d"$dur" --timeout 10s -s "$BENCH/lua/$script.lua" \
+    # shellcheck disable=SC2086
+    line=$(${PIN_CLIENTS:+taskset -c $PIN_CLIENTS} \
+           wrk -t2 -c"$conns" -d"$dur" --timeout 10s -s "$BENCH/lua/$script.lua" \
                "http://127.0.0.1:$port/v1/orders" -- "$@" 2>&1 | grep '^BENCH ' || true)
     [ -n "$line" ] || die "wrk ($script on port $port) printed no result"
     echo "$line" >>"$out"
     echo "$line"
+}
+
+# pin_cpus REDIS_CPU OTHERS_CPU | pin_cpus off: Redis on one CPU, the nginx
+# processes (all threads) on the other, and wrk (through PIN_CLIENTS) there
+# too; "off" gives every process every CPU again.
+pin_cpus() {
+    local r=$1 o=${2:-} all p
+    all=$(( $(nproc) - 1 ))
+    if [ "$r" = off ]; then
+        r=0-$all o=0-$all
+        PIN_CLIENTS=''
+    else
+        PIN_CLIENTS=$o
+    fi
+    taskset -a -p -c "$r" "$REDIS_PID" >/dev/null || return 1
+    for p in "$UPSTREAM_PID" $(ps -o pid= --ppid "$UPSTREAM_PID") \
+             "$FRONT_PID" $(ps -o pid= --ppid "$FRONT_PID"); do
+        taskset -a -p -c "$o" "$p" >/dev/null || return 1
+    done
 }
 
 calc() {   # calc EXPR [DECIMALS]: awk arithmetic
