@@ -108,62 +108,35 @@ test_hdrs_malformed(void)
 }
 
 
-/* a reply of string elements; "~" stands for a nil (not a string) */
-static void
-fill(idem_rv_t *el, size_t max, size_t n, va_list ap)
+/*
+ * A reply of n string elements; "~" stands for a nil (not a string).  Only
+ * the first six are read (no decoder reads more), so n may claim more.
+ */
+static const idem_rv_t *
+reply(size_t n, ...)
 {
-    size_t       i;
-    const char  *s;
+    static idem_rv_t   el[IDEM_CLAIM_ELEMS];
+    size_t             i;
+    va_list            ap;
+    const char        *s;
 
-    for (i = 0; i < n && i < max; i++) {
+    va_start(ap, n);
+
+    for (i = 0; i < n && i < IDEM_CLAIM_ELEMS; i++) {
         s = va_arg(ap, const char *);
         el[i].is_str = strcmp(s, "~") != 0;
         el[i].data = el[i].is_str ? s : NULL;
         el[i].len = el[i].is_str ? strlen(s) : 0;
     }
-}
 
-
-static idem_claim_kind_e
-claim(idem_claim_t *c, size_t n, ...)
-{
-    va_list    ap;
-    idem_rv_t  el[IDEM_CLAIM_ELEMS];
-
-    va_start(ap, n);
-    fill(el, IDEM_CLAIM_ELEMS, n, ap);
     va_end(ap);
 
-    return idem_claim_decode(el, n, c);
+    return el;
 }
 
-
-static idem_status_kind_e
-status(idem_status_t *st, size_t n, ...)
-{
-    va_list    ap;
-    idem_rv_t  el[IDEM_STATUS_ELEMS];
-
-    va_start(ap, n);
-    fill(el, IDEM_STATUS_ELEMS, n, ap);
-    va_end(ap);
-
-    return idem_status_decode(el, n, st);
-}
-
-
-static idem_admin_kind_e
-admin(const char **state, size_t n, ...)
-{
-    va_list    ap;
-    idem_rv_t  el[IDEM_ADMIN_ELEMS];
-
-    va_start(ap, n);
-    fill(el, IDEM_ADMIN_ELEMS, n, ap);
-    va_end(ap);
-
-    return idem_admin_decode(el, n, state);
-}
+#define claim(c, n, ...)   idem_claim_decode(reply(n, ##__VA_ARGS__), n, c)
+#define status(s, n, ...)  idem_status_decode(reply(n, ##__VA_ARGS__), n, s)
+#define admin(s, n, ...)   idem_admin_decode(reply(n, ##__VA_ARGS__), n, s)
 
 
 static void
