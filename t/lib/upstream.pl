@@ -23,6 +23,10 @@
 #   X-Drop: rst           like X-Drop: 1, but the connection is reset (RST), not closed
 #   X-Truncate: N         send the head (with the full Content-Length) and only the
 #                         first N bytes of the body, then close
+#   X-Chunked: 1          send the body with Transfer-Encoding: chunked (chunks of
+#                         7 bytes) instead of Content-Length; with X-Truncate: N,
+#                         only the chunks of the first N bytes, never the last
+#                         (zero-size) chunk, then close
 #
 # Every answer it produces (not for X-Drop) is logged before it is sent, one JSON
 # line appended under the same flock to DIR/responses.log:
@@ -206,12 +210,13 @@ sub handle {
             . ',"uri":' . $JSON->encode($uri) . ',"body_len":' . length($body)
             . ',"body_sha256":"' . $sha . '"}';
     }
+    my $chunked = ($h{'x-chunked'} // '') eq '1';
     my $resp = "HTTP/1.1 $status " . ($REASON{$status} // 'Whatever') . "\r\n"
         . "Location: /things/$n\r\n"
         . "Content-Type: $ctype\r\n"
         . "X-Upstream-Seq: $n\r\n"
         . join('', map { "$_\r\n" } @reply_headers)
-        . "Content-Length: " . length($out) . "\r\n"
+        . ($chunked ? "Transfer-Encoding: chunked\r\n" : "Content-Length: " . length($out) . "\r\n")
         . "Connection: close\r\n\r\n";
     my $trunc = ($h{'x-truncate'} // '') =~ /^[0-9]+$/ && $h{'x-truncate'} < length($out)
         ? $h{'x-truncate'} : undef;
@@ -220,7 +225,12 @@ sub handle {
         len => length($out), sha => sha256_hex($out), truncated => defined $trunc ? 1 : 0,
         t => time,
     });
-    $resp .= (defined $trunc ? substr($out, 0, $trunc) : $out) unless $method eq 'HEAD';
+    my $sent = defined $trunc ? substr($out, 0, $trunc) : $out;
+    if ($chunked) {
+        $sent = join('', map { sprintf("%x\r\n%s\r\n", length $_, $_) } unpack('(a7)*', $sent))
+            . (defined $trunc ? '' : "0\r\n\r\n");
+    }
+    $resp .= $sent unless $method eq 'HEAD';
 
     local $SIG{PIPE} = 'IGNORE';
     my $off = 0;
