@@ -393,7 +393,7 @@ check_status_accepts(const uint8_t *data, size_t size)
     char                fp[64], op[64], t1[32], t2[32], st[16];
     size_t              i, oplen;
     long long           c, d;
-    int                 status;
+    int                 status, none;
     idem_rv_t           el[IDEM_STATUS_ELEMS];
     idem_status_t       s;
     uint8_t             b[8] = { 0 };
@@ -409,18 +409,18 @@ check_status_accepts(const uint8_t *data, size_t size)
     c = (b[1] & 1) ? -1 : (long long) (b[2] | (b[3] << 8)) * 1000003LL;
     d = (b[1] & 2) ? -1 : IDEM_TIME_MS_MAX - b[4];
     status = 200 + (b[5] | (b[6] << 8)) % 400;
+    none = (b[1] & 4) && b[7] % 3 != 1;    /* no status, unless completed */
 
     el[0] = rv_str(states[b[7] % 3], strlen(states[b[7] % 3]));
     el[1] = rv_str(fp, 64);
     el[2] = rv_str(op, oplen);
     el[3] = rv_num(t1, sizeof(t1), c);
     el[4] = rv_num(t2, sizeof(t2), d);
-    el[5] = (b[1] & 4) && b[7] % 3 != 1 ? rv_str("", 0)
-                                        : rv_num(st, sizeof(st), status);
+    el[5] = none ? rv_str("", 0) : rv_num(st, sizeof(st), status);
 
     FUZZ_CHECK(idem_status_decode(el, 6, &s) == IDEM_STATUS_RECORD
                && s.created == c && s.completed == d
-               && s.status == ((b[1] & 4) && b[7] % 3 != 1 ? 0 : status)
+               && s.status == (none ? 0 : status)
                && s.op.len == oplen && strcmp(s.state, states[b[7] % 3]) == 0,
                "status: a well-formed record was not accepted as it is");
 }

@@ -311,6 +311,7 @@ ngx_int_t ngx_http_idem_record_key(ngx_http_request_t *r,
     ngx_http_idem_ctx_t *ctx, ngx_str_t *scope);
 ngx_int_t ngx_http_idem_reply_str(redisReply *e, ngx_str_t *s);
 ngx_uint_t ngx_http_idem_is(ngx_str_t *s, const char *lit);
+ngx_uint_t ngx_http_idem_reply_corrupt(redisReply *reply);
 size_t ngx_http_idem_reply_elements(redisReply *reply, idem_rv_t *el,
     size_t max);
 

@@ -732,6 +732,20 @@ ngx_http_idem_reply_str(redisReply *e, ngx_str_t *s)
 
 
 /*
+ * An error reply that is about the data under the module's key (our own
+ * script's complaint, or a foreign value), not about reaching Redis:
+ * store-error rather than store-unavailable.
+ */
+ngx_uint_t
+ngx_http_idem_reply_corrupt(redisReply *reply)
+{
+    return reply->type == REDIS_REPLY_ERROR
+           && (ngx_strstr(reply->str, "IDEMCORRUPT")
+               || ngx_strstr(reply->str, "WRONGTYPE"));
+}
+
+
+/*
  * The elements of an array reply as the pure-C decoders take them: the
  * first max of them in el, the reply's element count returned.
  */
@@ -796,10 +810,7 @@ ngx_http_idem_parse_claim(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
                       "idempotency: claim failed: %*s",
                       (size_t) reply->len, reply->str);
 
-        /* our own script's complaint, or a foreign value under our key */
-        if (ngx_strstr(reply->str, "IDEMCORRUPT")
-            || ngx_strstr(reply->str, "WRONGTYPE"))
-        {
+        if (ngx_http_idem_reply_corrupt(reply)) {
             return NGX_HTTP_IDEM_ANS_STORE_ERROR;
         }
 

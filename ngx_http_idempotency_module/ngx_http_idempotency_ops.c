@@ -165,8 +165,7 @@ ngx_http_idem_ops_done(ngx_http_idem_cmd_t *cmd, redisReply *reply)
 
     if (reply == NULL
         || (reply->type == REDIS_REPLY_ERROR
-            && !ngx_strstr(reply->str, "IDEMCORRUPT")
-            && !ngx_strstr(reply->str, "WRONGTYPE")))
+            && !ngx_http_idem_reply_corrupt(reply)))
     {
         rc = ngx_http_idem_send_problem(r, ctx, NGX_HTTP_SERVICE_UNAVAILABLE,
                  "store-unavailable", NULL,

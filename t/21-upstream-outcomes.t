@@ -158,7 +158,7 @@ unknown_case('chunked body cut before its last chunk', '/h11/pay',
     ok(($r1->{headers}{'transfer-encoding'} // '') =~ /chunked/ && !exists $r1->{headers}{'content-length'},
         'chunked answer: it came without a length (nginx passes it on chunked)') or diag($t->show($r1));
     is($t->sha256($r1->{content}), (produced($k) // {})->{sha}, 'chunked answer: the client got the whole body');
-    ok($t->wait_for(sub { (($t->record($k, $AUTH) // {})->{state} // '') eq 'completed' }, 5),
+    ok($t->wait_state($k, $AUTH, 'completed'),
         'chunked answer: record completed');
     is(($t->record($k, $AUTH) // {})->{body}, $r1->{content}, 'chunked answer: the stored body is the whole body');
     my $r2 = $t->http(POST => '/h11/pay', @req);

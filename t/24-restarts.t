@@ -63,7 +63,7 @@ my $ku = $t->key('restart-unknown');
 my @requ = (key => $ku, json => { order => 'lost' }, headers => [ Authorization => $AUTH ]);
 my $u = $t->http(POST => '/orders', @requ, headers => [ Authorization => $AUTH, 'X-Drop' => 1 ]);
 is($u->{status}, 502, 'dropped attempt: 502');
-ok($t->wait_for(sub { (($t->record($ku, $AUTH) // {})->{state} // '') eq 'unknown' }, 5),
+ok($t->wait_state($ku, $AUTH, 'unknown'),
     'dropped attempt: record unknown');
 
 # ---- nginx restarted

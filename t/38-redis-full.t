@@ -50,7 +50,7 @@ my ($first) = $t->retry_until_final('/orders', 5, @req1);
 is($first->{status}, 201, 'a write before Redis is full executes') or diag($t->show($first));
 is($t->effects(key => $k1), 1, 'one effect');
 # the completion goes out as the response ends: let it land before filling Redis
-ok($t->wait_for(sub { (($t->record($k1) // {})->{state} // '') eq 'completed' }, 5),
+ok($t->wait_state($k1, undef, 'completed'),
     'its record is completed');
 
 # ---- a full Redis: a test write shows what the module will meet

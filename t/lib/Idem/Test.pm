@@ -502,6 +502,14 @@ sub record {
 
 # restart_nginx(%opts): stops nginx (QUIT) and starts it again with the same
 # configuration snippet, options and port. Returns the new master pid.
+# wait_state($key, $scope, $state[, $secs]): true once the record of
+# ($key, $scope) is in $state (completions and failures land after the answer)
+sub wait_state {
+    my ($self, $key, $scope, $state, $secs) = @_;
+    return $self->wait_for(sub { (($self->record($key, $scope) // {})->{state} // '') eq $state },
+                           $secs // 5);
+}
+
 sub restart_nginx {
     my ($self, %o) = @_;
     my $snippet = $self->{nginx_snippet};
