@@ -34,7 +34,7 @@ $(BUILD)/nginx-src/configure:
 	mkdir -p $(BUILD)
 	cp -a $(NGX_SRC) $(BUILD)/nginx-src
 
-$(BUILD)/objs/Makefile: $(BUILD)/nginx-src/configure config $(SCRIPTS)
+$(BUILD)/objs/Makefile: $(BUILD)/nginx-src/configure config $(SCRIPTS) $(MODDIR)/idem_record.h
 	cd $(BUILD)/nginx-src && bash -c '. ./conf_flags && \
 	    ./configure "$${NGX_CONF_FLAGS[@]}" \
 	        --add-dynamic-module=$(CURDIR) --builddir=$(BUILD)/objs' \
@@ -105,7 +105,7 @@ $(ASAN_BUILD)/nginx-src/configure:
 
 # Debian's flags plus the sanitizers; configure runs (and links) its feature
 # tests with them, hence ASAN_OPTIONS for those little programs.
-$(ASAN_BUILD)/objs/Makefile: $(ASAN_BUILD)/nginx-src/configure config $(SCRIPTS)
+$(ASAN_BUILD)/objs/Makefile: $(ASAN_BUILD)/nginx-src/configure config $(SCRIPTS) $(MODDIR)/idem_record.h
 	cd $(ASAN_BUILD)/nginx-src && ASAN_OPTIONS=detect_leaks=0 bash -c '. ./conf_flags && \
 	    ./configure "$${NGX_CONF_FLAGS[@]}" \
 	        --with-cc-opt="$(ASAN_CFLAGS)" --with-ld-opt="$(ASAN_LDFLAGS)" \

@@ -41,14 +41,15 @@ idem_record_key(const char *scope, size_t scope_len, const char *key,
         return -1;
     }
 
-    memcpy(out, "idem:{", 6);
+    memcpy(out, IDEM_RECORD_PREFIX, sizeof(IDEM_RECORD_PREFIX) - 1);
+    out += sizeof(IDEM_RECORD_PREFIX) - 1;
 
     for (i = 0; i < 16; i++) {
-        out[6 + 2 * i] = idem_hexdigits[md[i] >> 4];
-        out[6 + 2 * i + 1] = idem_hexdigits[md[i] & 0xf];
+        out[2 * i] = idem_hexdigits[md[i] >> 4];
+        out[2 * i + 1] = idem_hexdigits[md[i] & 0xf];
     }
 
-    memcpy(out + 6 + 32, "}:r", 4);
+    memcpy(out + 32, IDEM_RECORD_SUFFIX, sizeof(IDEM_RECORD_SUFFIX));
 
     return 0;
 }

@@ -9,8 +9,18 @@
 
 #include <stddef.h>
 
-/* "idem:{" + 32 hex + "}:r" */
-#define IDEM_RECORD_KEY_LEN  (6 + 32 + 3)
+/*
+ * The one definition of each Redis name the module uses: record keys are
+ * IDEM_RECORD_PREFIX + 32 hex + IDEM_RECORD_SUFFIX, and completions of
+ * records somebody waits for are announced on IDEM_CHANNEL (the build
+ * reads this line into the scripts, see config).
+ */
+#define IDEM_RECORD_PREFIX   "idem:{"
+#define IDEM_RECORD_SUFFIX   "}:r"
+#define IDEM_CHANNEL  "idem:done"
+
+#define IDEM_RECORD_KEY_LEN  (sizeof(IDEM_RECORD_PREFIX) - 1 + 32          \
+                              + sizeof(IDEM_RECORD_SUFFIX) - 1)
 
 /*
  * The digest is SHA-256 over a length-prefixed scope and the key, so that

@@ -1,5 +1,7 @@
 /*
- * ngx_http_idempotency_module: shared types of the nginx glue.
+ * ngx_http_idempotency_module: the types the nginx glue shares, and each
+ * file's functions.  docs/architecture.md says which file owns what and in
+ * which direction they call each other.
  */
 
 #ifndef NGX_HTTP_IDEMPOTENCY_H
@@ -9,154 +11,19 @@
 #include <ngx_core.h>
 #include <ngx_http.h>
 
-#include <hiredis/hiredis.h>
-#include <hiredis/async.h>
-
 #include "idem_fingerprint.h"
 #include "idem_key.h"
 #include "idem_record.h"
+#include "ngx_http_idempotency_redis.h"
 
 
 #define NGX_HTTP_IDEM_TOKEN_HEX       32   /* 128 random bits as hex */
-#define NGX_HTTP_IDEM_SHA1_HEX        40
 
 /* idempotency_thread_pool: smaller JSON bodies are not worth a hand-off */
 #define NGX_HTTP_IDEM_THREAD_MIN      (32 * 1024)
 
 #define NGX_HTTP_IDEM_FAILURE_CLOSED  0
 #define NGX_HTTP_IDEM_FAILURE_OPEN    1
-
-
-typedef enum {
-    NGX_HTTP_IDEM_SCRIPT_CLAIM = 0,
-    NGX_HTTP_IDEM_SCRIPT_COMPLETE,
-    NGX_HTTP_IDEM_SCRIPT_RELEASE,
-    NGX_HTTP_IDEM_SCRIPT_FAIL,
-    NGX_HTTP_IDEM_SCRIPT_RENEW,
-    NGX_HTTP_IDEM_SCRIPT_STATUS,
-    NGX_HTTP_IDEM_SCRIPT_ADMIN,
-    NGX_HTTP_IDEM_NSCRIPTS
-} ngx_http_idem_script_e;
-
-
-typedef struct {
-    const char                  *name;      /* for logs */
-    ngx_str_t                    text;
-    u_char                       sha1[NGX_HTTP_IDEM_SHA1_HEX];
-} ngx_http_idem_script_t;
-
-
-typedef enum {
-    NGX_HTTP_IDEM_REDIS_DOWN = 0,
-    NGX_HTTP_IDEM_REDIS_CONNECTING,
-    NGX_HTTP_IDEM_REDIS_READY
-} ngx_http_idem_redis_state_e;
-
-
-typedef struct ngx_http_idem_redis_s  ngx_http_idem_redis_t;
-
-
-/*
- * One connection of a worker to a server: the pipelined command link, or
- * the subscriber link that hears about completions others wait for.
- */
-typedef struct {
-    ngx_http_idem_redis_t       *redis;
-    redisAsyncContext           *ac;
-    ngx_connection_t            *conn;
-    ngx_http_idem_redis_state_e  state;
-    ngx_msec_t                   backoff;
-    ngx_event_t                  reconnect;
-    ngx_event_t                  connect_timer;
-    ngx_event_t                  recycle;
-    redisAsyncContext           *recycle_ac;
-    unsigned                     subscriber:1;
-    unsigned                     subscribed:1;
-} ngx_http_idem_link_t;
-
-
-/*
- * One configured Redis server.  The configuration part is set when the
- * directive is parsed; the links are each worker's own.
- */
-struct ngx_http_idem_redis_s {
-    ngx_str_t                    name;          /* as written, for logs */
-    ngx_str_t                    host;          /* numeric address or path */
-    int                          port;          /* 0 for a unix socket */
-    ngx_str_t                    user;
-    ngx_str_t                    password;
-    ngx_int_t                    db;
-    ngx_msec_t                   connect_timeout;
-    ngx_msec_t                   timeout;
-    ngx_uint_t                   subscribe;     /* some location waits */
-
-    ngx_http_idem_script_t      *scripts;
-
-    ngx_log_t                   *log;
-    ngx_http_idem_link_t         cmd;
-    ngx_http_idem_link_t         sub;
-    ngx_queue_t                  waiters;       /* ngx_http_idem_ctx_t */
-    ngx_array_t                 *orphans;       /* ngx_http_idem_orphan_t */
-    ngx_queue_t                  resend;        /* ngx_http_idem_cmd_t */
-    struct ngx_http_idem_cmd_s  *timing_out;
-    ngx_uint_t                   resend_n;
-    size_t                       resend_size;
-    unsigned                     exiting:1;
-};
-
-
-/*
- * Closing scripts (complete, release, fail) are fenced by the owner token,
- * so one whose answer never came is sent again once Redis is back instead
- * of leaving the record to turn unknown; bounded in count and bytes.
- */
-#define NGX_HTTP_IDEM_RESEND_MAX       1024
-#define NGX_HTTP_IDEM_RESEND_BYTES     (64 * 1024 * 1024)
-
-
-/* completions of records someone waits for are announced here */
-#define NGX_HTTP_IDEM_CHANNEL        "idem:done"
-
-
-/*
- * A claim sent without an answer (timeout, lost connection) may or may not
- * have been made; it is released, fenced by its owner token, once the
- * connection is back, so that the key is not blocked until its lease ends.
- */
-typedef struct {
-    u_char                       key[IDEM_RECORD_KEY_LEN];
-    u_char                       owner[NGX_HTTP_IDEM_TOKEN_HEX];
-} ngx_http_idem_orphan_t;
-
-#define NGX_HTTP_IDEM_ORPHANS_MAX    4096
-
-
-typedef struct ngx_http_idem_cmd_s  ngx_http_idem_cmd_t;
-
-/* reply is NULL when the command failed: no connection, timeout, closed */
-typedef void (*ngx_http_idem_reply_pt)(ngx_http_idem_cmd_t *cmd,
-    redisReply *reply);
-
-/*
- * A command outlives the request that sent it (a reply may come after the
- * client has gone), so it is allocated outside any pool; the request's
- * pool cleanup clears "data" and the reply callback frees the command.
- */
-struct ngx_http_idem_cmd_s {
-    ngx_http_idem_redis_t       *redis;
-    ngx_http_idem_script_e       script;
-    ngx_http_idem_reply_pt       handler;
-    void                        *data;
-    ngx_event_t                  timer;
-    ngx_queue_t                  queue;     /* in redis->resend */
-    size_t                       size;
-    ngx_uint_t                   argc;
-    const char                 **argv;
-    size_t                      *argvlen;
-    u_char                      *pos;       /* next free byte for args */
-    unsigned                     eval:1;    /* resent as EVAL (NOSCRIPT) */
-    unsigned                     failed:1;  /* handler already told */
-};
 
 
 typedef struct {
@@ -240,11 +107,27 @@ typedef enum {
 } ngx_http_idem_end_e;
 
 
-typedef struct ngx_http_idem_ctx_s  ngx_http_idem_ctx_t;
+/*
+ * Every answer the module makes itself, as an application/problem+json;
+ * their slugs, titles, statuses and details are one table in _reply.c.
+ */
+typedef enum {
+    NGX_HTTP_IDEM_P_KEY_MISSING = 0,
+    NGX_HTTP_IDEM_P_KEY_MALFORMED,
+    NGX_HTTP_IDEM_P_MISMATCH,
+    NGX_HTTP_IDEM_P_IN_PROGRESS,
+    NGX_HTTP_IDEM_P_UNKNOWN,
+    NGX_HTTP_IDEM_P_NOT_STORED,
+    NGX_HTTP_IDEM_P_STORE_DOWN,
+    NGX_HTTP_IDEM_P_STORE_ERROR,
+    NGX_HTTP_IDEM_P_NOT_FOUND,
+    NGX_HTTP_IDEM_P_NOT_RESOLVABLE,
+    NGX_HTTP_IDEM_P_BAD_ADMIN,
+    NGX_HTTP_IDEM_NPROBLEMS
+} ngx_http_idem_problem_e;
 
-/* how an operations endpoint turns a script's reply into a response */
-typedef ngx_int_t (*ngx_http_idem_ops_answer_pt)(ngx_http_request_t *r,
-    ngx_http_idem_ctx_t *ctx, redisReply *reply);
+
+typedef struct ngx_http_idem_ctx_s  ngx_http_idem_ctx_t;
 
 
 struct ngx_http_idem_ctx_s {
@@ -261,7 +144,7 @@ struct ngx_http_idem_ctx_s {
     u_char                       owner[NGX_HTTP_IDEM_TOKEN_HEX];
     ngx_str_t                    op_id;
 
-    ngx_http_idem_cmd_t         *cmd;       /* claim in flight */
+    ngx_http_idem_cmd_t         *cmd;       /* a command awaited */
 
     /* the claim's answer */
     ngx_http_idem_answer_e       answer;
@@ -280,10 +163,9 @@ struct ngx_http_idem_ctx_s {
     size_t                       body_size;
     off_t                        content_length;
     ngx_event_t                  renew;
-    ngx_http_idem_ops_answer_pt  ops_answer;
 
     /* waiting for an in-flight duplicate to finish (idempotency_wait) */
-    ngx_queue_t                  wait_queue;
+    ngx_http_idem_waiter_t       waiter;
     ngx_event_t                  wait_timer;
     ngx_msec_t                   wait_deadline;
     ngx_msec_t                   lease_left;    /* from the claim's answer */
@@ -300,67 +182,65 @@ struct ngx_http_idem_ctx_s {
 extern ngx_module_t  ngx_http_idempotency_module;
 
 
-/* ngx_http_idempotency_handler.c */
-ngx_int_t ngx_http_idem_rewrite_handler(ngx_http_request_t *r);
-ngx_int_t ngx_http_idem_precontent_handler(ngx_http_request_t *r);
+/* ngx_http_idempotency_ctx.c: the request context */
 ngx_http_idem_ctx_t *ngx_http_idem_get_ctx(ngx_http_request_t *r);
 ngx_http_idem_ctx_t *ngx_http_idem_create_ctx(ngx_http_request_t *r);
+
+/* ngx_http_idempotency_request.c: what names the record */
 ngx_int_t ngx_http_idem_parse_key(ngx_http_request_t *r,
     ngx_http_idem_ctx_t *ctx, ngx_str_t *name, const char **detail);
 ngx_int_t ngx_http_idem_record_key(ngx_http_request_t *r,
     ngx_http_idem_ctx_t *ctx, ngx_str_t *scope);
-ngx_int_t ngx_http_idem_reply_str(redisReply *e, ngx_str_t *s);
-ngx_uint_t ngx_http_idem_is(ngx_str_t *s, const char *lit);
-ngx_uint_t ngx_http_idem_reply_corrupt(redisReply *reply);
-size_t ngx_http_idem_reply_elements(redisReply *reply, idem_rv_t *el,
-    size_t max);
+ngx_int_t ngx_http_idem_fp_headers(ngx_http_request_t *r,
+    ngx_http_idem_ctx_t *ctx, idem_fp_input_t *in);
 
-/* ngx_http_idempotency_body.c */
+/* ngx_http_idempotency_handler.c: the phases */
+ngx_int_t ngx_http_idem_rewrite_handler(ngx_http_request_t *r);
+ngx_int_t ngx_http_idem_precontent_handler(ngx_http_request_t *r);
+
+/* ngx_http_idempotency_body.c: the body's part of the fingerprint */
 ngx_int_t ngx_http_idem_body_fingerprint(ngx_http_request_t *r,
     ngx_http_idem_ctx_t *ctx, idem_fp_input_t *in);
 
-/* ngx_http_idempotency_ops.c */
-ngx_int_t ngx_http_idem_status_handler(ngx_http_request_t *r);
-ngx_int_t ngx_http_idem_admin_handler(ngx_http_request_t *r);
-
-/* ngx_http_idempotency_reply.c */
-ngx_int_t ngx_http_idem_send_replay(ngx_http_request_t *r,
+/* ngx_http_idempotency_claim.c: the claim and its answer */
+ngx_int_t ngx_http_idem_tokens(ngx_http_request_t *r,
     ngx_http_idem_ctx_t *ctx);
+ngx_int_t ngx_http_idem_claim_send(ngx_http_request_t *r,
+    ngx_http_idem_ctx_t *ctx);
+
+/* ngx_http_idempotency_wait.c: idempotency_wait */
+ngx_int_t ngx_http_idem_wait(ngx_http_request_t *r,
+    ngx_http_idem_ctx_t *ctx);
+void ngx_http_idem_wait_stop(ngx_http_idem_ctx_t *ctx);
+
+/* ngx_http_idempotency_close.c: closing the record, and its lease */
+void ngx_http_idem_start_lease(ngx_http_request_t *r,
+    ngx_http_idem_ctx_t *ctx);
+void ngx_http_idem_finish(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
+    ngx_http_idem_end_e end);
+void ngx_http_idem_abandon(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx);
+void ngx_http_idem_give_back(ngx_http_idem_redis_t *rd, ngx_str_t *key,
+    ngx_str_t *owner);
+
+/* ngx_http_idempotency_filter.c: capture of the upstream's response */
+ngx_int_t ngx_http_idem_filter_init(ngx_conf_t *cf);
+
+/* ngx_http_idempotency_reply.c: the module's own answers */
 ngx_int_t ngx_http_idem_send_answer(ngx_http_request_t *r,
     ngx_http_idem_ctx_t *ctx);
 ngx_int_t ngx_http_idem_send_problem(ngx_http_request_t *r,
-    ngx_http_idem_ctx_t *ctx, ngx_uint_t status, const char *slug,
-    const char *title, const char *detail);
+    ngx_http_idem_ctx_t *ctx, ngx_http_idem_problem_e problem,
+    const char *detail);
 ngx_int_t ngx_http_idem_send_json(ngx_http_request_t *r, ngx_uint_t status,
     u_char *body, size_t len);
 u_char *ngx_http_idem_json_str(u_char *p, u_char *end, u_char *s,
     size_t len);
 
-/* ngx_http_idempotency_filter.c */
-ngx_int_t ngx_http_idem_filter_init(ngx_conf_t *cf);
-void ngx_http_idem_start_lease(ngx_http_request_t *r,
-    ngx_http_idem_ctx_t *ctx);
-void ngx_http_idem_finish(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
-    ngx_http_idem_end_e end);
+/* ngx_http_idempotency_ops.c: the status and admin endpoints */
+ngx_int_t ngx_http_idem_status_handler(ngx_http_request_t *r);
+ngx_int_t ngx_http_idem_admin_handler(ngx_http_request_t *r);
 
-/* ngx_http_idempotency_redis.c */
-ngx_int_t ngx_http_idem_scripts_init(ngx_conf_t *cf,
-    ngx_http_idem_main_conf_t *mcf);
-ngx_int_t ngx_http_idem_redis_init_process(ngx_cycle_t *cycle);
-void ngx_http_idem_redis_exit_process(ngx_cycle_t *cycle);
-ngx_http_idem_cmd_t *ngx_http_idem_cmd_create(ngx_http_idem_redis_t *redis,
-    ngx_http_idem_script_e script, ngx_uint_t argc, size_t size,
-    ngx_log_t *log);
-void ngx_http_idem_cmd_arg(ngx_http_idem_cmd_t *cmd, const void *data,
-    size_t len);
-u_char *ngx_http_idem_cmd_arg_reserve(ngx_http_idem_cmd_t *cmd, size_t len);
-ngx_int_t ngx_http_idem_cmd_send(ngx_http_idem_cmd_t *cmd,
-    ngx_http_idem_reply_pt handler, void *data);
-ngx_int_t ngx_http_idem_wait_add(ngx_http_idem_redis_t *rd,
-    ngx_http_idem_ctx_t *ctx);
-void ngx_http_idem_wait_remove(ngx_http_idem_ctx_t *ctx);
-
-/* ngx_http_idempotency_handler.c, called by the subscriber */
-void ngx_http_idem_wake(ngx_http_idem_ctx_t *ctx);
+/* ngx_http_idempotency_variables.c */
+ngx_int_t ngx_http_idem_add_variables(ngx_conf_t *cf);
 
 #endif /* NGX_HTTP_IDEMPOTENCY_H */

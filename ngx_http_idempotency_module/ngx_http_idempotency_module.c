@@ -1,13 +1,12 @@
 /*
- * ngx_http_idempotency_module: directives, configuration, variables and
- * the module's registration.  The request flow is in _handler.c, the
- * response capture in _filter.c, Redis in _redis.c.
+ * ngx_http_idempotency_module: the directives, their configuration, and
+ * the module's registration with nginx (phase handlers, filters, worker
+ * start and exit).  docs/architecture.md maps the other files.
  */
 
 #include "ngx_http_idempotency.h"
 
 
-static ngx_int_t ngx_http_idem_add_variables(ngx_conf_t *cf);
 static ngx_int_t ngx_http_idem_postconfiguration(ngx_conf_t *cf);
 static void *ngx_http_idem_create_main_conf(ngx_conf_t *cf);
 static void *ngx_http_idem_create_loc_conf(ngx_conf_t *cf);
@@ -221,128 +220,6 @@ ngx_module_t  ngx_http_idempotency_module = {
 };
 
 
-/* variables */
-
-static ngx_str_t  ngx_http_idem_outcomes[] = {
-    ngx_null_string,
-    ngx_string("executed"),
-    ngx_string("replayed"),
-    ngx_string("conflict"),
-    ngx_string("in_progress"),
-    ngx_string("unknown"),
-    ngx_string("rejected"),
-    ngx_string("bypassed")
-};
-
-
-enum {
-    NGX_HTTP_IDEM_VAR_KEY = 0,
-    NGX_HTTP_IDEM_VAR_OUTCOME,
-    NGX_HTTP_IDEM_VAR_FINGERPRINT,
-    NGX_HTTP_IDEM_VAR_OPERATION_ID,
-    NGX_HTTP_IDEM_VAR_BODY_FORM
-};
-
-
-static ngx_int_t
-ngx_http_idem_variable(ngx_http_request_t *r, ngx_http_variable_value_t *v,
-    uintptr_t data)
-{
-    const char           *s;
-    ngx_str_t             value;
-    ngx_http_idem_ctx_t  *ctx;
-
-    ctx = ngx_http_idem_get_ctx(r->main);
-
-    ngx_str_null(&value);
-
-    if (ctx) {
-        switch (data) {
-
-        case NGX_HTTP_IDEM_VAR_KEY:
-            value = ctx->key;
-            break;
-
-        case NGX_HTTP_IDEM_VAR_OUTCOME:
-            value = ngx_http_idem_outcomes[ctx->outcome];
-            break;
-
-        case NGX_HTTP_IDEM_VAR_FINGERPRINT:
-            if (ctx->fingerprinted) {
-                value.data = ctx->fingerprint;
-                value.len = IDEM_FP_HEX_LEN;
-            }
-            break;
-
-        case NGX_HTTP_IDEM_VAR_OPERATION_ID:
-            value = ctx->op_id;
-            break;
-
-        default: /* NGX_HTTP_IDEM_VAR_BODY_FORM */
-            if (ctx->fingerprinted) {
-                s = idem_body_form_name(ctx->body_form);
-                value.data = (u_char *) s;
-                value.len = ngx_strlen(s);
-            }
-            break;
-        }
-    }
-
-    if (value.len == 0) {
-        v->not_found = 1;
-        return NGX_OK;
-    }
-
-    v->len = value.len;
-    v->data = value.data;
-    v->valid = 1;
-    v->no_cacheable = 0;
-    v->not_found = 0;
-
-    return NGX_OK;
-}
-
-
-static ngx_http_variable_t  ngx_http_idem_vars[] = {
-
-    { ngx_string("idempotency_key"), NULL, ngx_http_idem_variable,
-      NGX_HTTP_IDEM_VAR_KEY, NGX_HTTP_VAR_NOCACHEABLE, 0 },
-
-    { ngx_string("idempotency_outcome"), NULL, ngx_http_idem_variable,
-      NGX_HTTP_IDEM_VAR_OUTCOME, NGX_HTTP_VAR_NOCACHEABLE, 0 },
-
-    { ngx_string("idempotency_fingerprint"), NULL, ngx_http_idem_variable,
-      NGX_HTTP_IDEM_VAR_FINGERPRINT, NGX_HTTP_VAR_NOCACHEABLE, 0 },
-
-    { ngx_string("idempotency_operation_id"), NULL, ngx_http_idem_variable,
-      NGX_HTTP_IDEM_VAR_OPERATION_ID, NGX_HTTP_VAR_NOCACHEABLE, 0 },
-
-    { ngx_string("idempotency_body_form"), NULL, ngx_http_idem_variable,
-      NGX_HTTP_IDEM_VAR_BODY_FORM, NGX_HTTP_VAR_NOCACHEABLE, 0 },
-
-      ngx_http_null_variable
-};
-
-
-static ngx_int_t
-ngx_http_idem_add_variables(ngx_conf_t *cf)
-{
-    ngx_http_variable_t  *var, *v;
-
-    for (v = ngx_http_idem_vars; v->name.len; v++) {
-        var = ngx_http_add_variable(cf, &v->name, v->flags);
-        if (var == NULL) {
-            return NGX_ERROR;
-        }
-
-        var->get_handler = v->get_handler;
-        var->data = v->data;
-    }
-
-    return NGX_OK;
-}
-
-
 /* configuration */
 
 static void *
@@ -404,8 +281,9 @@ ngx_http_idem_create_loc_conf(ngx_conf_t *cf)
 
 
 /*
- * DESIGN.md section 3: tracing, connection and the key header itself never
- * count, and a name listed twice would make the headers object ambiguous.
+ * Tracing, connection and the key header itself never count toward the
+ * fingerprint (docs/fingerprint.md), and a name listed twice would make
+ * the headers object ambiguous.
  */
 static char *
 ngx_http_idem_check_fp_headers(ngx_conf_t *cf, ngx_http_idem_loc_conf_t *conf)
@@ -1164,7 +1042,8 @@ ngx_http_idem_postconfiguration(ngx_conf_t *cf)
         return NGX_OK;
     }
 
-    if (ngx_http_idem_scripts_init(cf, mcf) != NGX_OK) {
+    mcf->scripts = ngx_http_idem_scripts_init(cf->pool);
+    if (mcf->scripts == NULL) {
         return NGX_ERROR;
     }
 
@@ -1193,12 +1072,29 @@ ngx_http_idem_postconfiguration(ngx_conf_t *cf)
 static ngx_int_t
 ngx_http_idem_init_process(ngx_cycle_t *cycle)
 {
-    return ngx_http_idem_redis_init_process(cycle);
+    ngx_http_idem_main_conf_t  *mcf;
+
+    mcf = ngx_http_cycle_get_module_main_conf(cycle,
+                                              ngx_http_idempotency_module);
+    if (mcf == NULL) {
+        return NGX_OK;
+    }
+
+    return ngx_http_idem_redis_init_process(cycle, &mcf->servers,
+                                            mcf->scripts);
 }
 
 
 static void
 ngx_http_idem_exit_process(ngx_cycle_t *cycle)
 {
-    ngx_http_idem_redis_exit_process(cycle);
+    ngx_http_idem_main_conf_t  *mcf;
+
+    mcf = ngx_http_cycle_get_module_main_conf(cycle,
+                                              ngx_http_idempotency_module);
+    if (mcf == NULL) {
+        return;
+    }
+
+    ngx_http_idem_redis_exit_process(&mcf->servers);
 }

@@ -1,14 +1,26 @@
 /*
- * Operations endpoints (DESIGN.md section 6): the status of one record,
- * looked up with the key header in the caller's own scope, and the
- * operator's resolution of a record whose outcome is unknown.
+ * The operations endpoints: the status of one record, looked up with the
+ * key header in the caller's own scope, and the operator's resolution of a
+ * record whose outcome is unknown.  Each runs one read-mostly script and
+ * turns its reply into JSON or a problem from the common table.
  */
 
 #include "ngx_http_idempotency.h"
 
 
-static void ngx_http_idem_ops_done(ngx_http_idem_cmd_t *cmd,
-    redisReply *reply);
+/* what a reply says, before anything is sent */
+typedef enum {
+    NGX_HTTP_IDEM_OPS_OK = 0,      /* body built */
+    NGX_HTTP_IDEM_OPS_PROBLEM,     /* problem set */
+    NGX_HTTP_IDEM_OPS_CORRUPT      /* a reply this module cannot read */
+} ngx_http_idem_ops_rc_e;
+
+
+typedef struct {
+    ngx_http_idem_problem_e   problem;
+    u_char                   *body;
+    size_t                    len;
+} ngx_http_idem_ops_out_t;
 
 
 /* ms since the epoch (at most IDEM_TIME_MS_MAX) as RFC 3339 UTC; -1: null */
@@ -30,129 +42,164 @@ ngx_http_idem_json_time(u_char *p, u_char *end, long long ms)
 }
 
 
-static ngx_int_t
-ngx_http_idem_status_answer(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
-    redisReply *reply)
+static ngx_http_idem_ops_rc_e
+ngx_http_idem_status_body(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
+    idem_status_t *st, ngx_http_idem_ops_out_t *out)
 {
-    u_char         *body, *p, *end;
-    size_t          n;
-    idem_rv_t       el[IDEM_STATUS_ELEMS];
-    idem_status_t   st;
+    u_char  *p, *end;
+    size_t   size;
 
-    n = ngx_http_idem_reply_elements(reply, el, IDEM_STATUS_ELEMS);
+    size = 512 + ctx->key.len * 6;
 
-    switch (idem_status_decode(el, n, &st)) {
-
-    case IDEM_STATUS_NONE:
-        return ngx_http_idem_send_problem(r, ctx, NGX_HTTP_NOT_FOUND,
-                   "not-found", "No record for this idempotency key",
-                   "no request with this idempotency key is known in "
-                   "this scope");
-
-    case IDEM_STATUS_RECORD:
-        break;
-
-    default:
-        return NGX_ERROR;
+    out->body = ngx_pnalloc(r->pool, size);
+    if (out->body == NULL) {
+        return NGX_HTTP_IDEM_OPS_CORRUPT;
     }
 
-    body = ngx_pnalloc(r->pool, 512 + ctx->key.len * 6);
-    if (body == NULL) {
-        return NGX_HTTP_INTERNAL_SERVER_ERROR;
-    }
+    end = out->body + size;
 
-    end = body + 512 + ctx->key.len * 6;
-
-    p = ngx_slprintf(body, end, "{\"idempotency_key\":");
+    p = ngx_slprintf(out->body, end, "{\"idempotency_key\":");
     p = ngx_http_idem_json_str(p, end, ctx->key.data, ctx->key.len);
     p = ngx_slprintf(p, end, ",\"operation_id\":\"%*s\",\"state\":\"%s\","
-                     "\"created_at\":", st.op.len, st.op.data, st.state);
-    p = ngx_http_idem_json_time(p, end, st.created);
+                     "\"created_at\":", st->op.len, st->op.data, st->state);
+    p = ngx_http_idem_json_time(p, end, st->created);
     p = ngx_slprintf(p, end, ",\"completed_at\":");
-    p = ngx_http_idem_json_time(p, end, st.completed);
+    p = ngx_http_idem_json_time(p, end, st->completed);
 
-    if (st.status) {
-        p = ngx_slprintf(p, end, ",\"response_status\":%d", st.status);
+    if (st->status) {
+        p = ngx_slprintf(p, end, ",\"response_status\":%d", st->status);
 
     } else {
         p = ngx_slprintf(p, end, ",\"response_status\":null");
     }
 
     p = ngx_slprintf(p, end, ",\"fingerprint\":\"%*s\"}\n",
-                     st.fp.len, st.fp.data);
+                     st->fp.len, st->fp.data);
 
-    return ngx_http_idem_send_json(r, NGX_HTTP_OK, body, p - body);
+    out->len = p - out->body;
+
+    return NGX_HTTP_IDEM_OPS_OK;
 }
 
 
-static ngx_int_t
-ngx_http_idem_admin_answer(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
-    redisReply *reply)
+static ngx_http_idem_ops_rc_e
+ngx_http_idem_status_decode(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
+    redisReply *reply, ngx_http_idem_ops_out_t *out)
 {
-    u_char             *body, *p, *end;
-    size_t              n;
-    ngx_str_t           what;
-    idem_rv_t           el[IDEM_ADMIN_ELEMS];
-    const char         *state;
-    idem_admin_kind_e   kind;
+    size_t         n;
+    idem_rv_t      el[IDEM_STATUS_ELEMS];
+    idem_status_t  st;
+
+    n = ngx_http_idem_reply_elements(reply, el, IDEM_STATUS_ELEMS);
+
+    switch (idem_status_decode(el, n, &st)) {
+
+    case IDEM_STATUS_NONE:
+        out->problem = NGX_HTTP_IDEM_P_NOT_FOUND;
+        return NGX_HTTP_IDEM_OPS_PROBLEM;
+
+    case IDEM_STATUS_RECORD:
+        return ngx_http_idem_status_body(r, ctx, &st, out);
+
+    default:
+        return NGX_HTTP_IDEM_OPS_CORRUPT;
+    }
+}
+
+
+static ngx_http_idem_ops_rc_e
+ngx_http_idem_admin_body(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
+    const char *what, ngx_http_idem_ops_out_t *out)
+{
+    u_char  *p, *end;
+    size_t   size;
+
+    ngx_log_error(NGX_LOG_NOTICE, r->connection->log, 0,
+                  "idempotency: admin %s key \"%V\"", what, &ctx->key);
+
+    size = 128 + ctx->key.len * 6;
+
+    out->body = ngx_pnalloc(r->pool, size);
+    if (out->body == NULL) {
+        return NGX_HTTP_IDEM_OPS_CORRUPT;
+    }
+
+    end = out->body + size;
+
+    p = ngx_slprintf(out->body, end, "{\"idempotency_key\":");
+    p = ngx_http_idem_json_str(p, end, ctx->key.data, ctx->key.len);
+    p = ngx_slprintf(p, end, ",\"result\":\"%s\"}\n", what);
+
+    out->len = p - out->body;
+
+    return NGX_HTTP_IDEM_OPS_OK;
+}
+
+
+static ngx_http_idem_ops_rc_e
+ngx_http_idem_admin_decode(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
+    redisReply *reply, ngx_http_idem_ops_out_t *out)
+{
+    size_t       n;
+    idem_rv_t    el[IDEM_ADMIN_ELEMS];
+    const char  *state;
 
     n = ngx_http_idem_reply_elements(reply, el, IDEM_ADMIN_ELEMS);
-    kind = idem_admin_decode(el, n, &state);
 
-    switch (kind) {
+    switch (idem_admin_decode(el, n, &state)) {
 
     case IDEM_ADMIN_NONE:
-        return ngx_http_idem_send_problem(r, ctx, NGX_HTTP_NOT_FOUND,
-                   "not-found", "No record for this idempotency key",
-                   "no request with this idempotency key is known in "
-                   "this scope");
+        out->problem = NGX_HTTP_IDEM_P_NOT_FOUND;
+        return NGX_HTTP_IDEM_OPS_PROBLEM;
 
     case IDEM_ADMIN_REFUSED:
         ctx->state.data = (u_char *) state;
         ctx->state.len = ngx_strlen(state);
-
-        return ngx_http_idem_send_problem(r, ctx, NGX_HTTP_CONFLICT,
-                   "not-resolvable", "Record is not unknown",
-                   "only a record whose outcome is unknown, or whose "
-                   "owner's lease lapsed, can be resolved");
+        out->problem = NGX_HTTP_IDEM_P_NOT_RESOLVABLE;
+        return NGX_HTTP_IDEM_OPS_PROBLEM;
 
     case IDEM_ADMIN_RELEASED:
-        ngx_str_set(&what, "released");
-        break;
+        return ngx_http_idem_admin_body(r, ctx, "released", out);
 
     case IDEM_ADMIN_COMPLETED:
-        ngx_str_set(&what, "completed");
-        break;
+        return ngx_http_idem_admin_body(r, ctx, "completed", out);
 
     default:
-        return NGX_ERROR;
+        return NGX_HTTP_IDEM_OPS_CORRUPT;
+    }
+}
+
+
+static ngx_http_idem_ops_rc_e
+ngx_http_idem_ops_decode(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
+    ngx_http_idem_cmd_t *cmd, redisReply *reply, ngx_http_idem_ops_out_t *out)
+{
+    if (reply == NULL
+        || (reply->type == REDIS_REPLY_ERROR
+            && !ngx_http_idem_reply_corrupt(reply)))
+    {
+        out->problem = NGX_HTTP_IDEM_P_STORE_DOWN;
+        return NGX_HTTP_IDEM_OPS_PROBLEM;
     }
 
-    ngx_log_error(NGX_LOG_NOTICE, r->connection->log, 0,
-                  "idempotency: admin %V key \"%V\"", &what, &ctx->key);
-
-    body = ngx_pnalloc(r->pool, 128 + ctx->key.len * 6);
-    if (body == NULL) {
-        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    if (reply->type != REDIS_REPLY_ARRAY) {
+        return NGX_HTTP_IDEM_OPS_CORRUPT;
     }
 
-    end = body + 128 + ctx->key.len * 6;
-
-    p = ngx_slprintf(body, end, "{\"idempotency_key\":");
-    p = ngx_http_idem_json_str(p, end, ctx->key.data, ctx->key.len);
-    p = ngx_slprintf(p, end, ",\"result\":\"%V\"}\n", &what);
-
-    return ngx_http_idem_send_json(r, NGX_HTTP_OK, body, p - body);
+    return cmd->script == NGX_HTTP_IDEM_SCRIPT_STATUS
+           ? ngx_http_idem_status_decode(r, ctx, reply, out)
+           : ngx_http_idem_admin_decode(r, ctx, reply, out);
 }
 
 
 static void
 ngx_http_idem_ops_done(ngx_http_idem_cmd_t *cmd, redisReply *reply)
 {
-    ngx_int_t             rc;
-    ngx_connection_t     *c;
-    ngx_http_request_t   *r;
-    ngx_http_idem_ctx_t  *ctx;
+    ngx_int_t                 rc;
+    ngx_connection_t         *c;
+    ngx_http_request_t       *r;
+    ngx_http_idem_ctx_t      *ctx;
+    ngx_http_idem_ops_out_t   out;
 
     ctx = cmd->data;
     if (ctx == NULL) {
@@ -163,113 +210,95 @@ ngx_http_idem_ops_done(ngx_http_idem_cmd_t *cmd, redisReply *reply)
     r = ctx->request;
     c = r->connection;
 
-    if (reply == NULL
-        || (reply->type == REDIS_REPLY_ERROR
-            && !ngx_http_idem_reply_corrupt(reply)))
-    {
-        rc = ngx_http_idem_send_problem(r, ctx, NGX_HTTP_SERVICE_UNAVAILABLE,
-                 "store-unavailable", NULL,
-                 "the idempotency store cannot be reached; try again");
+    switch (ngx_http_idem_ops_decode(r, ctx, cmd, reply, &out)) {
 
-    } else if (reply->type != REDIS_REPLY_ARRAY) {
-        rc = NGX_ERROR;
+    case NGX_HTTP_IDEM_OPS_OK:
+        rc = ngx_http_idem_send_json(r, NGX_HTTP_OK, out.body, out.len);
+        break;
 
-    } else {
-        rc = ctx->ops_answer(r, ctx, reply);
-    }
+    case NGX_HTTP_IDEM_OPS_PROBLEM:
+        rc = ngx_http_idem_send_problem(r, ctx, out.problem, NULL);
+        break;
 
-    if (rc == NGX_ERROR) {
-        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+    default:
+        ngx_log_error(NGX_LOG_ERR, c->log, 0,
                       "idempotency: unexpected reply from redis");
 
-        ngx_http_clean_header(r);
         ngx_str_null(&ctx->state);
-
-        rc = ngx_http_idem_send_problem(r, ctx, NGX_HTTP_INTERNAL_SERVER_ERROR,
-                 "store-error", NULL,
-                 "the idempotency store holds a record this module cannot "
-                 "read");
+        rc = ngx_http_idem_send_problem(r, ctx, NGX_HTTP_IDEM_P_STORE_ERROR,
+                                        NULL);
+        break;
     }
 
+    /* a failed send (the client went away) is the request's end, no more */
     ngx_http_finalize_request(r, rc);
     ngx_http_run_posted_requests(c);
 }
 
 
+/*
+ * The context of an operations request, with its key and record key:
+ * NGX_OK, or NGX_DONE when the request was answered already (*rc then is
+ * what the content handler returns).
+ */
 static ngx_int_t
-ngx_http_idem_ops_start(ngx_http_request_t *r, ngx_http_idem_script_e script,
-    ngx_http_idem_ops_answer_pt answer, ngx_str_t *args, ngx_uint_t nargs)
+ngx_http_idem_ops_ctx(ngx_http_request_t *r, ngx_http_idem_ctx_t **ctxp,
+    ngx_int_t *rc)
 {
-    size_t                     size;
-    ngx_int_t                  rc;
-    ngx_str_t                  scope;
-    ngx_uint_t                 i;
-    const char                *detail;
-    ngx_http_idem_cmd_t       *cmd;
-    ngx_http_idem_ctx_t       *ctx;
-    ngx_http_idem_loc_conf_t  *lcf;
+    ngx_int_t             krc;
+    ngx_str_t             scope;
+    const char           *detail;
+    ngx_http_idem_ctx_t  *ctx;
 
-    rc = ngx_http_discard_request_body(r);
-    if (rc != NGX_OK) {
-        return rc;
+    *rc = ngx_http_discard_request_body(r);
+    if (*rc != NGX_OK) {
+        return NGX_DONE;
     }
-
-    lcf = ngx_http_get_module_loc_conf(r, ngx_http_idempotency_module);
 
     ctx = ngx_http_idem_create_ctx(r);
     if (ctx == NULL) {
-        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+        *rc = NGX_HTTP_INTERNAL_SERVER_ERROR;
+        return NGX_DONE;
     }
 
-    ctx->conf = lcf;
+    ctx->conf = ngx_http_get_module_loc_conf(r, ngx_http_idempotency_module);
     ctx->phase = NGX_HTTP_IDEM_DONE;
-    ctx->ops_answer = answer;
+    *ctxp = ctx;
 
-    if (answer == NULL) {
-        return ngx_http_idem_send_problem(r, ctx, NGX_HTTP_BAD_REQUEST,
-                   "bad-admin-request", "Unknown admin action",
-                   "use ?action=release or ?action=complete&status=NNN");
-    }
+    krc = ngx_http_idem_parse_key(r, ctx, &ctx->conf->key_header, &detail);
 
-    rc = ngx_http_idem_parse_key(r, ctx, &lcf->key_header, &detail);
-
-    if (rc != NGX_OK) {
-        return ngx_http_idem_send_problem(r, ctx, NGX_HTTP_BAD_REQUEST,
-                   rc == NGX_DECLINED ? "key-missing" : "key-malformed",
-                   NULL, rc == NGX_DECLINED ? "send the idempotency key "
-                                              "header of the request"
-                                            : detail);
+    if (krc != NGX_OK) {
+        *rc = ngx_http_idem_send_problem(r, ctx,
+                                         krc == NGX_DECLINED
+                                         ? NGX_HTTP_IDEM_P_KEY_MISSING
+                                         : NGX_HTTP_IDEM_P_KEY_MALFORMED,
+                                         krc == NGX_DECLINED ? NULL : detail);
+        return NGX_DONE;
     }
 
     if (ngx_http_idem_record_key(r, ctx, &scope) != NGX_OK) {
-        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+        *rc = NGX_HTTP_INTERNAL_SERVER_ERROR;
+        return NGX_DONE;
     }
 
-    size = IDEM_RECORD_KEY_LEN;
-    for (i = 0; i < nargs; i++) {
-        size += args[i].len;
-    }
+    return NGX_OK;
+}
 
-    cmd = ngx_http_idem_cmd_create(lcf->redis, script, 1 + nargs, size,
-                                   r->connection->log);
+
+static ngx_int_t
+ngx_http_idem_ops_send(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
+    ngx_http_idem_cmd_t *cmd)
+{
     if (cmd == NULL) {
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
     }
 
-    ngx_http_idem_cmd_arg(cmd, ctx->rkey, IDEM_RECORD_KEY_LEN);
-
-    for (i = 0; i < nargs; i++) {
-        ngx_http_idem_cmd_arg(cmd, args[i].data, args[i].len);
-    }
-
     if (ngx_http_idem_cmd_send(cmd, ngx_http_idem_ops_done, ctx) != NGX_OK) {
-        return ngx_http_idem_send_problem(r, ctx, NGX_HTTP_SERVICE_UNAVAILABLE,
-                   "store-unavailable", NULL,
-                   "the idempotency store cannot be reached; try again");
+        return ngx_http_idem_send_problem(r, ctx, NGX_HTTP_IDEM_P_STORE_DOWN,
+                                          NULL);
     }
 
     ctx->cmd = cmd;
-
     r->main->count++;
 
     return NGX_DONE;
@@ -279,60 +308,99 @@ ngx_http_idem_ops_start(ngx_http_request_t *r, ngx_http_idem_script_e script,
 ngx_int_t
 ngx_http_idem_status_handler(ngx_http_request_t *r)
 {
+    ngx_int_t             rc;
+    ngx_http_idem_ctx_t  *ctx;
+
     if (!(r->method & (NGX_HTTP_GET|NGX_HTTP_HEAD))) {
         return NGX_HTTP_NOT_ALLOWED;
     }
 
-    return ngx_http_idem_ops_start(r, NGX_HTTP_IDEM_SCRIPT_STATUS,
-                                   ngx_http_idem_status_answer, NULL, 0);
+    if (ngx_http_idem_ops_ctx(r, &ctx, &rc) != NGX_OK) {
+        return rc;
+    }
+
+    return ngx_http_idem_ops_send(r, ctx,
+               ngx_http_idem_cmd_create(ctx->conf->redis,
+                                        NGX_HTTP_IDEM_SCRIPT_STATUS,
+                                        ctx->rkey, 0, r->connection->log));
 }
 
 
-/* POST ?action=release  or  POST ?action=complete&status=NNN */
+/*
+ * ?action=release, or ?action=complete&status=NNN: the command, NULL with
+ * *bad set when the arguments are not one of these.
+ */
+static ngx_http_idem_cmd_t *
+ngx_http_idem_admin_cmd(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
+    ngx_uint_t *bad)
+{
+    ngx_int_t             n;
+    ngx_str_t             action, status;
+    ngx_http_idem_cmd_t  *cmd;
+
+    *bad = 1;
+
+    if (ngx_http_arg(r, (u_char *) "action", 6, &action) != NGX_OK) {
+        return NULL;
+    }
+
+    n = 0;
+
+    if (action.len == 8 && ngx_strncmp(action.data, "complete", 8) == 0) {
+        if (ngx_http_arg(r, (u_char *) "status", 6, &status) != NGX_OK
+            || status.len != 3
+            || (n = ngx_atoi(status.data, status.len)) < 200 || n > 599)
+        {
+            return NULL;
+        }
+
+    } else if (action.len != 7
+               || ngx_strncmp(action.data, "release", 7) != 0)
+    {
+        return NULL;
+    }
+
+    *bad = 0;
+
+    cmd = ngx_http_idem_cmd_create(ctx->conf->redis,
+                                   NGX_HTTP_IDEM_SCRIPT_ADMIN, ctx->rkey,
+                                   action.len + 2 * NGX_INT64_LEN,
+                                   r->connection->log);
+    if (cmd == NULL) {
+        return NULL;
+    }
+
+    ngx_http_idem_cmd_set(cmd, NGX_HTTP_IDEM_ADMIN_ACTION, action.data,
+                          action.len);
+    ngx_http_idem_cmd_set_num(cmd, NGX_HTTP_IDEM_ADMIN_STATUS, n);
+    ngx_http_idem_cmd_set_num(cmd, NGX_HTTP_IDEM_ADMIN_TTL, ctx->conf->ttl);
+
+    return cmd;
+}
+
+
 ngx_int_t
 ngx_http_idem_admin_handler(ngx_http_request_t *r)
 {
-    u_char                    *p;
-    ngx_int_t                  n;
-    ngx_str_t                  args[3], action, status;
-    ngx_http_idem_loc_conf_t  *lcf;
+    ngx_int_t             rc;
+    ngx_uint_t            bad;
+    ngx_http_idem_cmd_t  *cmd;
+    ngx_http_idem_ctx_t  *ctx;
 
     if (!(r->method & NGX_HTTP_POST)) {
         return NGX_HTTP_NOT_ALLOWED;
     }
 
-    lcf = ngx_http_get_module_loc_conf(r, ngx_http_idempotency_module);
-
-    if (ngx_http_arg(r, (u_char *) "action", 6, &action) != NGX_OK) {
-        ngx_str_null(&action);
+    if (ngx_http_idem_ops_ctx(r, &ctx, &rc) != NGX_OK) {
+        return rc;
     }
 
-    args[0] = action;
+    cmd = ngx_http_idem_admin_cmd(r, ctx, &bad);
 
-    if (ngx_http_idem_is(&action, "release")) {
-        return ngx_http_idem_ops_start(r, NGX_HTTP_IDEM_SCRIPT_ADMIN,
-                                       ngx_http_idem_admin_answer, args, 1);
+    if (bad) {
+        return ngx_http_idem_send_problem(r, ctx, NGX_HTTP_IDEM_P_BAD_ADMIN,
+                                          NULL);
     }
 
-    if (ngx_http_idem_is(&action, "complete")
-        && ngx_http_arg(r, (u_char *) "status", 6, &status) == NGX_OK
-        && (n = ngx_atoi(status.data, status.len)) >= 200 && n <= 599
-        && status.len == 3)
-    {
-        args[1] = status;
-
-        p = ngx_pnalloc(r->pool, NGX_TIME_T_LEN);
-        if (p == NULL) {
-            return NGX_HTTP_INTERNAL_SERVER_ERROR;
-        }
-
-        args[2].data = p;
-        args[2].len = ngx_sprintf(p, "%T", lcf->ttl) - p;
-
-        return ngx_http_idem_ops_start(r, NGX_HTTP_IDEM_SCRIPT_ADMIN,
-                                       ngx_http_idem_admin_answer, args, 3);
-    }
-
-    return ngx_http_idem_ops_start(r, NGX_HTTP_IDEM_SCRIPT_ADMIN, NULL,
-                                   NULL, 0);
+    return ngx_http_idem_ops_send(r, ctx, cmd);
 }

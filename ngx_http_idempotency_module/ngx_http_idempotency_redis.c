@@ -1,13 +1,15 @@
 /*
  * hiredis' asynchronous API inside nginx's event loop: one connection per
- * worker and configured server, pipelined, with nginx timers for connect
- * and command timeouts (hiredis 0.14 has none) and reconnect with backoff.
+ * worker and configured server, pipelined, with nginx timers for the link
+ * set-up and for each command (hiredis 0.14 has none), reconnect with
+ * backoff, and the queue of durable commands sent again after a loss.
  */
 
-#include <openssl/evp.h>
+#include <ngx_config.h>
+#include <ngx_core.h>
+#include <ngx_event.h>
 
-#include "ngx_http_idempotency.h"
-#include "ngx_http_idempotency_scripts.h"
+#include "ngx_http_idempotency_redis.h"
 
 
 #define NGX_HTTP_IDEM_BACKOFF_MIN  100
@@ -17,57 +19,10 @@
 static void ngx_http_idem_link_schedule(ngx_http_idem_link_t *lk);
 static void ngx_http_idem_link_recycle_later(ngx_http_idem_link_t *lk);
 static void ngx_http_idem_waiters_wake(ngx_http_idem_redis_t *rd,
-    u_char *key);
+    const u_char *key);
 static void ngx_http_idem_redis_reply(redisAsyncContext *ac, void *r,
     void *privdata);
-static void ngx_http_idem_orphans_release(ngx_http_idem_redis_t *rd);
 static void ngx_http_idem_resend(ngx_http_idem_redis_t *rd);
-
-
-/* indexed by ngx_http_idem_script_e */
-static const char  *ngx_http_idem_script_texts[NGX_HTTP_IDEM_NSCRIPTS][2] = {
-    { "claim", ngx_http_idem_script_claim },
-    { "complete", ngx_http_idem_script_complete },
-    { "release", ngx_http_idem_script_release },
-    { "fail", ngx_http_idem_script_fail },
-    { "renew", ngx_http_idem_script_renew },
-    { "status", ngx_http_idem_script_status },
-    { "admin", ngx_http_idem_script_admin }
-};
-
-
-ngx_int_t
-ngx_http_idem_scripts_init(ngx_conf_t *cf, ngx_http_idem_main_conf_t *mcf)
-{
-    u_char                   md[EVP_MAX_MD_SIZE];
-    ngx_uint_t               i;
-    unsigned int             n;
-    ngx_http_idem_script_t  *s;
-
-    s = ngx_pcalloc(cf->pool, NGX_HTTP_IDEM_NSCRIPTS * sizeof(*s));
-    if (s == NULL) {
-        return NGX_ERROR;
-    }
-
-    for (i = 0; i < NGX_HTTP_IDEM_NSCRIPTS; i++) {
-        s[i].name = ngx_http_idem_script_texts[i][0];
-        s[i].text.data = (u_char *) ngx_http_idem_script_texts[i][1];
-        s[i].text.len = ngx_strlen(s[i].text.data);
-
-        /* EVALSHA names a script by the SHA-1 of its text */
-        if (!EVP_Digest(s[i].text.data, s[i].text.len, md, &n, EVP_sha1(),
-                        NULL))
-        {
-            return NGX_ERROR;
-        }
-
-        ngx_hex_dump(s[i].sha1, md, n);
-    }
-
-    mcf->scripts = s;
-
-    return NGX_OK;
-}
 
 
 /* event hooks hiredis calls; level-triggered so replies > 16 KiB flow */
@@ -204,39 +159,55 @@ ngx_http_idem_link_name(ngx_http_idem_link_t *lk)
 }
 
 
+/*
+ * The link is usable once every set-up command has answered: until then
+ * connect_timeout bounds it, so a server that accepts the connection and
+ * never answers costs a request connect_timeout, not a command timeout.
+ */
 static void
-ngx_http_idem_link_on_connect(const redisAsyncContext *ac, int status)
+ngx_http_idem_link_ready(ngx_http_idem_link_t *lk)
 {
-    ngx_http_idem_link_t   *lk = ac->data;
     ngx_http_idem_redis_t  *rd = lk->redis;
 
     if (lk->connect_timer.timer_set) {
         ngx_del_timer(&lk->connect_timer);
     }
 
-    if (status != REDIS_OK) {
-        ngx_log_error(NGX_LOG_ERR, rd->log, 0,
-                      "idempotency: connect to redis %V%s failed: %s",
-                      &rd->name, ngx_http_idem_link_name(lk), ac->errstr);
-
-        /* hiredis frees the context right after this callback */
-        lk->ac = NULL;
-        lk->state = NGX_HTTP_IDEM_REDIS_DOWN;
-        ngx_http_idem_link_schedule(lk);
-        return;
-    }
+    lk->state = NGX_HTTP_IDEM_REDIS_READY;
+    lk->backoff = 0;
 
     ngx_log_error(NGX_LOG_INFO, rd->log, 0,
                   "idempotency: connected to redis %V%s",
                   &rd->name, ngx_http_idem_link_name(lk));
 
-    lk->state = NGX_HTTP_IDEM_REDIS_READY;
-    lk->backoff = 0;
-
     if (!lk->subscriber) {
-        ngx_http_idem_orphans_release(rd);
         ngx_http_idem_resend(rd);
     }
+}
+
+
+static void
+ngx_http_idem_link_on_connect(const redisAsyncContext *ac, int status)
+{
+    ngx_http_idem_link_t   *lk = ac->data;
+    ngx_http_idem_redis_t  *rd = lk->redis;
+
+    if (status == REDIS_OK) {
+        return;             /* the set-up commands' answers decide */
+    }
+
+    if (lk->connect_timer.timer_set) {
+        ngx_del_timer(&lk->connect_timer);
+    }
+
+    ngx_log_error(NGX_LOG_ERR, rd->log, 0,
+                  "idempotency: connect to redis %V%s failed: %s",
+                  &rd->name, ngx_http_idem_link_name(lk), ac->errstr);
+
+    /* hiredis frees the context right after this callback */
+    lk->ac = NULL;
+    lk->state = NGX_HTTP_IDEM_REDIS_DOWN;
+    ngx_http_idem_link_schedule(lk);
 }
 
 
@@ -250,6 +221,10 @@ ngx_http_idem_link_on_disconnect(const redisAsyncContext *ac, int status)
         lk->ac = NULL;
     }
 
+    if (lk->connect_timer.timer_set) {
+        ngx_del_timer(&lk->connect_timer);
+    }
+
     lk->state = NGX_HTTP_IDEM_REDIS_DOWN;
 
     if (status != REDIS_OK && !rd->exiting) {
@@ -261,7 +236,7 @@ ngx_http_idem_link_on_disconnect(const redisAsyncContext *ac, int status)
 
     if (lk->subscriber && lk->subscribed) {
         lk->subscribed = 0;
-        /* a completion may be missed now: let every waiter look again */
+        /* a change may be missed now: let every waiter look again */
         ngx_http_idem_waiters_wake(rd, NULL);
     }
 
@@ -275,23 +250,33 @@ ngx_http_idem_link_handshake(redisAsyncContext *ac, void *r, void *privdata)
     redisReply            *reply = r;
     ngx_http_idem_link_t  *lk = ac->data;
 
-    if (reply == NULL || reply->type != REDIS_REPLY_ERROR) {
+    if (reply == NULL || lk->ac != ac) {
+        return;             /* the context is being freed */
+    }
+
+    if (reply->type == REDIS_REPLY_ERROR) {
+        ngx_log_error(NGX_LOG_ERR, lk->redis->log, 0,
+                      "idempotency: redis %V%s: %s failed: %*s",
+                      &lk->redis->name, ngx_http_idem_link_name(lk),
+                      (char *) privdata, (size_t) reply->len, reply->str);
+
+        ngx_http_idem_link_recycle_later(lk);
         return;
     }
 
-    ngx_log_error(NGX_LOG_ERR, lk->redis->log, 0,
-                  "idempotency: redis %V%s: %s failed: %*s", &lk->redis->name,
-                  ngx_http_idem_link_name(lk), (char *) privdata,
-                  (size_t) reply->len, reply->str);
-
-    ngx_http_idem_link_recycle_later(lk);
+    if (lk->handshake && --lk->handshake == 0 && !lk->subscriber
+        && lk->state == NGX_HTTP_IDEM_REDIS_CONNECTING)
+    {
+        ngx_http_idem_link_ready(lk);
+    }
 }
 
 
 /*
  * Every message names a record key; the waiters for that key look at the
- * record again.  The confirmation of the subscription itself wakes every
- * waiter, since a completion may have come while there was none.
+ * record again.  The confirmation of the subscription itself makes the
+ * link ready and wakes every waiter, since a change may have come while
+ * there was no subscription.
  */
 static void
 ngx_http_idem_link_message(redisAsyncContext *ac, void *r, void *privdata)
@@ -308,13 +293,14 @@ ngx_http_idem_link_message(redisAsyncContext *ac, void *r, void *privdata)
         return;
     }
 
-    if (ngx_http_idem_is(&type, "subscribe")) {
+    if (type.len == 9 && ngx_strncmp(type.data, "subscribe", 9) == 0) {
         lk->subscribed = 1;
+        ngx_http_idem_link_ready(lk);
         ngx_http_idem_waiters_wake(lk->redis, NULL);
         return;
     }
 
-    if (ngx_http_idem_is(&type, "message")
+    if (type.len == 7 && ngx_strncmp(type.data, "message", 7) == 0
         && ngx_http_idem_reply_str(reply->element[2], &key) == NGX_OK
         && key.len == IDEM_RECORD_KEY_LEN)
     {
@@ -324,47 +310,104 @@ ngx_http_idem_link_message(redisAsyncContext *ac, void *r, void *privdata)
 
 
 static void
+ngx_http_idem_link_setup(ngx_http_idem_link_t *lk, redisCallbackFn *fn,
+    void *what, const char *format, ...)
+{
+    va_list  ap;
+
+    va_start(ap, format);
+
+    if (redisvAsyncCommand(lk->ac, fn, what, format, ap) == REDIS_OK
+        && fn == ngx_http_idem_link_handshake)
+    {
+        lk->handshake++;
+    }
+
+    va_end(ap);
+}
+
+
+static void
 ngx_http_idem_link_handshake_send(ngx_http_idem_link_t *lk)
 {
-    char                    db[NGX_INT_T_LEN + 1];
-    ngx_uint_t              i;
-    ngx_http_idem_redis_t  *rd = lk->redis;
+    char                     db[NGX_INT_T_LEN + 1];
+    ngx_uint_t               i;
+    ngx_http_idem_redis_t   *rd = lk->redis;
+    ngx_http_idem_script_t  *s;
+
+    lk->handshake = 0;
 
     if (rd->password.len && rd->user.len) {
-        redisAsyncCommand(lk->ac, ngx_http_idem_link_handshake, "AUTH",
-                          "AUTH %b %b", rd->user.data, rd->user.len,
-                          rd->password.data, rd->password.len);
+        ngx_http_idem_link_setup(lk, ngx_http_idem_link_handshake, "AUTH",
+                                 "AUTH %b %b", rd->user.data, rd->user.len,
+                                 rd->password.data, rd->password.len);
 
     } else if (rd->password.len) {
-        redisAsyncCommand(lk->ac, ngx_http_idem_link_handshake, "AUTH",
-                          "AUTH %b", rd->password.data, rd->password.len);
+        ngx_http_idem_link_setup(lk, ngx_http_idem_link_handshake, "AUTH",
+                                 "AUTH %b", rd->password.data,
+                                 rd->password.len);
     }
 
     if (lk->subscriber) {
         /* channels are not per database: no SELECT */
-        redisAsyncCommand(lk->ac, ngx_http_idem_link_message, NULL,
-                          "SUBSCRIBE " NGX_HTTP_IDEM_CHANNEL);
+        ngx_http_idem_link_setup(lk, ngx_http_idem_link_message, NULL,
+                                 "SUBSCRIBE " IDEM_CHANNEL);
         return;
     }
 
     if (rd->db) {
         *ngx_sprintf((u_char *) db, "%i", rd->db) = '\0';
-        redisAsyncCommand(lk->ac, ngx_http_idem_link_handshake, "SELECT",
-                          "SELECT %s", db);
+        ngx_http_idem_link_setup(lk, ngx_http_idem_link_handshake, "SELECT",
+                                 "SELECT %s", db);
     }
 
     for (i = 0; i < NGX_HTTP_IDEM_NSCRIPTS; i++) {
-        redisAsyncCommand(lk->ac, ngx_http_idem_link_handshake,
-                          "SCRIPT LOAD", "SCRIPT LOAD %b",
-                          rd->scripts[i].text.data, rd->scripts[i].text.len);
+        s = &rd->scripts[i];
+        ngx_http_idem_link_setup(lk, ngx_http_idem_link_handshake,
+                                 "SCRIPT LOAD", "SCRIPT LOAD %b",
+                                 s->text.data, s->text.len);
     }
+}
+
+
+static ngx_int_t
+ngx_http_idem_link_attach(ngx_http_idem_link_t *lk, redisAsyncContext *ac)
+{
+    ngx_connection_t       *c;
+    ngx_http_idem_redis_t  *rd = lk->redis;
+
+    c = ngx_get_connection(ac->c.fd, rd->log);
+    if (c == NULL) {
+        return NGX_ERROR;
+    }
+
+    c->data = lk;
+    c->read->handler = ngx_http_idem_link_read_handler;
+    c->write->handler = ngx_http_idem_link_write_handler;
+    c->read->log = rd->log;
+    c->write->log = rd->log;
+
+    ac->data = lk;
+    ac->ev.data = lk;
+    ac->ev.addRead = ngx_http_idem_link_add_read;
+    ac->ev.delRead = ngx_http_idem_link_del_read;
+    ac->ev.addWrite = ngx_http_idem_link_add_write;
+    ac->ev.delWrite = ngx_http_idem_link_del_write;
+    ac->ev.cleanup = ngx_http_idem_link_cleanup;
+
+    redisAsyncSetConnectCallback(ac, ngx_http_idem_link_on_connect);
+    redisAsyncSetDisconnectCallback(ac, ngx_http_idem_link_on_disconnect);
+
+    lk->ac = ac;
+    lk->conn = c;
+
+    return NGX_OK;
 }
 
 
 static void
 ngx_http_idem_link_connect(ngx_http_idem_link_t *lk)
 {
-    ngx_connection_t       *c;
     redisAsyncContext      *ac;
     ngx_http_idem_redis_t  *rd = lk->redis;
 
@@ -391,34 +434,15 @@ ngx_http_idem_link_connect(ngx_http_idem_link_t *lk)
         return;
     }
 
-    c = ngx_get_connection(ac->c.fd, rd->log);
-    if (c == NULL) {
+    if (ngx_http_idem_link_attach(lk, ac) != NGX_OK) {
         redisAsyncFree(ac);
         ngx_http_idem_link_schedule(lk);
         return;
     }
 
-    c->data = lk;
-    c->read->handler = ngx_http_idem_link_read_handler;
-    c->write->handler = ngx_http_idem_link_write_handler;
-    c->read->log = rd->log;
-    c->write->log = rd->log;
-
-    ac->data = lk;
-    ac->ev.data = lk;
-    ac->ev.addRead = ngx_http_idem_link_add_read;
-    ac->ev.delRead = ngx_http_idem_link_del_read;
-    ac->ev.addWrite = ngx_http_idem_link_add_write;
-    ac->ev.delWrite = ngx_http_idem_link_del_write;
-    ac->ev.cleanup = ngx_http_idem_link_cleanup;
-
-    redisAsyncSetConnectCallback(ac, ngx_http_idem_link_on_connect);
-    redisAsyncSetDisconnectCallback(ac, ngx_http_idem_link_on_disconnect);
-
-    lk->ac = ac;
-    lk->conn = c;
     lk->state = NGX_HTTP_IDEM_REDIS_CONNECTING;
 
+    /* the whole set-up: TCP, AUTH, SELECT, SCRIPT LOAD or SUBSCRIBE */
     ngx_add_timer(&lk->connect_timer, rd->connect_timeout);
 
     ngx_http_idem_link_handshake_send(lk);
@@ -491,6 +515,10 @@ ngx_http_idem_link_recycle_handler(ngx_event_t *ev)
     lk->recycle_ac = NULL;
     lk->state = NGX_HTTP_IDEM_REDIS_DOWN;
 
+    if (lk->connect_timer.timer_set) {
+        ngx_del_timer(&lk->connect_timer);
+    }
+
     ngx_log_error(NGX_LOG_WARN, lk->redis->log, 0,
                   "idempotency: closing redis %V%s connection",
                   &lk->redis->name, ngx_http_idem_link_name(lk));
@@ -508,7 +536,8 @@ ngx_http_idem_link_connect_timeout(ngx_event_t *ev)
     ngx_http_idem_link_t  *lk = ev->data;
 
     ngx_log_error(NGX_LOG_ERR, lk->redis->log, 0,
-                  "idempotency: connect to redis %V%s timed out",
+                  "idempotency: connect to redis %V%s timed out "
+                  "(connect_timeout, including AUTH, SELECT and scripts)",
                   &lk->redis->name, ngx_http_idem_link_name(lk));
 
     ngx_http_idem_link_recycle_later(lk);
@@ -579,24 +608,18 @@ ngx_http_idem_link_close(ngx_http_idem_link_t *lk)
 
 
 ngx_int_t
-ngx_http_idem_redis_init_process(ngx_cycle_t *cycle)
+ngx_http_idem_redis_init_process(ngx_cycle_t *cycle, ngx_array_t *servers,
+    ngx_http_idem_script_t *scripts)
 {
-    ngx_uint_t                  i;
-    ngx_http_idem_redis_t     **servers, *rd;
-    ngx_http_idem_main_conf_t  *mcf;
+    ngx_uint_t               i;
+    ngx_http_idem_redis_t  **rds, *rd;
 
-    mcf = ngx_http_cycle_get_module_main_conf(cycle,
-                                              ngx_http_idempotency_module);
-    if (mcf == NULL) {
-        return NGX_OK;
-    }
+    rds = servers->elts;
 
-    servers = mcf->servers.elts;
-
-    for (i = 0; i < mcf->servers.nelts; i++) {
-        rd = servers[i];
+    for (i = 0; i < servers->nelts; i++) {
+        rd = rds[i];
         rd->log = cycle->log;
-        rd->scripts = mcf->scripts;
+        rd->scripts = scripts;
         ngx_queue_init(&rd->waiters);
         ngx_queue_init(&rd->resend);
 
@@ -612,22 +635,16 @@ ngx_http_idem_redis_init_process(ngx_cycle_t *cycle)
 
 
 void
-ngx_http_idem_redis_exit_process(ngx_cycle_t *cycle)
+ngx_http_idem_redis_exit_process(ngx_array_t *servers)
 {
-    ngx_uint_t                  i;
-    ngx_http_idem_redis_t     **servers, *rd;
-    ngx_http_idem_main_conf_t  *mcf;
+    ngx_uint_t               i;
+    ngx_queue_t             *q;
+    ngx_http_idem_redis_t  **rds, *rd;
 
-    mcf = ngx_http_cycle_get_module_main_conf(cycle,
-                                              ngx_http_idempotency_module);
-    if (mcf == NULL) {
-        return;
-    }
+    rds = servers->elts;
 
-    servers = mcf->servers.elts;
-
-    for (i = 0; i < mcf->servers.nelts; i++) {
-        rd = servers[i];
+    for (i = 0; i < servers->nelts; i++) {
+        rd = rds[i];
         rd->exiting = 1;
 
         ngx_http_idem_link_close(&rd->cmd);
@@ -641,63 +658,59 @@ ngx_http_idem_redis_exit_process(ngx_cycle_t *cycle)
         }
 
         while (rd->resend.next && !ngx_queue_empty(&rd->resend)) {
-            ngx_http_idem_cmd_t  *cmd;
-
-            cmd = ngx_queue_data(ngx_queue_head(&rd->resend),
-                                 ngx_http_idem_cmd_t, queue);
-            ngx_queue_remove(&cmd->queue);
-            ngx_free(cmd);
+            q = ngx_queue_head(&rd->resend);
+            ngx_queue_remove(q);
+            ngx_free(ngx_queue_data(q, ngx_http_idem_cmd_t, queue));
         }
     }
 }
 
 
-/* waiters: requests held back by idempotency_wait */
+/* waiters */
 
 ngx_int_t
-ngx_http_idem_wait_add(ngx_http_idem_redis_t *rd, ngx_http_idem_ctx_t *ctx)
+ngx_http_idem_waiter_add(ngx_http_idem_redis_t *rd, ngx_http_idem_waiter_t *w)
 {
     if (!rd->sub.subscribed) {
-        /* nobody would tell us about the completion */
         return NGX_DECLINED;
     }
 
-    ngx_queue_insert_tail(&rd->waiters, &ctx->wait_queue);
-    ctx->waiting = 1;
+    ngx_queue_insert_tail(&rd->waiters, &w->queue);
+    w->linked = 1;
 
     return NGX_OK;
 }
 
 
 void
-ngx_http_idem_wait_remove(ngx_http_idem_ctx_t *ctx)
+ngx_http_idem_waiter_remove(ngx_http_idem_waiter_t *w)
 {
-    if (ctx->waiting) {
-        ngx_queue_remove(&ctx->wait_queue);
-        ctx->waiting = 0;
+    if (w->linked) {
+        ngx_queue_remove(&w->queue);
+        w->linked = 0;
     }
 }
 
 
 /* key NULL wakes every waiter */
 static void
-ngx_http_idem_waiters_wake(ngx_http_idem_redis_t *rd, u_char *key)
+ngx_http_idem_waiters_wake(ngx_http_idem_redis_t *rd, const u_char *key)
 {
-    ngx_queue_t          *q, *next;
-    ngx_http_idem_ctx_t  *ctx;
+    ngx_queue_t             *q, *next;
+    ngx_http_idem_waiter_t  *w;
 
     for (q = ngx_queue_head(&rd->waiters);
          q != ngx_queue_sentinel(&rd->waiters);
          q = next)
     {
-        /* a woken request may finish, and leave the queue, at once */
+        /* a woken waiter may finish, and leave the queue, at once */
         next = ngx_queue_next(q);
-        ctx = ngx_queue_data(q, ngx_http_idem_ctx_t, wait_queue);
+        w = ngx_queue_data(q, ngx_http_idem_waiter_t, queue);
 
         if (key == NULL
-            || ngx_memcmp(ctx->rkey, key, IDEM_RECORD_KEY_LEN) == 0)
+            || ngx_memcmp(w->key, key, IDEM_RECORD_KEY_LEN) == 0)
         {
-            ngx_http_idem_wake(ctx);
+            w->wake(w);
         }
     }
 }
@@ -705,15 +718,18 @@ ngx_http_idem_waiters_wake(ngx_http_idem_redis_t *rd, u_char *key)
 
 /* commands: EVALSHA <sha1> 1 <key> <args...>, resent as EVAL on NOSCRIPT */
 
+#define NGX_HTTP_IDEM_CMD_ARGV0  4      /* EVALSHA sha1 1 key */
+
 ngx_http_idem_cmd_t *
 ngx_http_idem_cmd_create(ngx_http_idem_redis_t *rd,
-    ngx_http_idem_script_e script, ngx_uint_t argc, size_t size,
+    ngx_http_idem_script_e script, const u_char *key, size_t size,
     ngx_log_t *log)
 {
     size_t                n;
     ngx_http_idem_cmd_t  *cmd;
 
-    n = argc + 3;
+    n = NGX_HTTP_IDEM_CMD_ARGV0 + rd->scripts[script].nargs;
+    size += IDEM_RECORD_KEY_LEN;
 
     cmd = ngx_alloc(sizeof(ngx_http_idem_cmd_t)
                     + n * (sizeof(char *) + sizeof(size_t)) + size, log);
@@ -722,13 +738,17 @@ ngx_http_idem_cmd_create(ngx_http_idem_redis_t *rd,
     }
 
     ngx_memzero(cmd, sizeof(ngx_http_idem_cmd_t));
-    cmd->size = size;
 
+    cmd->size = size;
     cmd->redis = rd;
     cmd->script = script;
+    cmd->argc = n;
     cmd->argv = (const char **) (cmd + 1);
     cmd->argvlen = (size_t *) (cmd->argv + n);
     cmd->pos = (u_char *) (cmd->argvlen + n);
+
+    ngx_memzero(cmd->argv, n * sizeof(char *));
+    ngx_memzero(cmd->argvlen, n * sizeof(size_t));
 
     cmd->argv[0] = "EVALSHA";
     cmd->argvlen[0] = sizeof("EVALSHA") - 1;
@@ -736,21 +756,24 @@ ngx_http_idem_cmd_create(ngx_http_idem_redis_t *rd,
     cmd->argvlen[1] = NGX_HTTP_IDEM_SHA1_HEX;
     cmd->argv[2] = "1";
     cmd->argvlen[2] = 1;
-    cmd->argc = 3;
+
+    cmd->argv[3] = (const char *) cmd->pos;
+    cmd->argvlen[3] = IDEM_RECORD_KEY_LEN;
+    cmd->pos = ngx_cpymem(cmd->pos, key, IDEM_RECORD_KEY_LEN);
 
     return cmd;
 }
 
 
+/* room for the argument named arg (an NGX_HTTP_IDEM_<SCRIPT>_<NAME>) */
 u_char *
-ngx_http_idem_cmd_arg_reserve(ngx_http_idem_cmd_t *cmd, size_t len)
+ngx_http_idem_cmd_reserve(ngx_http_idem_cmd_t *cmd, ngx_uint_t arg, size_t len)
 {
     u_char  *p;
 
     p = cmd->pos;
-    cmd->argv[cmd->argc] = (const char *) p;
-    cmd->argvlen[cmd->argc] = len;
-    cmd->argc++;
+    cmd->argv[NGX_HTTP_IDEM_CMD_ARGV0 + arg] = (const char *) p;
+    cmd->argvlen[NGX_HTTP_IDEM_CMD_ARGV0 + arg] = len;
     cmd->pos += len;
 
     return p;
@@ -758,85 +781,52 @@ ngx_http_idem_cmd_arg_reserve(ngx_http_idem_cmd_t *cmd, size_t len)
 
 
 void
-ngx_http_idem_cmd_arg(ngx_http_idem_cmd_t *cmd, const void *data, size_t len)
+ngx_http_idem_cmd_set(ngx_http_idem_cmd_t *cmd, ngx_uint_t arg,
+    const void *data, size_t len)
 {
-    ngx_memcpy(ngx_http_idem_cmd_arg_reserve(cmd, len), data, len);
+    ngx_memcpy(ngx_http_idem_cmd_reserve(cmd, arg, len), data, len);
 }
 
 
-static void
-ngx_http_idem_orphan_add(ngx_http_idem_cmd_t *cmd)
+/* a decimal argument; the command's size counted NGX_INT64_LEN for it */
+void
+ngx_http_idem_cmd_set_num(ngx_http_idem_cmd_t *cmd, ngx_uint_t arg,
+    int64_t n)
 {
-    ngx_http_idem_redis_t   *rd;
-    ngx_http_idem_orphan_t  *o;
+    u_char  *p;
 
-    rd = cmd->redis;
-
-    if (cmd->script != NGX_HTTP_IDEM_SCRIPT_CLAIM || rd->exiting) {
-        return;
-    }
-
-    if (rd->orphans == NULL) {
-        rd->orphans = ngx_array_create(ngx_cycle->pool, 16,
-                                       sizeof(ngx_http_idem_orphan_t));
-        if (rd->orphans == NULL) {
-            return;
-        }
-    }
-
-    if (rd->orphans->nelts >= NGX_HTTP_IDEM_ORPHANS_MAX) {
-        ngx_log_error(NGX_LOG_WARN, rd->log, 0,
-                      "idempotency: too many unanswered claims, one will "
-                      "turn unknown when its lease lapses");
-        return;
-    }
-
-    o = ngx_array_push(rd->orphans);
-    if (o == NULL) {
-        return;
-    }
-
-    /* argv: EVALSHA sha 1 key fingerprint owner ... */
-    ngx_memcpy(o->key, cmd->argv[3], IDEM_RECORD_KEY_LEN);
-    ngx_memcpy(o->owner, cmd->argv[5], NGX_HTTP_IDEM_TOKEN_HEX);
+    p = cmd->pos;
+    cmd->pos = ngx_sprintf(p, "%L", n);
+    cmd->argv[NGX_HTTP_IDEM_CMD_ARGV0 + arg] = (const char *) p;
+    cmd->argvlen[NGX_HTTP_IDEM_CMD_ARGV0 + arg] = cmd->pos - p;
 }
 
 
-static void
-ngx_http_idem_orphans_release(ngx_http_idem_redis_t *rd)
+ngx_str_t
+ngx_http_idem_cmd_get(ngx_http_idem_cmd_t *cmd, ngx_uint_t arg)
 {
-    ngx_uint_t               i;
-    ngx_http_idem_cmd_t     *cmd;
-    ngx_http_idem_orphan_t  *o;
+    ngx_str_t  s;
 
-    if (rd->orphans == NULL || rd->orphans->nelts == 0) {
-        return;
-    }
+    s.data = (u_char *) cmd->argv[NGX_HTTP_IDEM_CMD_ARGV0 + arg];
+    s.len = cmd->argvlen[NGX_HTTP_IDEM_CMD_ARGV0 + arg];
 
-    ngx_log_error(NGX_LOG_NOTICE, rd->log, 0,
-                  "idempotency: releasing %ui unanswered claims",
-                  rd->orphans->nelts);
-
-    o = rd->orphans->elts;
-
-    for (i = 0; i < rd->orphans->nelts; i++) {
-        cmd = ngx_http_idem_cmd_create(rd, NGX_HTTP_IDEM_SCRIPT_RELEASE, 2,
-                                       IDEM_RECORD_KEY_LEN
-                                       + NGX_HTTP_IDEM_TOKEN_HEX, rd->log);
-        if (cmd == NULL) {
-            break;
-        }
-
-        ngx_http_idem_cmd_arg(cmd, o[i].key, IDEM_RECORD_KEY_LEN);
-        ngx_http_idem_cmd_arg(cmd, o[i].owner, NGX_HTTP_IDEM_TOKEN_HEX);
-
-        (void) ngx_http_idem_cmd_send(cmd, NULL, NULL);
-    }
-
-    rd->orphans->nelts = 0;
+    return s;
 }
 
 
+ngx_str_t
+ngx_http_idem_cmd_key(ngx_http_idem_cmd_t *cmd)
+{
+    ngx_str_t  s;
+
+    s.data = (u_char *) cmd->argv[3];
+    s.len = cmd->argvlen[3];
+
+    return s;
+}
+
+
+/* keeps a durable command for the next connection; NGX_DECLINED: full */
 static ngx_int_t
 ngx_http_idem_resend_later(ngx_http_idem_cmd_t *cmd)
 {
@@ -844,11 +834,7 @@ ngx_http_idem_resend_later(ngx_http_idem_cmd_t *cmd)
 
     rd = cmd->redis;
 
-    if (rd->exiting
-        || (cmd->script != NGX_HTTP_IDEM_SCRIPT_COMPLETE
-            && cmd->script != NGX_HTTP_IDEM_SCRIPT_RELEASE
-            && cmd->script != NGX_HTTP_IDEM_SCRIPT_FAIL))
-    {
+    if (!cmd->durable || rd->exiting) {
         return NGX_DECLINED;
     }
 
@@ -862,7 +848,6 @@ ngx_http_idem_resend_later(ngx_http_idem_cmd_t *cmd)
         return NGX_DECLINED;
     }
 
-    cmd->failed = 0;
     rd->resend_n++;
     rd->resend_size += cmd->size;
     ngx_queue_insert_tail(&rd->resend, &cmd->queue);
@@ -930,6 +915,11 @@ ngx_http_idem_cmd_drain(ngx_http_idem_redis_t *rd, ngx_http_idem_cmd_t *cmd)
 }
 
 
+/*
+ * The sender learns at once that no answer came; the command itself stays
+ * with hiredis until the connection is freed, and a durable one is then
+ * kept for the next connection.
+ */
 static void
 ngx_http_idem_cmd_timeout(ngx_event_t *ev)
 {
@@ -946,12 +936,12 @@ ngx_http_idem_cmd_timeout(ngx_event_t *ev)
     ngx_log_error(NGX_LOG_ERR, rd->log, 0,
                   "idempotency: redis %V command timed out", &rd->name);
 
-    /* the command stays allocated until hiredis lets go of it */
-    cmd->failed = 1;
-    ngx_http_idem_orphan_add(cmd);
+    if (!cmd->durable) {
+        cmd->told = 1;
 
-    if (cmd->handler && cmd->data) {
-        cmd->handler(cmd, NULL);
+        if (cmd->handler) {
+            cmd->handler(cmd, NULL);
+        }
     }
 
     ngx_http_idem_link_recycle_later(&rd->cmd);
@@ -1013,16 +1003,17 @@ ngx_http_idem_cmd_send(ngx_http_idem_cmd_t *cmd,
 
     rd = cmd->redis;
 
-    if (rd->cmd.ac == NULL || rd->cmd.state == NGX_HTTP_IDEM_REDIS_DOWN) {
-        ngx_free(cmd);
-        return NGX_ERROR;
-    }
-
     cmd->handler = handler;
     cmd->data = data;
 
-    if (ngx_http_idem_cmd_write(rd->cmd.ac, cmd) != REDIS_OK) {
-        /* disconnecting: no callback will ever come for this one */
+    if (rd->cmd.ac == NULL || rd->cmd.state == NGX_HTTP_IDEM_REDIS_DOWN
+        || ngx_http_idem_cmd_write(rd->cmd.ac, cmd) != REDIS_OK)
+    {
+        /* not written: no callback will ever come for this one */
+        if (ngx_http_idem_resend_later(cmd) == NGX_OK) {
+            return NGX_OK;
+        }
+
         ngx_free(cmd);
         return NGX_ERROR;
     }
@@ -1044,25 +1035,32 @@ ngx_http_idem_is_noscript(redisReply *reply)
 }
 
 
+/* Redis restarted or failed over: its script cache is empty */
+static ngx_int_t
+ngx_http_idem_cmd_eval(redisAsyncContext *ac, ngx_http_idem_cmd_t *cmd)
+{
+    ngx_http_idem_script_t  *s;
+
+    s = &cmd->redis->scripts[cmd->script];
+
+    cmd->eval = 1;
+    cmd->argv[0] = "EVAL";
+    cmd->argvlen[0] = sizeof("EVAL") - 1;
+    cmd->argv[1] = (const char *) s->text.data;
+    cmd->argvlen[1] = s->text.len;
+
+    return ngx_http_idem_cmd_write(ac, cmd) == REDIS_OK ? NGX_OK : NGX_ERROR;
+}
+
+
 static void
 ngx_http_idem_redis_reply(redisAsyncContext *ac, void *r, void *privdata)
 {
     redisReply           *reply = r;
     ngx_http_idem_cmd_t  *cmd = privdata;
 
-    ngx_http_idem_script_t  *s;
-
     if (reply && !cmd->eval && ngx_http_idem_is_noscript(reply)) {
-        /* Redis restarted or failed over: its script cache is empty */
-        s = &cmd->redis->scripts[cmd->script];
-
-        cmd->eval = 1;
-        cmd->argv[0] = "EVAL";
-        cmd->argvlen[0] = sizeof("EVAL") - 1;
-        cmd->argv[1] = (const char *) s->text.data;
-        cmd->argvlen[1] = s->text.len;
-
-        if (ngx_http_idem_cmd_write(ac, cmd) == REDIS_OK) {
+        if (ngx_http_idem_cmd_eval(ac, cmd) == NGX_OK) {
             return;
         }
 
@@ -1077,18 +1075,68 @@ ngx_http_idem_redis_reply(redisAsyncContext *ac, void *r, void *privdata)
         cmd->redis->timing_out = NULL;
     }
 
-    if (reply == NULL && !cmd->failed) {
-        /* written, maybe executed, never answered: the connection went */
-        ngx_http_idem_orphan_add(cmd);
-    }
-
     if (reply == NULL && ngx_http_idem_resend_later(cmd) == NGX_OK) {
         return;
     }
 
-    if (!cmd->failed && cmd->handler) {
+    if (!cmd->told && cmd->handler) {
+        cmd->told = 1;
         cmd->handler(cmd, reply);
     }
 
     ngx_free(cmd);
+}
+
+
+/* reply helpers */
+
+ngx_int_t
+ngx_http_idem_reply_str(redisReply *e, ngx_str_t *s)
+{
+    if (e->type != REDIS_REPLY_STRING && e->type != REDIS_REPLY_STATUS) {
+        return NGX_ERROR;
+    }
+
+    s->data = (u_char *) e->str;
+    s->len = e->len;
+
+    return NGX_OK;
+}
+
+
+/*
+ * An error reply that is about the data under the module's key (our own
+ * script's complaint, or a foreign value), not about reaching Redis:
+ * store-error rather than store-unavailable.
+ */
+ngx_uint_t
+ngx_http_idem_reply_corrupt(redisReply *reply)
+{
+    return reply->type == REDIS_REPLY_ERROR
+           && (ngx_strstr(reply->str, "IDEMCORRUPT")
+               || ngx_strstr(reply->str, "WRONGTYPE"));
+}
+
+
+/*
+ * The elements of an array reply as the pure-C decoders take them: the
+ * first max of them in el, the reply's element count returned.
+ */
+size_t
+ngx_http_idem_reply_elements(redisReply *reply, idem_rv_t *el, size_t max)
+{
+    size_t       i, n;
+    redisReply  *e;
+
+    n = ngx_min(reply->elements, max);
+
+    for (i = 0; i < n; i++) {
+        e = reply->element[i];
+        el[i].is_str = (e->type == REDIS_REPLY_STRING
+                        || e->type == REDIS_REPLY_STATUS);
+        el[i].data = el[i].is_str ? e->str : NULL;
+        el[i].len = el[i].is_str ? e->len : 0;
+    }
+
+    return reply->elements;
 }

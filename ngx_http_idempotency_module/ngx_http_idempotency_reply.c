@@ -1,6 +1,6 @@
 /*
- * Responses the module makes itself: replays of stored responses and the
- * application/problem+json answers of DESIGN.md section 4.
+ * Responses the module makes itself: replays of stored responses, and the
+ * application/problem+json answers (RFC 9457), all from one table.
  */
 
 #include "ngx_http_idempotency.h"
@@ -9,38 +9,80 @@
 #define NGX_HTTP_IDEM_PROBLEM_TYPE  "urn:ngx-idempotency:problem:"
 
 
+/*
+ * The module's answers, indexed by ngx_http_idem_problem_e.  status 0 is
+ * the location's idempotency_conflict_status.  docs/directives.md lists
+ * them for clients; keep the two in step.
+ */
 typedef struct {
     const char  *slug;
     const char  *title;
+    ngx_uint_t   status;
+    unsigned     retry_after:1;
+    unsigned     stored:1;       /* carries response_status and location */
+    const char  *detail;
 } ngx_http_idem_problem_t;
 
 
 static ngx_http_idem_problem_t  ngx_http_idem_problems[] = {
-    { "key-missing", "Idempotency key required" },
-    { "key-malformed", "Malformed idempotency key" },
-    { "fingerprint-mismatch", "Idempotency key reused for another request" },
-    { "in-progress", "Request with this idempotency key is in progress" },
-    { "outcome-unknown", "Outcome of the original request is unknown" },
-    { "response-not-stored", "Original response was too large to store" },
-    { "store-unavailable", "Idempotency store unavailable" },
-    { "store-error", "Idempotency store returned an unexpected record" },
-    { NULL, NULL }
+
+    { "key-missing", "Idempotency key required",
+      NGX_HTTP_BAD_REQUEST, 0, 0,
+      "this endpoint requires an idempotency key header" },
+
+    { "key-malformed", "Malformed idempotency key",
+      NGX_HTTP_BAD_REQUEST, 0, 0,
+      "the idempotency key header is malformed" },
+
+    { "fingerprint-mismatch", "Idempotency key reused for another request",
+      0, 0, 0,
+      "this idempotency key was used for a different request; "
+      "use a new key for a new request" },
+
+    { "in-progress", "Request with this idempotency key is in progress",
+      NGX_HTTP_CONFLICT, 1, 0,
+      "a request with this idempotency key is being processed; "
+      "retry later with the same key" },
+
+    { "outcome-unknown", "Outcome of the original request is unknown",
+      NGX_HTTP_CONFLICT, 0, 0,
+      "the original request may or may not have been executed; "
+      "it is not retried automatically: check the operation's "
+      "status before acting" },
+
+    { "response-not-stored", "Original response was too large to store",
+      NGX_HTTP_CONFLICT, 0, 1,
+      "the request was executed, but its response was larger "
+      "than idempotency_store_max and cannot be replayed" },
+
+    { "store-unavailable", "Idempotency store unavailable",
+      NGX_HTTP_SERVICE_UNAVAILABLE, 1, 0,
+      "the idempotency store cannot be reached; nothing was "
+      "done, retry with the same key" },
+
+    { "store-error", "Idempotency store returned an unexpected record",
+      NGX_HTTP_INTERNAL_SERVER_ERROR, 0, 0,
+      "the idempotency store holds a record this module cannot "
+      "read; nothing was executed" },
+
+    { "not-found", "No record for this idempotency key",
+      NGX_HTTP_NOT_FOUND, 0, 0,
+      "no request with this idempotency key is known in this scope" },
+
+    { "not-resolvable", "Record is not unknown",
+      NGX_HTTP_CONFLICT, 0, 0,
+      "only a record whose outcome is unknown, or whose "
+      "owner's lease lapsed, can be resolved" },
+
+    { "bad-admin-request", "Unknown admin action",
+      NGX_HTTP_BAD_REQUEST, 0, 0,
+      "use ?action=release or ?action=complete&status=NNN" }
 };
 
 
-static const char *
-ngx_http_idem_problem_title(const char *slug)
-{
-    ngx_http_idem_problem_t  *p;
-
-    for (p = ngx_http_idem_problems; p->slug; p++) {
-        if (ngx_strcmp(p->slug, slug) == 0) {
-            return p->title;
-        }
-    }
-
-    return "Idempotency error";
-}
+typedef char  ngx_http_idem_problems_complete_t[
+    sizeof(ngx_http_idem_problems) / sizeof(ngx_http_idem_problems[0])
+    == NGX_HTTP_IDEM_NPROBLEMS ? 1 : -1];
 
 
 static ngx_table_elt_t *
@@ -164,37 +206,12 @@ ngx_http_idem_stored_location(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
 }
 
 
-ngx_int_t
-ngx_http_idem_send_problem(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
-    ngx_uint_t status, const char *slug, const char *title,
-    const char *detail)
+/* the members of a problem after type, title, status and detail */
+static u_char *
+ngx_http_idem_problem_members(u_char *p, u_char *end,
+    ngx_http_idem_ctx_t *ctx, ngx_http_idem_problem_t *pt,
+    ngx_str_t *location)
 {
-    size_t      len;
-    u_char     *body, *p, *end;
-    ngx_str_t  *location;
-
-    location = NULL;
-    len = 512 + ngx_strlen(detail) * 6 + ctx->key.len * 6;
-
-    if (ngx_strcmp(slug, "response-not-stored") == 0) {
-        location = ngx_http_idem_stored_location(r, ctx);
-        len += location ? location->len * 6 : 0;
-    }
-
-    body = ngx_pnalloc(r->pool, len);
-    if (body == NULL) {
-        return NGX_HTTP_INTERNAL_SERVER_ERROR;
-    }
-
-    end = body + len;
-
-    p = ngx_slprintf(body, end,
-                     "{\"type\":\"" NGX_HTTP_IDEM_PROBLEM_TYPE "%s\","
-                     "\"title\":\"%s\",\"status\":%ui,\"detail\":",
-                     slug, title ? title : ngx_http_idem_problem_title(slug),
-                     status);
-    p = ngx_http_idem_json_str(p, end, (u_char *) detail, ngx_strlen(detail));
-
     p = ngx_slprintf(p, end, ",\"idempotency_key\":");
     p = ngx_http_idem_json_str(p, end, ctx->key.data, ctx->key.len);
 
@@ -206,7 +223,7 @@ ngx_http_idem_send_problem(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
         p = ngx_slprintf(p, end, ",\"state\":\"%V\"", &ctx->state);
     }
 
-    if (ngx_strcmp(slug, "response-not-stored") == 0) {
+    if (pt->stored) {
         p = ngx_slprintf(p, end, ",\"response_status\":%ui",
                          ctx->stored_status);
 
@@ -216,10 +233,44 @@ ngx_http_idem_send_problem(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
         }
     }
 
-    p = ngx_slprintf(p, end, "}\n");
+    return ngx_slprintf(p, end, "}\n");
+}
 
-    if ((ngx_strcmp(slug, "in-progress") == 0
-         || ngx_strcmp(slug, "store-unavailable") == 0)
+
+/* detail NULL: the table's */
+ngx_int_t
+ngx_http_idem_send_problem(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
+    ngx_http_idem_problem_e problem, const char *detail)
+{
+    size_t                    len;
+    u_char                   *body, *p, *end;
+    ngx_str_t                *location;
+    ngx_uint_t                status;
+    ngx_http_idem_problem_t  *pt;
+
+    pt = &ngx_http_idem_problems[problem];
+    status = pt->status ? pt->status : ctx->conf->conflict_status;
+    detail = detail ? detail : pt->detail;
+    location = pt->stored ? ngx_http_idem_stored_location(r, ctx) : NULL;
+
+    len = 512 + ngx_strlen(detail) * 6 + ctx->key.len * 6
+          + (location ? location->len * 6 : 0);
+
+    body = ngx_pnalloc(r->pool, len);
+    if (body == NULL) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    end = body + len;
+
+    p = ngx_slprintf(body, end,
+                     "{\"type\":\"" NGX_HTTP_IDEM_PROBLEM_TYPE "%s\","
+                     "\"title\":\"%s\",\"status\":%ui,\"detail\":",
+                     pt->slug, pt->title, status);
+    p = ngx_http_idem_json_str(p, end, (u_char *) detail, ngx_strlen(detail));
+    p = ngx_http_idem_problem_members(p, end, ctx, pt, location);
+
+    if (pt->retry_after
         && ngx_http_idem_add_header(r, "Retry-After", 11,
                                     (u_char *) "1", 1) == NULL)
     {
@@ -302,16 +353,18 @@ ngx_http_idem_name_is(const char *name, size_t len, const char *lit,
 }
 
 
-ngx_int_t
-ngx_http_idem_send_replay(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
+/*
+ * The stored headers onto r->headers_out: NGX_OK, NGX_DECLINED when they
+ * are malformed or unsafe, NGX_ERROR.
+ */
+static ngx_int_t
+ngx_http_idem_replay_headers(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
 {
     int                rc;
     size_t             name_len, value_len;
     const char        *name, *value;
     ngx_table_elt_t   *h;
     idem_hdrs_iter_t   it;
-
-    r->headers_out.status = ctx->stored_status;
 
     it.pos = (const char *) ctx->stored_headers.data;
     it.end = it.pos + ctx->stored_headers.len;
@@ -322,8 +375,7 @@ ngx_http_idem_send_replay(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
         if (!ngx_http_idem_header_ok((u_char *) name, name_len,
                                      (u_char *) value, value_len))
         {
-            rc = -1;
-            break;
+            return NGX_DECLINED;
         }
 
         if (ngx_http_idem_name_is(name, name_len, "Content-Type", 12)) {
@@ -337,7 +389,7 @@ ngx_http_idem_send_replay(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
         h = ngx_http_idem_add_header(r, name, name_len, (u_char *) value,
                                      value_len);
         if (h == NULL) {
-            return NGX_HTTP_INTERNAL_SERVER_ERROR;
+            return NGX_ERROR;
         }
 
         /*
@@ -357,7 +409,24 @@ ngx_http_idem_send_replay(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
         }
     }
 
-    if (rc != 0) {
+    return rc == 0 ? NGX_OK : NGX_DECLINED;
+}
+
+
+static ngx_int_t
+ngx_http_idem_send_replay(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
+{
+    ngx_int_t  rc;
+
+    r->headers_out.status = ctx->stored_status;
+
+    rc = ngx_http_idem_replay_headers(r, ctx);
+
+    if (rc == NGX_ERROR) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    if (rc == NGX_DECLINED) {
         ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
                       "idempotency: stored headers of key \"%V\" are "
                       "malformed", &ctx->key);
@@ -365,9 +434,7 @@ ngx_http_idem_send_replay(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
         ngx_http_clean_header(r);
         ctx->outcome = NGX_HTTP_IDEM_OUT_REJECTED;
 
-        return ngx_http_idem_send_problem(r, ctx,
-                                          NGX_HTTP_INTERNAL_SERVER_ERROR,
-                                          "store-error", NULL,
+        return ngx_http_idem_send_problem(r, ctx, NGX_HTTP_IDEM_P_STORE_ERROR,
                                           "the stored response cannot be "
                                           "decoded");
     }
@@ -383,19 +450,11 @@ ngx_http_idem_send_replay(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
 }
 
 
+/* what a claim's answer means for the client, and what it is told */
 ngx_int_t
 ngx_http_idem_send_answer(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
 {
-    ngx_uint_t  conflict;
-
-    conflict = ctx->conf->conflict_status;
-
-    if (ctx->answer == NGX_HTTP_IDEM_ANS_STORE_DOWN
-        || ctx->answer == NGX_HTTP_IDEM_ANS_STORE_ERROR)
-    {
-        /* the operation id drawn for the claim never reached a record */
-        ngx_str_null(&ctx->op_id);
-    }
+    ngx_http_idem_problem_e  problem;
 
     switch (ctx->answer) {
 
@@ -406,45 +465,39 @@ ngx_http_idem_send_answer(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
         }
 
         ctx->outcome = NGX_HTTP_IDEM_OUT_CONFLICT;
-        return ngx_http_idem_send_problem(r, ctx, NGX_HTTP_CONFLICT,
-                   "response-not-stored", NULL,
-                   "the request was executed, but its response was larger "
-                   "than idempotency_store_max and cannot be replayed");
+        problem = NGX_HTTP_IDEM_P_NOT_STORED;
+        break;
 
     case NGX_HTTP_IDEM_ANS_MISMATCH:
         ctx->outcome = NGX_HTTP_IDEM_OUT_CONFLICT;
-        return ngx_http_idem_send_problem(r, ctx, conflict,
-                   "fingerprint-mismatch", NULL,
-                   "this idempotency key was used for a different request; "
-                   "use a new key for a new request");
+        problem = NGX_HTTP_IDEM_P_MISMATCH;
+        break;
 
     case NGX_HTTP_IDEM_ANS_IN_PROGRESS:
         ctx->outcome = NGX_HTTP_IDEM_OUT_IN_PROGRESS;
-        return ngx_http_idem_send_problem(r, ctx, NGX_HTTP_CONFLICT,
-                   "in-progress", NULL,
-                   "a request with this idempotency key is being processed; "
-                   "retry later with the same key");
+        problem = NGX_HTTP_IDEM_P_IN_PROGRESS;
+        break;
 
     case NGX_HTTP_IDEM_ANS_UNKNOWN:
         ctx->outcome = NGX_HTTP_IDEM_OUT_UNKNOWN;
-        return ngx_http_idem_send_problem(r, ctx, NGX_HTTP_CONFLICT,
-                   "outcome-unknown", NULL,
-                   "the original request may or may not have been executed; "
-                   "it is not retried automatically: check the operation's "
-                   "status before acting");
+        problem = NGX_HTTP_IDEM_P_UNKNOWN;
+        break;
 
     case NGX_HTTP_IDEM_ANS_STORE_DOWN:
         ctx->outcome = NGX_HTTP_IDEM_OUT_REJECTED;
-        return ngx_http_idem_send_problem(r, ctx,
-                   NGX_HTTP_SERVICE_UNAVAILABLE, "store-unavailable", NULL,
-                   "the idempotency store cannot be reached; nothing was "
-                   "executed, retry with the same key");
+        problem = NGX_HTTP_IDEM_P_STORE_DOWN;
+        break;
 
     default:
         ctx->outcome = NGX_HTTP_IDEM_OUT_REJECTED;
-        return ngx_http_idem_send_problem(r, ctx,
-                   NGX_HTTP_INTERNAL_SERVER_ERROR, "store-error", NULL,
-                   "the idempotency store holds a record this module cannot "
-                   "read; nothing was executed");
+        problem = NGX_HTTP_IDEM_P_STORE_ERROR;
+        break;
     }
+
+    if (ctx->outcome == NGX_HTTP_IDEM_OUT_REJECTED) {
+        /* the operation id drawn for the claim never reached a record */
+        ngx_str_null(&ctx->op_id);
+    }
+
+    return ngx_http_idem_send_problem(r, ctx, problem, NULL);
 }

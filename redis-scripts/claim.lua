@@ -1,13 +1,15 @@
 -- Claim (scope, key) for one attempt, or report what already holds it.
 -- One script, so the check and the claim are a single atomic step.
 --
+--: args fp owner op lease ttl wait
+--
 -- KEYS[1]  record key
--- ARGV[1]  request fingerprint (64 hex)
--- ARGV[2]  owner token (fences complete/release/fail)
--- ARGV[3]  operation id for a new record
--- ARGV[4]  lease in milliseconds
--- ARGV[5]  retention TTL in seconds
--- ARGV[6]  "1" when the caller waits for an in-flight attempt to finish
+-- fp       request fingerprint (64 hex)
+-- owner    owner token (fences complete/release/fail)
+-- op       operation id for a new record
+-- lease    lease in milliseconds
+-- ttl      retention TTL in seconds
+-- wait     "1" when the caller waits for an in-flight attempt to finish
 --
 -- Replies (all strings):
 --   {"claimed", op}
@@ -16,12 +18,7 @@
 --   {"in_progress", op, lease_left_ms}
 --   {"unknown", op}
 
--- Times are written with string.format('%d'): tostring() of a Lua number
--- goes through '%.14g', glibc's float printer, a measurable part of a claim's
--- time in Redis (bench/RESULTS.md).  Numbers from ARGV stay strings for the
--- same reason.  '%d' is a C long: Redis must be a 64-bit build (docs/redis.md).
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 
 -- one read for every answer: a replay needs no second call for its response
 local r = redis.call('HMGET', KEYS[1], 'v', 'state', 'fp', 'op', 'lease',
@@ -29,24 +26,23 @@ local r = redis.call('HMGET', KEYS[1], 'v', 'state', 'fp', 'op', 'lease',
 
 if not r[2] and redis.call('EXISTS', KEYS[1]) == 1 then
     -- another application's hash under our name: never write into it
-    return redis.error_reply('IDEMCORRUPT record has an unknown layout')
+    return corrupt('layout')
 end
 
 if not r[2] then
     redis.call('HSET', KEYS[1],
-               'v', '1', 'state', 'in_progress', 'fp', ARGV[1],
-               'owner', ARGV[2], 'op', ARGV[3],
-               'lease', string.format('%d', now + tonumber(ARGV[4])),
-               'created', string.format('%d', now))
-    redis.call('EXPIRE', KEYS[1], ARGV[5])
-    return {'claimed', ARGV[3]}
+               'v', '1', 'state', 'in_progress', 'fp', fp,
+               'owner', owner, 'op', op,
+               'lease', ms(now + tonumber(lease)), 'created', ms(now))
+    redis.call('EXPIRE', KEYS[1], ttl)
+    return {'claimed', op}
 end
 
 if r[1] ~= '1' or not r[3] or not r[4] then
-    return redis.error_reply('IDEMCORRUPT record has an unknown layout')
+    return corrupt('layout')
 end
 
-if r[3] ~= ARGV[1] then
+if r[3] ~= fp then
     return {'mismatch', r[4], r[2]}
 end
 
@@ -57,15 +53,15 @@ end
 if r[2] == 'in_progress' then
     local left = tonumber(r[5] or '0') - now
     if left > 0 then
-        if ARGV[6] == '1' then
+        if wait == '1' then
             -- whoever closes this record announces it (idempotency_wait)
             redis.call('HSET', KEYS[1], 'waiters', '1')
         end
-        return {'in_progress', r[4], string.format('%d', left)}
+        return {'in_progress', r[4], ms(left)}
     end
     -- The owner stopped renewing its lease: it may or may not have reached
     -- the upstream, so the outcome is unknown, never free.
-    redis.call('HSET', KEYS[1], 'state', 'unknown', 'unknown_at', string.format('%d', now))
+    redis.call('HSET', KEYS[1], 'state', 'unknown', 'unknown_at', ms(now))
     redis.call('HDEL', KEYS[1], 'owner')
     return {'unknown', r[4]}
 end
@@ -74,4 +70,4 @@ if r[2] == 'unknown' then
     return {'unknown', r[4]}
 end
 
-return redis.error_reply('IDEMCORRUPT record has an unknown state')
+return corrupt('state')

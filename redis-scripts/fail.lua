@@ -1,26 +1,22 @@
 -- The request was sent but no complete response came back: the upstream may
 -- have acted.  Keep the record as "unknown" so nothing re-executes it.
 --
+--: args owner
+--
 -- KEYS[1]  record key
--- ARGV[1]  owner token
+-- owner    owner token
 --
 -- Reply: 1 when marked, 0 when the claim was not ours any more.
 
 local r = redis.call('HMGET', KEYS[1], 'state', 'owner', 'waiters')
 
-if r[1] ~= 'in_progress' or r[2] ~= ARGV[1] then
+if not owned(r[1], r[2], owner) then
     return 0
 end
 
--- Somebody waits for this record (idempotency_wait): tell them it changed.
-if r[3] then
-    redis.call('PUBLISH', 'idem:done', KEYS[1])
-end
+announce(KEYS[1], r[3])
 
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-
-redis.call('HSET', KEYS[1], 'state', 'unknown', 'unknown_at', string.format('%d', now))
+redis.call('HSET', KEYS[1], 'state', 'unknown', 'unknown_at', ms(now_ms()))
 redis.call('HDEL', KEYS[1], 'owner', 'lease')
 
 return 1

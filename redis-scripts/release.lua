@@ -1,21 +1,20 @@
 -- Forget a claim whose request never reached the upstream, so that a retry
 -- executes.  Fenced by the owner token.
 --
+--: args owner
+--
 -- KEYS[1]  record key
--- ARGV[1]  owner token
+-- owner    owner token
 --
 -- Reply: 1 when released, 0 when the claim was not ours any more.
 
 local r = redis.call('HMGET', KEYS[1], 'state', 'owner', 'waiters')
 
-if r[1] ~= 'in_progress' or r[2] ~= ARGV[1] then
+if not owned(r[1], r[2], owner) then
     return 0
 end
 
--- Somebody waits for this record (idempotency_wait): tell them it changed.
-if r[3] then
-    redis.call('PUBLISH', 'idem:done', KEYS[1])
-end
+announce(KEYS[1], r[3])
 
 redis.call('DEL', KEYS[1])
 

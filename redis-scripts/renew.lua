@@ -1,20 +1,19 @@
 -- Extend the lease of a claim while its request is alive.
 --
+--: args owner lease
+--
 -- KEYS[1]  record key
--- ARGV[1]  owner token
--- ARGV[2]  lease in milliseconds
+-- owner    owner token
+-- lease    lease in milliseconds
 --
 -- Reply: 1 when extended, 0 when the claim was not ours any more.
 
 local r = redis.call('HMGET', KEYS[1], 'state', 'owner')
 
-if r[1] ~= 'in_progress' or r[2] ~= ARGV[1] then
+if not owned(r[1], r[2], owner) then
     return 0
 end
 
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-
-redis.call('HSET', KEYS[1], 'lease', string.format('%d', now + tonumber(ARGV[2])))
+redis.call('HSET', KEYS[1], 'lease', ms(now_ms() + tonumber(lease)))
 
 return 1

@@ -1,13 +1,14 @@
 -- Read one record for the status endpoint.  Read-only: a lapsed lease is
 -- reported as "unknown" here and converted by the next claim.
 --
+--: args
+--
 -- KEYS[1]  record key
 --
 -- Replies: {} when there is no record, else
 --   {state, fingerprint, op, created, completed, status}
 
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 
 local r = redis.call('HMGET', KEYS[1], 'v', 'state', 'fp', 'op', 'created',
                      'completed', 'status', 'lease')
@@ -17,7 +18,7 @@ if not r[2] then
 end
 
 if r[1] ~= '1' or not r[3] or not r[4] then
-    return redis.error_reply('IDEMCORRUPT record has an unknown layout')
+    return corrupt('layout')
 end
 
 local state = r[2]

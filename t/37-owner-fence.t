@@ -43,7 +43,6 @@ $t2->{redis_port} = $t->{redis_port};
 $t2->{upstream_port} = $t->{upstream_port};
 $t2->start_nginx($conf, workers => 1);
 
-sub script { my $f = "$FindBin::Bin/../redis-scripts/$_[0].lua"; open my $fh, '<', $f or die "$f: $!"; local $/; <$fh> }
 sub produced_all { $t->upstream_responses(key => $_[0]) }
 
 my $k = $t->key('fence');
@@ -64,7 +63,7 @@ for my $c (
     [ renew    => [ 1, $rname, $wrong, 600000 ] ],
 ) {
     my ($name, $args) = @$c;
-    is($t->redis('EVAL', script($name), @$args), 0, "$name.lua with a wrong owner token -> 0");
+    is($t->redis('EVAL', $t->script_text($name), @$args), 0, "$name.lua with a wrong owner token -> 0");
 }
 my $after = $t->record($k) // {};
 is_deeply([ @$after{qw(state owner lease)} ], [ @$rec{qw(state owner lease)} ],

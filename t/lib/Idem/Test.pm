@@ -112,6 +112,15 @@ sub new {
 sub prefix { $_[0]{prefix} }
 sub module { $_[0]{module} }
 
+# The text of a module script as Redis runs it (the shared prelude, its
+# arguments as locals, the script): the build writes it next to the module,
+# in objs/redis-scripts/NAME.lua.
+sub script_text {
+    my ($self, $name) = @_;
+    my $f = dirname($self->{module}) . "/objs/redis-scripts/$name.lua";
+    return _slurp($f) || die "script_text: $f is missing or empty (run make)\n";
+}
+
 # A fresh idempotency key, unique across test files and runs.
 sub key {
     my ($self, $tag) = @_;
@@ -350,6 +359,40 @@ sub redis_keys {
     } while ($cursor ne '0');
     my @k = sort keys %k;
     return @k;
+}
+
+# start_silent_server(): a TCP server on a free port that accepts every
+# connection and reads from it, but never answers a byte (a Redis that hangs
+# after accept). Returns its port; stopped with the other processes.
+sub start_silent_server {
+    my ($self) = @_;
+    my $s = IO::Socket::INET->new(
+        LocalAddr => '127.0.0.1', LocalPort => 0, Proto => 'tcp', Listen => 64,
+        ReuseAddr => 1,
+    ) or die "silent server: $!";
+    my $port = $s->sockport;
+    my $pid = fork;
+    die "fork: $!" unless defined $pid;
+    if ($pid == 0) {
+        my $sel = IO::Select->new($s);
+        my @keep;
+        while (1) {
+            for my $fh ($sel->can_read(1)) {
+                if ($fh == $s) {
+                    my $c = $s->accept or next;
+                    push @keep, $c;
+                    $sel->add($c);
+                } elsif (!sysread($fh, my $buf, 65536)) {
+                    $sel->remove($fh);
+                    @keep = grep { $_ != $fh } @keep;
+                    close $fh;
+                }
+            }
+        }
+    }
+    close $s;
+    push @{ $self->{silent_pids} }, $pid;
+    return $port;
 }
 
 # ---------------------------------------------------------------- upstream
@@ -1164,6 +1207,7 @@ sub cleanup {
     $self->stop_nginx(5) if $self->{nginx_pid};
     $self->stop_upstream;
     $self->stop_redis;
+    _stop_pid($_, 'TERM', 2) for @{ delete $self->{silent_pids} // [] };
 }
 
 sub DESTROY { $_[0]->cleanup }

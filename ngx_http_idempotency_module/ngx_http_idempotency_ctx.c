@@ -1,0 +1,78 @@
+/*
+ * The request context: made when a handled request is first seen, found
+ * again after an internal redirect (which wipes r->ctx), and cleaned up
+ * with the request's pool, which is where an unfinished claim is closed.
+ */
+
+#include "ngx_http_idempotency.h"
+
+
+static void
+ngx_http_idem_cleanup(void *data)
+{
+    ngx_http_idem_ctx_t  *ctx = data;
+
+    if (ctx->cmd) {
+        /* the reply finds no request: a claim it made is given back */
+        ctx->cmd->data = NULL;
+        ctx->cmd = NULL;
+    }
+
+    ngx_http_idem_wait_stop(ctx);
+    ngx_http_idem_abandon(ctx->request, ctx);
+}
+
+
+/*
+ * Internal redirects (error_page, named locations) wipe r->ctx; the pool
+ * cleanup still holds the context, so it is found again there.
+ */
+ngx_http_idem_ctx_t *
+ngx_http_idem_get_ctx(ngx_http_request_t *r)
+{
+    ngx_pool_cleanup_t   *cln;
+    ngx_http_idem_ctx_t  *ctx;
+
+    ctx = ngx_http_get_module_ctx(r, ngx_http_idempotency_module);
+    if (ctx) {
+        return ctx;
+    }
+
+    for (cln = r->pool->cleanup; cln; cln = cln->next) {
+        if (cln->handler == ngx_http_idem_cleanup) {
+            ctx = cln->data;
+            ngx_http_set_ctx(r, ctx, ngx_http_idempotency_module);
+            return ctx;
+        }
+    }
+
+    return NULL;
+}
+
+
+ngx_http_idem_ctx_t *
+ngx_http_idem_create_ctx(ngx_http_request_t *r)
+{
+    ngx_pool_cleanup_t   *cln;
+    ngx_http_idem_ctx_t  *ctx;
+
+    ctx = ngx_pcalloc(r->pool, sizeof(ngx_http_idem_ctx_t));
+    if (ctx == NULL) {
+        return NULL;
+    }
+
+    cln = ngx_pool_cleanup_add(r->pool, 0);
+    if (cln == NULL) {
+        return NULL;
+    }
+
+    cln->handler = ngx_http_idem_cleanup;
+    cln->data = ctx;
+
+    ctx->request = r;
+    ctx->route = r->uri;
+
+    ngx_http_set_ctx(r, ctx, ngx_http_idempotency_module);
+
+    return ctx;
+}

@@ -1,0 +1,178 @@
+/*
+ * The Redis transport: per-worker asynchronous connections (hiredis inside
+ * nginx's event loop), commands with timeouts, the queue of commands that
+ * must reach Redis even across a lost connection, and the subscriber that
+ * wakes waiters when a record they wait for changes.
+ *
+ * It knows Redis, the scripts it loads and record keys; it knows nothing of
+ * HTTP requests.  Whoever sends a command gets its reply through the
+ * command's handler; whoever waits registers an ngx_http_idem_waiter_t.
+ */
+
+#ifndef NGX_HTTP_IDEMPOTENCY_REDIS_H
+#define NGX_HTTP_IDEMPOTENCY_REDIS_H
+
+#include <ngx_config.h>
+#include <ngx_core.h>
+
+#include <hiredis/hiredis.h>
+#include <hiredis/async.h>
+
+#include "idem_record.h"
+#include "ngx_http_idempotency_script.h"
+
+
+typedef enum {
+    NGX_HTTP_IDEM_REDIS_DOWN = 0,
+    NGX_HTTP_IDEM_REDIS_CONNECTING,   /* TCP, AUTH, SELECT, SCRIPT LOAD */
+    NGX_HTTP_IDEM_REDIS_READY
+} ngx_http_idem_redis_state_e;
+
+
+typedef struct ngx_http_idem_redis_s  ngx_http_idem_redis_t;
+typedef struct ngx_http_idem_cmd_s    ngx_http_idem_cmd_t;
+typedef struct ngx_http_idem_waiter_s ngx_http_idem_waiter_t;
+
+
+/*
+ * One connection of a worker to a server: the pipelined command link, or
+ * the subscriber link that hears about records others wait for.
+ */
+typedef struct {
+    ngx_http_idem_redis_t       *redis;
+    redisAsyncContext           *ac;
+    ngx_connection_t            *conn;
+    ngx_http_idem_redis_state_e  state;
+    ngx_uint_t                   handshake;     /* set-up replies due */
+    ngx_msec_t                   backoff;
+    ngx_event_t                  reconnect;
+    ngx_event_t                  connect_timer;
+    ngx_event_t                  recycle;
+    redisAsyncContext           *recycle_ac;
+    unsigned                     subscriber:1;
+    unsigned                     subscribed:1;
+} ngx_http_idem_link_t;
+
+
+/*
+ * One configured Redis server.  The configuration part is set when the
+ * directive is parsed; the links and queues are each worker's own.
+ */
+struct ngx_http_idem_redis_s {
+    ngx_str_t                    name;          /* as written, for logs */
+    ngx_str_t                    host;          /* numeric address or path */
+    int                          port;          /* 0 for a unix socket */
+    ngx_str_t                    user;
+    ngx_str_t                    password;
+    ngx_int_t                    db;
+    ngx_msec_t                   connect_timeout;
+    ngx_msec_t                   timeout;
+    ngx_uint_t                   subscribe;     /* some location waits */
+
+    ngx_http_idem_script_t      *scripts;
+
+    ngx_log_t                   *log;
+    ngx_http_idem_link_t         cmd;
+    ngx_http_idem_link_t         sub;
+    ngx_queue_t                  waiters;       /* ngx_http_idem_waiter_t */
+    ngx_queue_t                  resend;        /* ngx_http_idem_cmd_t */
+    ngx_http_idem_cmd_t         *timing_out;
+    ngx_uint_t                   resend_n;
+    size_t                       resend_size;
+    unsigned                     exiting:1;
+};
+
+
+/*
+ * Durable commands (the scripts that close or give back a claim) are
+ * fenced by an owner token, so one that could not be sent, or whose answer
+ * never came, is sent again once Redis is back instead of leaving its
+ * record to turn unknown; bounded in count and bytes per worker and server.
+ */
+#define NGX_HTTP_IDEM_RESEND_MAX       1024
+#define NGX_HTTP_IDEM_RESEND_BYTES     (64 * 1024 * 1024)
+
+
+/*
+ * reply is NULL when no answer came: the connection went or the command
+ * timed out.  The command was written then, so it may have run.
+ */
+typedef void (*ngx_http_idem_reply_pt)(ngx_http_idem_cmd_t *cmd,
+    redisReply *reply);
+
+/*
+ * A command outlives the request that sent it (a reply may come after the
+ * client has gone), so it is allocated outside any pool; whoever set
+ * "data" clears it when that goes away, and the transport frees the
+ * command after its handler ran.
+ */
+struct ngx_http_idem_cmd_s {
+    ngx_http_idem_redis_t       *redis;
+    ngx_http_idem_script_e       script;
+    ngx_http_idem_reply_pt       handler;
+    void                        *data;
+    ngx_event_t                  timer;
+    ngx_queue_t                  queue;     /* in redis->resend */
+    size_t                       size;
+    ngx_uint_t                   argc;
+    const char                 **argv;
+    size_t                      *argvlen;
+    u_char                      *pos;       /* next free byte for args */
+    unsigned                     durable:1; /* sent again after a loss */
+    unsigned                     eval:1;    /* resent as EVAL (NOSCRIPT) */
+    unsigned                     told:1;    /* the handler has run */
+};
+
+
+/* a record's waiter: woken when the record may have changed */
+typedef void (*ngx_http_idem_wake_pt)(ngx_http_idem_waiter_t *w);
+
+struct ngx_http_idem_waiter_s {
+    ngx_queue_t                  queue;
+    const u_char                *key;       /* IDEM_RECORD_KEY_LEN bytes */
+    ngx_http_idem_wake_pt        wake;
+    void                        *data;
+    unsigned                     linked:1;
+};
+
+
+ngx_int_t ngx_http_idem_redis_init_process(ngx_cycle_t *cycle,
+    ngx_array_t *servers, ngx_http_idem_script_t *scripts);
+void ngx_http_idem_redis_exit_process(ngx_array_t *servers);
+
+/*
+ * A script command: EVALSHA <sha1> 1 <key> followed by the script's
+ * arguments, set by name with ngx_http_idem_cmd_set() into "size" bytes.
+ */
+ngx_http_idem_cmd_t *ngx_http_idem_cmd_create(ngx_http_idem_redis_t *rd,
+    ngx_http_idem_script_e script, const u_char *key, size_t size,
+    ngx_log_t *log);
+void ngx_http_idem_cmd_set(ngx_http_idem_cmd_t *cmd, ngx_uint_t arg,
+    const void *data, size_t len);
+u_char *ngx_http_idem_cmd_reserve(ngx_http_idem_cmd_t *cmd, ngx_uint_t arg,
+    size_t len);
+void ngx_http_idem_cmd_set_num(ngx_http_idem_cmd_t *cmd, ngx_uint_t arg,
+    int64_t n);
+ngx_str_t ngx_http_idem_cmd_get(ngx_http_idem_cmd_t *cmd, ngx_uint_t arg);
+ngx_str_t ngx_http_idem_cmd_key(ngx_http_idem_cmd_t *cmd);
+
+/*
+ * NGX_OK: the handler will be called once (or, with handler NULL, the
+ * command is just sent).  NGX_ERROR: nothing was sent and the command is
+ * freed; a durable command is then kept for later instead when it can be.
+ */
+ngx_int_t ngx_http_idem_cmd_send(ngx_http_idem_cmd_t *cmd,
+    ngx_http_idem_reply_pt handler, void *data);
+
+/* NGX_DECLINED when nobody would hear about the record: no subscription */
+ngx_int_t ngx_http_idem_waiter_add(ngx_http_idem_redis_t *rd,
+    ngx_http_idem_waiter_t *w);
+void ngx_http_idem_waiter_remove(ngx_http_idem_waiter_t *w);
+
+/* reply helpers */
+ngx_int_t ngx_http_idem_reply_str(redisReply *e, ngx_str_t *s);
+ngx_uint_t ngx_http_idem_reply_corrupt(redisReply *reply);
+size_t ngx_http_idem_reply_elements(redisReply *reply, idem_rv_t *el,
+    size_t max);
+
+#endif /* NGX_HTTP_IDEMPOTENCY_REDIS_H */
