@@ -7,7 +7,7 @@
  *          JCS canonical form, streamed into SHA-256 (what a request costs)
  *   parse  cJSON_Parse() + cJSON_Delete() of the same bytes (the yardstick)
  *
- * and, for the breakdown, jcsparse (idem_jcs_parse + cJSON_Delete: the
+ * and, for the breakdown, jcsparse (jcs_tree_parse + cJSON_Delete: the
  * strict parser alone), canon (idem_jcs_canonicalize into a sink that
  * discards: parse + sort + write, no hashing) and sha (SHA-256 of the raw
  * bytes).
@@ -44,6 +44,7 @@
 
 #include "idem_fingerprint.h"
 #include "idem_jcs.h"
+#include "jcs_tree.h"
 
 
 typedef enum {
@@ -198,7 +199,7 @@ run_op(op_e op, const char *doc, size_t len)
         return 0;
 
     case OP_JCSPARSE:
-        if (idem_jcs_parse(doc, len, &tree) != IDEM_JCS_OK) {
+        if (jcs_tree_parse(doc, len, &tree) != IDEM_JCS_OK) {
             return -1;
         }
 

@@ -28,6 +28,7 @@
 #include <cjson/cJSON.h>
 
 #include "idem_fingerprint.h"
+#include "jcs_tree.h"
 
 #include "fuzz_common.h"
 
@@ -260,7 +261,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     /* 4. its members */
     tree = NULL;
-    FUZZ_CHECK(idem_jcs_parse(pre.data, pre.len, &tree) == IDEM_JCS_OK
+    FUZZ_CHECK(jcs_tree_parse(pre.data, pre.len, &tree) == IDEM_JCS_OK
                && cJSON_IsObject(tree), "preimage does not parse as an object");
 
     want_members = 7;
@@ -297,7 +298,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     m = cJSON_GetObjectItemCaseSensitive(tree, "body");
     FUZZ_CHECK(m != NULL, "no body member");
     fuzz_buf_init(&member, &smember);
-    FUZZ_CHECK(idem_jcs_write_value(m, &smember) == IDEM_JCS_OK, "body rewrite");
+    FUZZ_CHECK(jcs_tree_write(m, &smember) == IDEM_JCS_OK, "body rewrite");
 
     if (res.body_form == IDEM_BODY_JSON) {
         FUZZ_CHECK(fuzz_same(&member, &bodycanon),

@@ -1,11 +1,11 @@
 /*
  * libFuzzer target: the RFC 8785 canonicalizer (idem_jcs_canonicalize,
- * idem_jcs_canonicalize_in_place, idem_jcs_parse, idem_jcs_write_value)
+ * idem_jcs_canonicalize_in_place, jcs_tree_parse, jcs_tree_write)
  * and the number formatter.
  *
  * Properties, for every input:
  *  - the answer is deterministic: the same input gives the same rc and
- *    the same bytes every time, and idem_jcs_parse agrees with
+ *    the same bytes every time, and jcs_tree_parse agrees with
  *    idem_jcs_canonicalize about whether (and why) it is rejected;
  *  - rc is one of the documented codes, never ENOMEM/ESINK with a healthy
  *    sink;
@@ -25,6 +25,8 @@
 #include <math.h>
 
 #include <cjson/cJSON.h>
+
+#include "jcs_tree.h"
 
 #include "fuzz_common.h"
 
@@ -189,9 +191,9 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                idem_jcs_strerror(rc1), fuzz_show(in, size));
 
     tree = NULL;
-    rcp = idem_jcs_parse(in, size, &tree);
+    rcp = jcs_tree_parse(in, size, &tree);
     FUZZ_CHECK(rcp == rc1,
-               "idem_jcs_parse says %s, canonicalize %s for \"%s\"",
+               "jcs_tree_parse says %s, canonicalize %s for \"%s\"",
                idem_jcs_strerror(rcp), idem_jcs_strerror(rc1),
                fuzz_show(in, size));
 
@@ -210,7 +212,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                fuzz_depth(tree));
 
     /* writing the parsed tree gives the same bytes */
-    rc3 = idem_jcs_write_value(tree, &s4);
+    rc3 = jcs_tree_write(tree, &s4);
     FUZZ_CHECK(rc3 == IDEM_JCS_OK && fuzz_same(&o1, &o4),
                "write_value(parse(x)) differs from canonicalize(x) (rc %d)",
                rc3);
@@ -224,7 +226,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     /* the canonical form denotes the same value */
     tree2 = NULL;
-    rcp = idem_jcs_parse(o1.data, o1.len, &tree2);
+    rcp = jcs_tree_parse(o1.data, o1.len, &tree2);
     FUZZ_CHECK(rcp == IDEM_JCS_OK && tree2 != NULL, "canonical form does not parse");
     FUZZ_CHECK(fuzz_equal(tree, tree2),
                "canonical form \"%s\" is not the input's value",

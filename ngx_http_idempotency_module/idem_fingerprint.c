@@ -32,23 +32,6 @@ typedef struct {
 } fp_header_t;
 
 
-static const char  fp_hex_digits[] = "0123456789abcdef";
-
-
-void
-idem_hex(const unsigned char *in, size_t n, char *out)
-{
-    size_t  i;
-
-    for (i = 0; i < n; i++) {
-        out[2 * i] = fp_hex_digits[in[i] >> 4];
-        out[2 * i + 1] = fp_hex_digits[in[i] & 0x0f];
-    }
-
-    out[2 * n] = '\0';
-}
-
-
 const char *
 idem_body_form_name(idem_body_form_t form)
 {
@@ -355,8 +338,8 @@ fp_header_cmp(const void *a, const void *b)
     ha = a;
     hb = b;
 
-    return idem_jcs_utf16_cmp(ha->name->data, ha->name->len,
-                              hb->name->data, hb->name->len);
+    return idem_utf16_cmp(ha->name->data, ha->name->len,
+                          hb->name->data, hb->name->len, 0);
 }
 
 

@@ -84,8 +84,6 @@ int idem_media_type_is_json(const char *ct, size_t len);
 
 const char *idem_body_form_name(idem_body_form_t form);
 
-void idem_hex(const unsigned char *in, size_t n, char *out);
-
 /*
  * SHA-256, fetched once per process: with OpenSSL 3 every init through
  * EVP_sha256() looks the implementation up again.  The return value is an

@@ -12,6 +12,7 @@
 #include <cjson/cJSON.h>
 
 #include "idem_jcs.h"
+#include "jcs_tree.h"
 #include "tap.h"
 #include "mem_sink.h"
 
@@ -210,7 +211,7 @@ test_number_file(const char *dir, const char *file)
         }
 
         /* our parser must read the expected text back to the same bits */
-        rc = idem_jcs_parse(comma, strlen(comma), &tree);
+        rc = jcs_tree_parse(comma, strlen(comma), &tree);
 
         if (rc == IDEM_JCS_OK) {
             memcpy(&back_bits, &tree->valuedouble, sizeof(back_bits));
@@ -492,7 +493,7 @@ test_depth(void)
     s = malloc(100000);
     memset(s, '[', 100000);
     t0 = clock();
-    rc = idem_jcs_parse(s, 100000, NULL);
+    rc = jcs_tree_parse(s, 100000, NULL);
     secs = (double) (clock() - t0) / CLOCKS_PER_SEC;
     ok(rc == IDEM_JCS_EDEPTH && secs < 0.5,
        "100000-deep nesting rejected with EDEPTH in %.3fs", secs);
@@ -563,16 +564,16 @@ test_tree_api(void)
     sink.write = mem_write;
     sink.data = &m;
 
-    rc = idem_jcs_parse("{\"b\":1,\"a\":[2]}", 15, &tree);
+    rc = jcs_tree_parse("{\"b\":1,\"a\":[2]}", 15, &tree);
     ok(rc == IDEM_JCS_OK && tree != NULL
        && strcmp(tree->child->string, "a") == 0
        && strcmp(tree->child->next->string, "b") == 0
        && tree->child->prev == tree->child->next,
-       "idem_jcs_parse returns members in canonical order");
+       "jcs_tree_parse returns members in canonical order");
 
-    rc = idem_jcs_write_value(tree, &sink);
+    rc = jcs_tree_write(tree, &sink);
     is_str(rc == IDEM_JCS_OK ? m.data : NULL, "{\"a\":[2],\"b\":1}",
-           "idem_jcs_write_value of the parsed tree");
+           "jcs_tree_write of the parsed tree");
     cJSON_Delete(tree);
 
     /* a tree built by hand: unsorted, then bad contents */
@@ -582,25 +583,25 @@ test_tree_api(void)
     cJSON_AddNullToObject(obj, "x");
 
     m.len = 0;
-    rc = idem_jcs_write_value(obj, &sink);
+    rc = jcs_tree_write(obj, &sink);
     is_str(rc == IDEM_JCS_OK ? m.data : NULL,
            "{\"x\":null,\"y\":\"\xe2\x82\xac\",\"z\":0.1}",
            "foreign unsorted tree is written sorted");
 
     cJSON_AddTrueToObject(obj, "x");
     m.len = 0;
-    is_int(idem_jcs_write_value(obj, &sink), IDEM_JCS_EDUP,
+    is_int(jcs_tree_write(obj, &sink), IDEM_JCS_EDUP,
            "foreign tree with duplicate names -> EDUP");
     cJSON_Delete(obj);
 
     zero = 0.0;
     obj = cJSON_CreateNumber(1 / zero);
-    is_int(idem_jcs_write_value(obj, &sink), IDEM_JCS_ENUMBER,
+    is_int(jcs_tree_write(obj, &sink), IDEM_JCS_ENUMBER,
            "infinite number -> ENUMBER");
     cJSON_Delete(obj);
 
     obj = cJSON_CreateString("\xc3(");
-    is_int(idem_jcs_write_value(obj, &sink), IDEM_JCS_EUTF8,
+    is_int(jcs_tree_write(obj, &sink), IDEM_JCS_EUTF8,
            "invalid UTF-8 string -> EUTF8");
     cJSON_Delete(obj);
 
@@ -610,7 +611,7 @@ test_tree_api(void)
         cJSON_AddItemToArray(tree, cJSON_CreateArray());
         tree = tree->child;
     }
-    is_int(idem_jcs_write_value(obj, &sink), IDEM_JCS_EDEPTH,
+    is_int(jcs_tree_write(obj, &sink), IDEM_JCS_EDEPTH,
            "foreign tree deeper than 128 -> EDEPTH");
     cJSON_Delete(obj);
 
@@ -640,7 +641,7 @@ test_tree_api(void)
 
 /*
  * The direct writer (idem_jcs_canonicalize) against the tree path
- * (idem_jcs_parse + idem_jcs_write_value) on generated input: the same
+ * (jcs_tree_parse + jcs_tree_write) on generated input: the same
  * rc and the same bytes.  The generator leans on what the direct writer
  * does differently: numbers copied without strtod(), names compared as
  * canonical literals, objects reordered in place, the root written out
@@ -792,9 +793,9 @@ same_as_tree(const char *in, size_t len, idem_jcs_rc_t *rc_out)
     sb.data = &b;
 
     rc = idem_jcs_canonicalize(in, len, &sa);
-    rct = idem_jcs_parse(in, len, &tree);
+    rct = jcs_tree_parse(in, len, &tree);
     if (rct == IDEM_JCS_OK) {
-        rct = idem_jcs_write_value(tree, &sb);
+        rct = jcs_tree_write(tree, &sb);
         cJSON_Delete(tree);
     }
 
