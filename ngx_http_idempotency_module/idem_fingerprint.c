@@ -1,6 +1,6 @@
 /*
- * The request fingerprint, version 1 (DESIGN.md section 3,
- * docs/fingerprint.md).  The preimage is the JCS form of
+ * The request fingerprint, version 1, as docs/fingerprint.md defines it
+ * for clients and auditors.  The preimage is the JCS form of
  *
  *   {"body":B,"headers":{...},"method":M,"query":Q,"route":R,"scope":S,"v":1}
  *

@@ -1,5 +1,7 @@
 /*
- * The request fingerprint of DESIGN.md section 3, version 1:
+ * The request fingerprint, version 1, defined in docs/fingerprint.md: a
+ * retry under the same Idempotency-Key must have the fingerprint of the
+ * first attempt.  It is
  *
  *   lowercase hex SHA-256 of the JCS form of
  *   {"v":1,"method":M,"route":R,"query":Q,"scope":S,"headers":{...},"body":B}

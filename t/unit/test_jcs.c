@@ -1,6 +1,7 @@
 /*
  * RFC 8785 canonicalization: the upstream vectors (argv[1] is t/data/jcs),
- * every line of the number files, and the rejections of DESIGN.md 3.
+ * every line of the number files, and the rejections the fingerprint
+ * relies on (docs/fingerprint.md section 3).
  */
 
 #include <stdint.h>
