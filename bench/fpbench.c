@@ -45,6 +45,7 @@
 #include "idem_fingerprint.h"
 #include "idem_jcs.h"
 #include "jcs_tree.h"
+#include "mem_sink.h"
 
 
 typedef enum {
@@ -142,14 +143,6 @@ json_doc(size_t size)
 
 /* the ops */
 
-static int
-null_write(idem_sink_t *sink, const char *p, size_t n)
-{
-    *(size_t *) sink->data += n;
-    return 0;
-}
-
-
 static volatile size_t  sink_hole;
 
 
@@ -158,7 +151,7 @@ run_op(op_e op, const char *doc, size_t len)
 {
     cJSON             *tree;
     idem_sink_t        sink;
-    size_t             out;
+    mem_t              out;
     unsigned char      md[EVP_MAX_MD_SIZE];
     unsigned int       mdlen;
     idem_fp_input_t    in;
@@ -207,15 +200,14 @@ run_op(op_e op, const char *doc, size_t len)
         return 0;
 
     case OP_CANON:
-        out = 0;
-        sink.write = null_write;
-        sink.data = &out;
+        mem_sink(&out, &sink);
+        out.discard = 1;
 
         if (idem_jcs_canonicalize(doc, len, &sink) != IDEM_JCS_OK) {
             return -1;
         }
 
-        sink_hole += out;
+        sink_hole += out.len;
         return 0;
 
     case OP_SHA:

@@ -122,7 +122,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     unsigned char      md[32];
     unsigned int       mdlen;
     fuzz_reader_t      r;
-    fuzz_buf_t         pre, canon, bodycanon, member;
+    mem_t              pre, canon, bodycanon, member;
     idem_sink_t        spre, scanon, sbody, smember;
     idem_jcs_rc_t      rc, brc;
     cJSON             *tree, *m;
@@ -206,7 +206,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     /* 1. both calls succeed; fingerprint = sha256(preimage) */
     FUZZ_CHECK(idem_fingerprint(&in, &res) == 0, "idem_fingerprint failed");
 
-    fuzz_buf_init(&pre, &spre);
+    mem_sink(&pre, &spre);
     FUZZ_CHECK(idem_fingerprint_preimage(&in, &spre, &res2) == 0,
                "idem_fingerprint_preimage failed");
     FUZZ_CHECK(res.body_form == res2.body_form && res.json_rc == res2.json_rc,
@@ -221,7 +221,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                "preimage shape: \"%s\"", fuzz_show(pre.data, pre.len));
 
     /* 2. body form */
-    fuzz_buf_init(&bodycanon, &sbody);
+    mem_sink(&bodycanon, &sbody);
     brc = idem_jcs_canonicalize(body, in.body_len, &sbody);
 
     if (!in.body_json) {
@@ -245,7 +245,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         nul = nul || str_nul(&values[i]);
     }
 
-    fuzz_buf_init(&canon, &scanon);
+    mem_sink(&canon, &scanon);
     rc = idem_jcs_canonicalize(pre.data, pre.len, &scanon);
 
     if (nul) {
@@ -256,7 +256,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     FUZZ_CHECK(rc == IDEM_JCS_OK, "preimage is not canonicalizable (%s): \"%s\"",
                idem_jcs_strerror(rc), fuzz_show(pre.data, pre.len));
-    FUZZ_CHECK(fuzz_same(&pre, &canon), "preimage is not canonical: \"%s\"",
+    FUZZ_CHECK(mem_same(&pre, &canon), "preimage is not canonical: \"%s\"",
                fuzz_show(pre.data, pre.len));
 
     /* 4. its members */
@@ -297,11 +297,11 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     m = cJSON_GetObjectItemCaseSensitive(tree, "body");
     FUZZ_CHECK(m != NULL, "no body member");
-    fuzz_buf_init(&member, &smember);
+    mem_sink(&member, &smember);
     FUZZ_CHECK(jcs_tree_write(m, &smember) == IDEM_JCS_OK, "body rewrite");
 
     if (res.body_form == IDEM_BODY_JSON) {
-        FUZZ_CHECK(fuzz_same(&member, &bodycanon),
+        FUZZ_CHECK(mem_same(&member, &bodycanon),
                    "body member is not the canonical body");
     } else {
         char  want[80];
@@ -312,7 +312,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                    "raw body member is not %s", want);
     }
 
-    fuzz_buf_free(&member);
+    mem_free(&member);
     cJSON_Delete(tree);
 
 more:
@@ -362,9 +362,9 @@ more:
                "another scope gives the same fingerprint");
     free(scope2);
 
-    fuzz_buf_free(&pre);
-    fuzz_buf_free(&canon);
-    fuzz_buf_free(&bodycanon);
+    mem_free(&pre);
+    mem_free(&canon);
+    mem_free(&bodycanon);
     free(body);
 
     return 0;

@@ -115,7 +115,7 @@ fuzz_number(const uint8_t *data, size_t size)
     char            buf[IDEM_JCS_NUMBER_MAX], *end;
     double          d, back;
     size_t          n;
-    fuzz_buf_t      out;
+    mem_t           out;
     idem_sink_t     sink;
     idem_jcs_rc_t   rc;
 
@@ -143,13 +143,13 @@ fuzz_number(const uint8_t *data, size_t size)
         FUZZ_CHECK(strcmp(buf, "0") == 0, "zero written as \"%s\"", buf);
     }
 
-    fuzz_buf_init(&out, &sink);
+    mem_sink(&out, &sink);
     rc = idem_jcs_canonicalize(buf, n, &sink);
     FUZZ_CHECK(rc == IDEM_JCS_OK, "formatted number \"%s\" rejected: %s", buf,
                idem_jcs_strerror(rc));
     FUZZ_CHECK(out.len == n && memcmp(out.data, buf, n) == 0,
                "\"%s\" is not its own canonical form", buf);
-    fuzz_buf_free(&out);
+    mem_free(&out);
 }
 
 
@@ -158,7 +158,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     char           *in, *copy;
     cJSON          *tree, *tree2;
-    fuzz_buf_t      o1, o2, o3, o4, o5;
+    mem_t           o1, o2, o3, o4, o5;
     idem_sink_t     s1, s2, s3, s4, s5;
     idem_jcs_rc_t   rc1, rc2, rc3, rcp;
 
@@ -166,11 +166,11 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     in = fuzz_dup(data, size);
 
-    fuzz_buf_init(&o1, &s1);
-    fuzz_buf_init(&o2, &s2);
-    fuzz_buf_init(&o3, &s3);
-    fuzz_buf_init(&o4, &s4);
-    fuzz_buf_init(&o5, &s5);
+    mem_sink(&o1, &s1);
+    mem_sink(&o2, &s2);
+    mem_sink(&o3, &s3);
+    mem_sink(&o4, &s4);
+    mem_sink(&o5, &s5);
 
     rc1 = idem_jcs_canonicalize(in, size, &s1);
     rc2 = idem_jcs_canonicalize(in, size, &s2);
@@ -184,7 +184,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     free(copy);
     FUZZ_CHECK(rc1 == rc3, "rc %d, in place %d for \"%s\"", rc1, rc3,
                fuzz_show(in, size));
-    FUZZ_CHECK(rc1 != IDEM_JCS_OK || fuzz_same(&o1, &o5),
+    FUZZ_CHECK(rc1 != IDEM_JCS_OK || mem_same(&o1, &o5),
                "in place differs for \"%s\"", fuzz_show(in, size));
     FUZZ_CHECK(rc1 >= IDEM_JCS_OK && rc1 <= IDEM_JCS_EDEPTH,
                "unexpected rc %d (%s) for \"%s\"", rc1,
@@ -202,7 +202,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         goto done;
     }
 
-    FUZZ_CHECK(fuzz_same(&o1, &o2), "two canonical forms of \"%s\"",
+    FUZZ_CHECK(mem_same(&o1, &o2), "two canonical forms of \"%s\"",
                fuzz_show(in, size));
     FUZZ_CHECK(tree != NULL, "parse OK without a tree");
     FUZZ_CHECK(o1.len > 0, "empty canonical form");
@@ -213,7 +213,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     /* writing the parsed tree gives the same bytes */
     rc3 = jcs_tree_write(tree, &s4);
-    FUZZ_CHECK(rc3 == IDEM_JCS_OK && fuzz_same(&o1, &o4),
+    FUZZ_CHECK(rc3 == IDEM_JCS_OK && mem_same(&o1, &o4),
                "write_value(parse(x)) differs from canonicalize(x) (rc %d)",
                rc3);
 
@@ -221,7 +221,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     rc3 = idem_jcs_canonicalize(o1.data, o1.len, &s3);
     FUZZ_CHECK(rc3 == IDEM_JCS_OK, "canonical form rejected (%s): \"%s\"",
                idem_jcs_strerror(rc3), fuzz_show(o1.data, o1.len));
-    FUZZ_CHECK(fuzz_same(&o1, &o3), "canonical form is not a fixed point: \"%s\"",
+    FUZZ_CHECK(mem_same(&o1, &o3), "canonical form is not a fixed point: \"%s\"",
                fuzz_show(o1.data, o1.len));
 
     /* the canonical form denotes the same value */
@@ -236,11 +236,11 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 done:
 
     cJSON_Delete(tree);
-    fuzz_buf_free(&o1);
-    fuzz_buf_free(&o2);
-    fuzz_buf_free(&o3);
-    fuzz_buf_free(&o4);
-    fuzz_buf_free(&o5);
+    mem_free(&o1);
+    mem_free(&o2);
+    mem_free(&o3);
+    mem_free(&o4);
+    mem_free(&o5);
     free(in);
 
     return 0;

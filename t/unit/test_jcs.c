@@ -27,9 +27,7 @@ canon_n(const char *in, size_t len, idem_jcs_rc_t *rc, size_t *out_len)
     mem_t        m;
     idem_sink_t  sink;
 
-    memset(&m, 0, sizeof(mem_t));
-    sink.write = mem_write;
-    sink.data = &m;
+    mem_sink(&m, &sink);
 
     *rc = idem_jcs_canonicalize(in, len, &sink);
 
@@ -561,9 +559,7 @@ test_tree_api(void)
     double          zero;
     int             i;
 
-    memset(&m, 0, sizeof(mem_t));
-    sink.write = mem_write;
-    sink.data = &m;
+    mem_sink(&m, &sink);
 
     rc = jcs_tree_parse("{\"b\":1,\"a\":[2]}", 15, &tree);
     ok(rc == IDEM_JCS_OK && tree != NULL
@@ -669,7 +665,7 @@ gen_add(mem_t *m, const char *s)
     idem_sink_t  sink;
 
     sink.write = mem_write;
-    sink.data = m;
+    sink.data = m;              /* appends: m is not reset */
     (void) mem_write(&sink, s, strlen(s));
 }
 
@@ -786,12 +782,8 @@ same_as_tree(const char *in, size_t len, idem_jcs_rc_t *rc_out)
     char           *copy;
     int             same;
 
-    memset(&a, 0, sizeof(mem_t));
-    memset(&b, 0, sizeof(mem_t));
-    sa.write = mem_write;
-    sa.data = &a;
-    sb.write = mem_write;
-    sb.data = &b;
+    mem_sink(&a, &sa);
+    mem_sink(&b, &sb);
 
     rc = idem_jcs_canonicalize(in, len, &sa);
     rct = jcs_tree_parse(in, len, &tree);
@@ -800,25 +792,16 @@ same_as_tree(const char *in, size_t len, idem_jcs_rc_t *rc_out)
         cJSON_Delete(tree);
     }
 
-    same = (rc == rct)
-           && (rc != IDEM_JCS_OK
-               || (a.len == b.len && memcmp(a.data, b.data, a.len) == 0));
+    same = (rc == rct) && (rc != IDEM_JCS_OK || mem_same(&a, &b));
 
     /* and in place, over a copy of the input */
     copy = malloc(len + 1);
     memcpy(copy, in, len);
-    c.len = 0;
-    c.data = NULL;
-    c.size = 0;
-    c.fail_after = 0;
-    sc.write = mem_write;
-    sc.data = &c;
+    mem_sink(&c, &sc);
     rci = idem_jcs_canonicalize_in_place(copy, len, &sc);
-    same = same && rci == rc
-           && (rc != IDEM_JCS_OK
-               || (c.len == a.len && memcmp(c.data, a.data, a.len) == 0));
+    same = same && rci == rc && (rc != IDEM_JCS_OK || mem_same(&c, &a));
     free(copy);
-    free(c.data);
+    mem_free(&c);
 
     if (!same) {
         diag("input:  %.*s", (int) len, in);
@@ -827,8 +810,8 @@ same_as_tree(const char *in, size_t len, idem_jcs_rc_t *rc_out)
     }
 
     *rc_out = rc;
-    free(a.data);
-    free(b.data);
+    mem_free(&a);
+    mem_free(&b);
 
     return same;
 }
@@ -845,6 +828,7 @@ test_direct_vs_tree(void)
     };
     idem_jcs_rc_t   rc;
     mem_t           m;
+    idem_sink_t     sink;
     unsigned        i, bad, okc, dup, num;
 
     /* numbers whose canonical text is longer: in place moves out */
@@ -857,18 +841,18 @@ test_direct_vs_tree(void)
     bad = okc = num = 0;
 
     for (i = 0; i < 50000; i++) {
-        memset(&m, 0, sizeof(mem_t));
+        mem_sink(&m, &sink);
         gen_add(&m, "[");
         gen_number(&m);
         gen_add(&m, "]");
 
         if (!same_as_tree(m.data, m.len, &rc) && bad++ > 5) {
-            free(m.data);
+            mem_free(&m);
             break;
         }
 
         num += (rc == IDEM_JCS_OK);
-        free(m.data);
+        mem_free(&m);
     }
 
     ok(bad == 0 && num > 40000,
@@ -878,17 +862,17 @@ test_direct_vs_tree(void)
     bad = okc = dup = 0;
 
     for (i = 0; i < 20000; i++) {
-        memset(&m, 0, sizeof(mem_t));
+        mem_sink(&m, &sink);
         gen_value(&m, 0);
 
         if (!same_as_tree(m.data, m.len, &rc) && bad++ > 5) {
-            free(m.data);
+            mem_free(&m);
             break;
         }
 
         okc += (rc == IDEM_JCS_OK);
         dup += (rc == IDEM_JCS_EDUP);
-        free(m.data);
+        mem_free(&m);
     }
 
     ok(bad == 0 && okc > 5000 && dup > 500,
