@@ -549,15 +549,14 @@ test_many_members(void)
 }
 
 
+/* the tree of the test support, from our parser: already canonical */
 static void
-test_tree_api(void)
+test_tree_parsed(void)
 {
     mem_t           m;
     idem_sink_t     sink;
-    cJSON          *tree, *obj;
+    cJSON          *tree;
     idem_jcs_rc_t   rc;
-    double          zero;
-    int             i;
 
     mem_sink(&m, &sink);
 
@@ -573,20 +572,32 @@ test_tree_api(void)
            "jcs_tree_write of the parsed tree");
     cJSON_Delete(tree);
 
-    /* a tree built by hand: unsorted, then bad contents */
+    mem_free(&m);
+}
+
+
+/* a tree built by hand: unsorted, then bad contents */
+static void
+test_tree_foreign(void)
+{
+    mem_t         m;
+    idem_sink_t   sink;
+    cJSON        *obj, *tree;
+    double        zero;
+    int           i;
+
+    mem_sink(&m, &sink);
+
     obj = cJSON_CreateObject();
     cJSON_AddNumberToObject(obj, "z", 0.1);
     cJSON_AddStringToObject(obj, "y", "\xe2\x82\xac");
     cJSON_AddNullToObject(obj, "x");
 
-    m.len = 0;
-    rc = jcs_tree_write(obj, &sink);
-    is_str(rc == IDEM_JCS_OK ? m.data : NULL,
+    is_str(jcs_tree_write(obj, &sink) == IDEM_JCS_OK ? m.data : NULL,
            "{\"x\":null,\"y\":\"\xe2\x82\xac\",\"z\":0.1}",
            "foreign unsorted tree is written sorted");
 
     cJSON_AddTrueToObject(obj, "x");
-    m.len = 0;
     is_int(jcs_tree_write(obj, &sink), IDEM_JCS_EDUP,
            "foreign tree with duplicate names -> EDUP");
     cJSON_Delete(obj);
@@ -612,20 +623,35 @@ test_tree_api(void)
            "foreign tree deeper than 128 -> EDEPTH");
     cJSON_Delete(obj);
 
-    /* the sink failing: the text goes out in one write when in order... */
-    m.len = 0;
+    mem_free(&m);
+}
+
+
+static void
+test_sink_failure(void)
+{
+    mem_t         m;
+    idem_sink_t   sink;
+
+    /* the text goes out in one write when in order... */
+    mem_sink(&m, &sink);
     m.fail_after = 1;
-    rc = idem_jcs_canonicalize("{\"a\":[1,2,3]}", 13, &sink);
-    is_int(rc, IDEM_JCS_ESINK, "sink failure -> ESINK");
+    is_int(idem_jcs_canonicalize("{\"a\":[1,2,3]}", 13, &sink),
+           IDEM_JCS_ESINK, "sink failure -> ESINK");
 
     /* ...and member by member when the root object was out of order */
-    m.len = 0;
     m.fail_after = 3;
-    rc = idem_jcs_canonicalize("{\"b\":1,\"a\":[2]}", 15, &sink);
-    is_int(rc, IDEM_JCS_ESINK, "sink failure on a reordered root -> ESINK");
-    m.fail_after = 0;
+    is_int(idem_jcs_canonicalize("{\"b\":1,\"a\":[2]}", 15, &sink),
+           IDEM_JCS_ESINK, "sink failure on a reordered root -> ESINK");
 
-    free(m.data);
+    mem_free(&m);
+}
+
+
+static void
+test_strerror(void)
+{
+    int  i;
 
     for (i = IDEM_JCS_OK; i <= IDEM_JCS_ESINK; i++) {
         if (strcmp(idem_jcs_strerror(i), "unknown error") == 0) {
@@ -898,7 +924,10 @@ main(int argc, char **argv)
     test_structure();
     test_depth();
     test_many_members();
-    test_tree_api();
+    test_tree_parsed();
+    test_tree_foreign();
+    test_sink_failure();
+    test_strerror();
     test_direct_vs_tree();
 
     return done_testing();
