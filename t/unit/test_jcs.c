@@ -370,6 +370,53 @@ test_strings(void)
 }
 
 
+/* sign of idem_utf16_cmp(a, b), for NUL-free literals */
+static int
+utf16_sign(const char *a, const char *b, int escaped)
+{
+    int  rc;
+
+    rc = idem_utf16_cmp(a, strlen(a), b, strlen(b), escaped);
+
+    return (rc > 0) - (rc < 0);
+}
+
+
+/*
+ * The one UTF-16 comparison, on UTF-8 and on canonical literals: where
+ * byte order and UTF-16 order part (a supplementary character against
+ * U+E000..U+FFFF; an escape against a plain character), and where not.
+ */
+static void
+test_utf16_order(void)
+{
+    ok(utf16_sign("a", "b", 0) < 0 && utf16_sign("", "a", 0) < 0
+       && utf16_sign("ab", "a", 0) > 0 && utf16_sign("ab", "ab", 0) == 0,
+       "utf16_cmp: ASCII, prefixes, equal");
+    ok(utf16_sign("\xf0\x9f\x98\x80", "\xee\x80\x80", 0) < 0
+       && utf16_sign("\xef\xbf\xbf", "\xf0\x90\x80\x80", 0) > 0,
+       "utf16_cmp: U+1F600 < U+E000, U+FFFF > U+10000");
+    ok(utf16_sign("\xed\x9f\xbf", "\xf0\x90\x80\x80", 0) < 0
+       && utf16_sign("\xc3\xa9", "\xee\x80\x80", 0) < 0
+       && utf16_sign("\xf0\x9f\x98\x80", "\xf0\x9f\x98\x81", 0) < 0,
+       "utf16_cmp: U+D7FF and U+00E9 before U+10000; U+1F600 < U+1F601");
+
+    ok(utf16_sign("\\n", " ", 1) < 0 && utf16_sign("\\\"", "A", 1) < 0
+       && utf16_sign("\\\\", "]", 1) < 0,
+       "utf16_cmp escaped: \\n < ' ', \\\" < A, \\\\ < ] unlike their bytes");
+    ok(utf16_sign("\\u001f", "\\u0010", 1) > 0
+       && utf16_sign("\\u001f", " ", 1) < 0
+       && utf16_sign("a\\u0001", "a\\n", 1) < 0
+       && utf16_sign("\\\\", "\\\"", 1) > 0,
+       "utf16_cmp escaped: escapes against escapes and spaces");
+    ok(utf16_sign("\\t", "\xc3\xa9", 1) < 0
+       && utf16_sign("x\xf0\x9f\x98\x80", "x\xee\x80\x80", 1) < 0
+       && utf16_sign("a\\nb", "a\\nb", 1) == 0
+       && utf16_sign("a\\n", "a\\nb", 1) < 0,
+       "utf16_cmp escaped: UTF-8 characters, equal, prefix");
+}
+
+
 static void
 test_structure(void)
 {
@@ -921,6 +968,7 @@ main(int argc, char **argv)
     test_numbers();
     test_numbers_in_json();
     test_strings();
+    test_utf16_order();
     test_structure();
     test_depth();
     test_many_members();
