@@ -27,6 +27,9 @@ UNIT_LIBS := $(CORE_LIBS)
 # test support, not in the module: the unit tests and the fuzzers link it
 TEST_SRCS := t/unit/jcs_tree.c
 TEST_HDRS := t/unit/jcs_tree.h t/unit/mem_sink.h t/unit/tap.h
+
+# the cross-check with a second parser (Debian's libjansson-dev)
+$(BUILD)/unit/test_jansson: UNIT_LIBS += -ljansson
 TOOLS     := $(BUILD)/idempotency-fingerprint
 
 .PHONY: all module unit tools test demo clean
@@ -125,6 +128,8 @@ $(ASAN_MODULE): $(ASAN_BUILD)/objs/Makefile $(NGX_SRCS) $(CORE_SRCS) $(CORE_HDRS
 	cp $(ASAN_BUILD)/objs/ngx_http_idempotency_module.so $@.tmp && mv -f $@.tmp $@
 
 unit-asan: $(ASAN_UNIT)
+
+$(ASAN_BUILD)/unit/test_jansson: UNIT_LIBS += -ljansson
 
 $(ASAN_BUILD)/unit/%: t/unit/%.c $(TEST_SRCS) $(TEST_HDRS) $(CORE_SRCS) $(CORE_HDRS)
 	@mkdir -p $(ASAN_BUILD)/unit
