@@ -3,12 +3,14 @@
  *
  * For generated JSON documents of 1 KiB, 64 KiB and 1 MiB it times
  *
- *   fp     idem_fingerprint() with body_json: strict parse into a tree,
- *          JCS canonical form, streamed into SHA-256 (what a request costs)
+ *   fp     idem_fingerprint() with body_json: strict parse written
+ *          directly in JCS canonical form (no tree), streamed into SHA-256
+ *          (what a request costs)
  *   parse  cJSON_Parse() + cJSON_Delete() of the same bytes (the yardstick)
  *
  * and, for the breakdown, jcsparse (jcs_tree_parse + cJSON_Delete: the
- * strict parser alone), canon (idem_jcs_canonicalize into a sink that
+ * strict parser building a cJSON tree, test support in t/unit/jcs_tree.c,
+ * not in the module), canon (idem_jcs_canonicalize into a sink that
  * discards: parse + sort + write, no hashing) and sha (SHA-256 of the raw
  * bytes).
  *
