@@ -10,8 +10,10 @@ CC        ?= cc
 CFLAGS    ?= -g -O2 -Wall -Wextra -Wno-unused-parameter -Werror
 PROVE     ?= prove
 
-CORE_SRCS := $(MODDIR)/idem_jcs.c $(MODDIR)/idem_fingerprint.c \
-             $(MODDIR)/idem_key.c $(MODDIR)/idem_record.c
+CORE_SRCS := $(MODDIR)/idem_text.c $(MODDIR)/idem_number.c \
+             $(MODDIR)/idem_jcs_parse.c $(MODDIR)/idem_jcs.c \
+             $(MODDIR)/idem_fingerprint.c $(MODDIR)/idem_key.c \
+             $(MODDIR)/idem_record.c
 CORE_HDRS := $(wildcard $(MODDIR)/idem_*.h)
 NGX_SRCS  := $(wildcard $(MODDIR)/ngx_http_idempotency*.c) \
              $(wildcard $(MODDIR)/ngx_http_idempotency*.h)
@@ -20,6 +22,14 @@ CORE_LIBS := -lcjson -lcrypto -lm
 
 UNIT_SRCS := $(wildcard t/unit/test_*.c)
 UNIT_BINS := $(patsubst t/unit/%.c,$(BUILD)/unit/%,$(UNIT_SRCS))
+UNIT_LIBS := $(CORE_LIBS)
+
+# test support, not in the module: the unit tests and the fuzzers link it
+TEST_SRCS := t/unit/jcs_tree.c
+TEST_HDRS := t/unit/jcs_tree.h t/unit/mem_sink.h t/unit/tap.h
+
+# the cross-check with a second parser (Debian's libjansson-dev)
+$(BUILD)/unit/test_jansson: UNIT_LIBS += -ljansson
 TOOLS     := $(BUILD)/idempotency-fingerprint
 
 .PHONY: all module unit tools test demo clean
@@ -47,9 +57,10 @@ $(BUILD)/ngx_http_idempotency_module.so: $(BUILD)/objs/Makefile $(NGX_SRCS) $(CO
 
 unit: $(UNIT_BINS)
 
-$(BUILD)/unit/%: t/unit/%.c t/unit/tap.h t/unit/mem_sink.h $(CORE_SRCS) $(CORE_HDRS)
+$(BUILD)/unit/%: t/unit/%.c $(TEST_SRCS) $(TEST_HDRS) $(CORE_SRCS) $(CORE_HDRS)
 	@mkdir -p $(BUILD)/unit
-	$(CC) $(CFLAGS) -I$(MODDIR) -It/unit -o $@ $< $(CORE_SRCS) $(CORE_LIBS)
+	$(CC) $(CFLAGS) -I$(MODDIR) -It/unit -o $@ $< $(TEST_SRCS) $(CORE_SRCS) \
+	    $(UNIT_LIBS)
 
 tools: $(TOOLS)
 
@@ -118,9 +129,12 @@ $(ASAN_MODULE): $(ASAN_BUILD)/objs/Makefile $(NGX_SRCS) $(CORE_SRCS) $(CORE_HDRS
 
 unit-asan: $(ASAN_UNIT)
 
-$(ASAN_BUILD)/unit/%: t/unit/%.c t/unit/tap.h t/unit/mem_sink.h $(CORE_SRCS) $(CORE_HDRS)
+$(ASAN_BUILD)/unit/test_jansson: UNIT_LIBS += -ljansson
+
+$(ASAN_BUILD)/unit/%: t/unit/%.c $(TEST_SRCS) $(TEST_HDRS) $(CORE_SRCS) $(CORE_HDRS)
 	@mkdir -p $(ASAN_BUILD)/unit
-	$(CC) $(CFLAGS) $(ASAN_CFLAGS) -I$(MODDIR) -It/unit -o $@ $< $(CORE_SRCS) $(CORE_LIBS)
+	$(CC) $(CFLAGS) $(ASAN_CFLAGS) -I$(MODDIR) -It/unit -o $@ $< $(TEST_SRCS) \
+	    $(CORE_SRCS) $(UNIT_LIBS)
 
 # unit and tools too: t/0*.t run build/unit/* and build/idempotency-fingerprint
 test-asan: $(ASAN_MODULE) $(ASAN_UNIT) unit tools
@@ -137,9 +151,11 @@ valgrind-check: module
 
 fuzz-build: $(FUZZ_BINS)
 
-$(ASAN_BUILD)/fuzz/fuzz_%: fuzz/fuzz_%.c fuzz/fuzz_common.h $(CORE_SRCS) $(CORE_HDRS)
+$(ASAN_BUILD)/fuzz/fuzz_%: fuzz/fuzz_%.c fuzz/fuzz_common.h $(TEST_SRCS) $(TEST_HDRS) \
+                          $(CORE_SRCS) $(CORE_HDRS)
 	@mkdir -p $(ASAN_BUILD)/fuzz
-	$(FUZZ_CC) $(FUZZ_CFLAGS) -I$(MODDIR) -o $@ $< $(CORE_SRCS) $(CORE_LIBS)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -I$(MODDIR) -It/unit -o $@ $< $(TEST_SRCS) \
+	    $(CORE_SRCS) $(CORE_LIBS)
 
 # The seeds in fuzz/corpus/<target> are read, new inputs go to
 # build-asan/fuzz/corpus/<target>, crashes to build-asan/fuzz/crash-<target>-*.

@@ -3,12 +3,14 @@
  *
  * For generated JSON documents of 1 KiB, 64 KiB and 1 MiB it times
  *
- *   fp     idem_fingerprint() with body_json: strict parse into a tree,
- *          JCS canonical form, streamed into SHA-256 (what a request costs)
+ *   fp     idem_fingerprint() with body_json: strict parse written
+ *          directly in JCS canonical form (no tree), streamed into SHA-256
+ *          (what a request costs)
  *   parse  cJSON_Parse() + cJSON_Delete() of the same bytes (the yardstick)
  *
- * and, for the breakdown, jcsparse (idem_jcs_parse + cJSON_Delete: the
- * strict parser alone), canon (idem_jcs_canonicalize into a sink that
+ * and, for the breakdown, jcsparse (jcs_tree_parse + cJSON_Delete: the
+ * strict parser building a cJSON tree, test support in t/unit/jcs_tree.c,
+ * not in the module), canon (idem_jcs_canonicalize into a sink that
  * discards: parse + sort + write, no hashing) and sha (SHA-256 of the raw
  * bytes).
  *
@@ -44,6 +46,8 @@
 
 #include "idem_fingerprint.h"
 #include "idem_jcs.h"
+#include "jcs_tree.h"
+#include "mem_sink.h"
 
 
 typedef enum {
@@ -141,14 +145,6 @@ json_doc(size_t size)
 
 /* the ops */
 
-static int
-null_write(idem_sink_t *sink, const char *p, size_t n)
-{
-    *(size_t *) sink->data += n;
-    return 0;
-}
-
-
 static volatile size_t  sink_hole;
 
 
@@ -157,7 +153,7 @@ run_op(op_e op, const char *doc, size_t len)
 {
     cJSON             *tree;
     idem_sink_t        sink;
-    size_t             out;
+    mem_t              out;
     unsigned char      md[EVP_MAX_MD_SIZE];
     unsigned int       mdlen;
     idem_fp_input_t    in;
@@ -198,7 +194,7 @@ run_op(op_e op, const char *doc, size_t len)
         return 0;
 
     case OP_JCSPARSE:
-        if (idem_jcs_parse(doc, len, &tree) != IDEM_JCS_OK) {
+        if (jcs_tree_parse(doc, len, &tree) != IDEM_JCS_OK) {
             return -1;
         }
 
@@ -206,15 +202,14 @@ run_op(op_e op, const char *doc, size_t len)
         return 0;
 
     case OP_CANON:
-        out = 0;
-        sink.write = null_write;
-        sink.data = &out;
+        mem_sink(&out, &sink);
+        out.discard = 1;
 
         if (idem_jcs_canonicalize(doc, len, &sink) != IDEM_JCS_OK) {
             return -1;
         }
 
-        sink_hole += out;
+        sink_hole += out.len;
         return 0;
 
     case OP_SHA:
@@ -264,73 +259,57 @@ die_op(op_e op, size_t size)
 }
 
 
-static void
-bench_size(size_t size, int repeats, double target_ns)
+/* iterations of op for about target_ns, after a warm-up */
+static long
+calibrate(op_e op, const char *doc, size_t size, double target_ns)
 {
-    char      *doc;
-    double     t0, t, per[OP_N], *samples[OP_N], med[OP_N], best[OP_N];
-    long       iters[OP_N], i;
-    int        op, r;
-    long       cur, cur2, peak, fp_peak, parse_peak;
+    double  t0, t;
+    long    n, i, iters;
 
-    doc = json_doc(size);
+    /* warm up: first-touch page faults, lazy binding, malloc arenas */
+    for (i = 0; i < 3; i++) {
+        if (run_op(op, doc, size) != 0) {
+            die_op(op, size);
+        }
+    }
 
-    /* calibrate: iterations for about target_ns per op and repeat */
-    for (op = 0; op < OP_N; op++) {
-        long  n = 1;
-
-        /* warm up: first-touch page faults, lazy binding, malloc arenas */
-        for (i = 0; i < 3; i++) {
+    for (n = 1; /* void */; n *= 2) {
+        t0 = now_ns();
+        for (i = 0; i < n; i++) {
             if (run_op(op, doc, size) != 0) {
                 die_op(op, size);
             }
         }
+        t = now_ns() - t0;
 
-        for ( ;; ) {
-            t0 = now_ns();
-            for (i = 0; i < n; i++) {
-                if (run_op(op, doc, size) != 0) {
-                    die_op(op, size);
-                }
-            }
-            t = now_ns() - t0;
-
-            if (t >= target_ns / 4 || n >= (1L << 30)) {
-                break;
-            }
-
-            n *= 2;
-        }
-
-        iters[op] = (long) (n * (target_ns / t));
-        if (iters[op] < 1) {
-            iters[op] = 1;
-        }
-
-        samples[op] = calloc(repeats, sizeof(double));
-    }
-
-    for (r = 0; r < repeats; r++) {
-        for (op = 0; op < OP_N; op++) {
-            t0 = now_ns();
-            for (i = 0; i < iters[op]; i++) {
-                (void) run_op(op, doc, size);
-            }
-            samples[op][r] = (now_ns() - t0) / iters[op];
+        if (t >= target_ns / 4 || n >= (1L << 30)) {
+            break;
         }
     }
+
+    iters = (long) (n * (target_ns / t));
+
+    return (iters < 1) ? 1 : iters;
+}
+
+
+/* the FPBENCH lines, and the FPRATIO line of fp against cJSON_Parse */
+static void
+print_times(size_t size, int repeats, long *iters, double **samples)
+{
+    double  med[OP_N], best[OP_N];
+    int     op;
 
     for (op = 0; op < OP_N; op++) {
         qsort(samples[op], repeats, sizeof(double), cmp_double);
         best[op] = samples[op][0];
         med[op] = samples[op][repeats / 2];
-        per[op] = med[op] / size;
 
         printf("FPBENCH size=%zu op=%s iters=%ld repeats=%d "
                "median_ns=%.0f best_ns=%.0f ns_per_byte=%.3f "
                "mb_per_s=%.1f\n",
                size, op_names[op], iters[op], repeats, med[op], best[op],
-               per[op], size / med[op] * 1e3);
+               med[op] / size, size / med[op] * 1e3);
     }
 
     printf("FPRATIO size=%zu fp_over_parse_median=%.3f "
@@ -338,12 +317,19 @@ bench_size(size_t size, int repeats, double target_ns)
            "parse_ns_per_byte=%.3f\n",
            size, med[OP_FP] / med[OP_PARSE], best[OP_FP] / best[OP_PARSE],
            med[OP_FP] / size, med[OP_PARSE] / size);
+}
 
-    /*
-     * memory: the peak heap of one fingerprint and of one cJSON_Parse
-     * over what was in use before (bench/heapmeter.c is linked in, so it
-     * sees every allocation: the writer's buffers, OpenSSL, cJSON)
-     */
+
+/*
+ * FPMEM: the peak heap of one fingerprint and of one cJSON_Parse over
+ * what was in use before (bench/heapmeter.c is linked in, so it sees
+ * every allocation: the writer's buffers, OpenSSL, cJSON)
+ */
+static void
+print_memory(const char *doc, size_t size)
+{
+    long  cur, cur2, peak, fp_peak, parse_peak;
+
     heapmeter_window(&cur, &peak);
     if (run_op(OP_FP, doc, size) != 0) {
         die_op(OP_FP, size);
@@ -361,6 +347,38 @@ bench_size(size_t size, int repeats, double target_ns)
            "parse_heap_bytes=%ld parse_heap_per_body_byte=%.2f\n",
            size, fp_peak, (double) fp_peak / size,
            parse_peak, (double) parse_peak / size);
+}
+
+
+static void
+bench_size(size_t size, int repeats, double target_ns)
+{
+    char    *doc;
+    double   t0, *samples[OP_N];
+    long     iters[OP_N], i;
+    int      op, r;
+
+    doc = json_doc(size);
+
+    /* calibrate: iterations for about target_ns per op and repeat */
+    for (op = 0; op < OP_N; op++) {
+        iters[op] = calibrate(op, doc, size, target_ns);
+        samples[op] = calloc(repeats, sizeof(double));
+    }
+
+    /* the ops take turns in every repeat: a noisy neighbour hits all */
+    for (r = 0; r < repeats; r++) {
+        for (op = 0; op < OP_N; op++) {
+            t0 = now_ns();
+            for (i = 0; i < iters[op]; i++) {
+                (void) run_op(op, doc, size);
+            }
+            samples[op][r] = (now_ns() - t0) / iters[op];
+        }
+    }
+
+    print_times(size, repeats, iters, samples);
+    print_memory(doc, size);
 
     for (op = 0; op < OP_N; op++) {
         free(samples[op]);
@@ -387,45 +405,44 @@ op_by_name(const char *name)
 }
 
 
-int
-main(int argc, char **argv)
-{
-    int          i, repeats, quick;
-    long         iters, k;
-    size_t       size, sizes[16], nsizes;
-    char        *doc, *s, *end;
-    const char  *opname, *sizelist;
-    op_e         op;
-    double       target_ns;
+typedef struct {
+    int          quick;
+    const char  *opname;
+    size_t       size;
+    long         iters;
+    const char  *sizelist;
+} args_t;
 
-    quick = 0;
-    opname = NULL;
-    size = 0;
-    iters = 1;
-    sizelist = "1024,65536,1048576";
+
+/* 0 to go on, else the exit status; --dump is answered here */
+static int
+parse_args(int argc, char **argv, args_t *a)
+{
+    char  *doc;
+    int    i;
 
     for (i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--quick") == 0) {
-            quick = 1;
+            a->quick = 1;
 
         } else if (strcmp(argv[i], "--op") == 0 && i + 1 < argc) {
-            opname = argv[++i];
+            a->opname = argv[++i];
 
         } else if (strcmp(argv[i], "--size") == 0 && i + 1 < argc) {
-            size = strtoul(argv[++i], NULL, 10);
+            a->size = strtoul(argv[++i], NULL, 10);
 
         } else if (strcmp(argv[i], "--iters") == 0 && i + 1 < argc) {
-            iters = strtol(argv[++i], NULL, 10);
+            a->iters = strtol(argv[++i], NULL, 10);
 
         } else if (strcmp(argv[i], "--sizes") == 0 && i + 1 < argc) {
-            sizelist = argv[++i];
+            a->sizelist = argv[++i];
 
         } else if (strcmp(argv[i], "--dump") == 0 && i + 1 < argc) {
-            size = strtoul(argv[++i], NULL, 10);
-            doc = json_doc(size);
-            fwrite(doc, 1, size, stdout);
+            a->size = strtoul(argv[++i], NULL, 10);
+            doc = json_doc(a->size);
+            fwrite(doc, 1, a->size, stdout);
             free(doc);
-            return 0;
+            return -1;
 
         } else {
             fprintf(stderr, "usage: fpbench [--quick] [--sizes N,N,...] | "
@@ -434,49 +451,95 @@ main(int argc, char **argv)
         }
     }
 
-    if (opname != NULL) {
-        if (size < 64) {
-            fprintf(stderr, "fpbench: --op needs --size >= 64\n");
-            return 2;
-        }
+    return 0;
+}
 
-        op = op_by_name(opname);
-        doc = json_doc(size);
 
-        /* warm up outside the collection: first-touch, lazy binding */
-        if (run_op(op, doc, size) != 0) {
-            die_op(op, size);
-        }
+/* --op: callgrind events only around the loop */
+static int
+run_callgrind(const char *opname, size_t size, long iters)
+{
+    char  *doc;
+    long   k;
+    op_e   op;
 
-        CALLGRIND_TOGGLE_COLLECT;
-        for (k = 0; k < iters; k++) {
-            (void) run_op(op, doc, size);
-        }
-        CALLGRIND_TOGGLE_COLLECT;
-
-        free(doc);
-        return 0;
+    if (size < 64) {
+        fprintf(stderr, "fpbench: --op needs --size >= 64\n");
+        return 2;
     }
 
-    nsizes = 0;
-    for (s = (char *) sizelist; *s && nsizes < 16; s = end) {
+    op = op_by_name(opname);
+    doc = json_doc(size);
+
+    /* warm up outside the collection: first-touch, lazy binding */
+    if (run_op(op, doc, size) != 0) {
+        die_op(op, size);
+    }
+
+    CALLGRIND_TOGGLE_COLLECT;
+    for (k = 0; k < iters; k++) {
+        (void) run_op(op, doc, size);
+    }
+    CALLGRIND_TOGGLE_COLLECT;
+
+    free(doc);
+    return 0;
+}
+
+
+/* "1024,65536": at most 16 sizes of at least 64 bytes; -1 if malformed */
+static int
+parse_sizes(const char *list, size_t *sizes, size_t *n)
+{
+    char  *s, *end;
+
+    *n = 0;
+
+    for (s = (char *) list; *s && *n < 16; s = end) {
         errno = 0;
-        sizes[nsizes] = strtoul(s, &end, 10);
-        if (end == s || errno || sizes[nsizes] < 64) {
-            fprintf(stderr, "fpbench: bad --sizes \"%s\"\n", sizelist);
-            return 2;
+        sizes[*n] = strtoul(s, &end, 10);
+        if (end == s || errno || sizes[*n] < 64) {
+            fprintf(stderr, "fpbench: bad --sizes \"%s\"\n", list);
+            return -1;
         }
-        nsizes++;
+        (*n)++;
         if (*end == ',') {
             end++;
         }
     }
 
-    repeats = quick ? 5 : 15;
-    target_ns = quick ? 10e6 : 40e6;
+    return 0;
+}
 
-    for (i = 0; i < (int) nsizes; i++) {
-        bench_size(sizes[i], repeats, target_ns);
+
+int
+main(int argc, char **argv)
+{
+    args_t   a;
+    size_t   sizes[16], nsizes, i;
+    int      rc;
+
+    a.quick = 0;
+    a.opname = NULL;
+    a.size = 0;
+    a.iters = 1;
+    a.sizelist = "1024,65536,1048576";
+
+    rc = parse_args(argc, argv, &a);
+    if (rc != 0) {
+        return (rc < 0) ? 0 : rc;
+    }
+
+    if (a.opname != NULL) {
+        return run_callgrind(a.opname, a.size, a.iters);
+    }
+
+    if (parse_sizes(a.sizelist, sizes, &nsizes) != 0) {
+        return 2;
+    }
+
+    for (i = 0; i < nsizes; i++) {
+        bench_size(sizes[i], a.quick ? 5 : 15, a.quick ? 10e6 : 40e6);
     }
 
     return 0;

@@ -298,10 +298,10 @@ store_keys() {
 
 # wrk_run OUT PORT SCRIPT CONNS DURATION ARGS...: one wrk run; appends the
 # BENCH line (see bench/lua/common.lua) to OUT and echoes it.
+# the tree parser (jcsparse) is test support: t/unit/jcs_tree.c
 build_fpbench() {   # build_fpbench OUT: bench/fpbench.c with the pure-C core and the heap meter
-    cc -g -O2 -Wall -Wextra -Wno-unused-parameter -I"$MODDIR" -o "$1" \
-        "$BENCH/fpbench.c" "$MODDIR/idem_jcs.c" "$MODDIR/idem_fingerprint.c" \
-        "$MODDIR/idem_key.c" "$MODDIR/idem_record.c" "$BENCH/heapmeter.c" \
+    cc -g -O2 -Wall -Wextra -Wno-unused-parameter -I"$MODDIR" -I"$ROOT/t/unit" -o "$1" \
+        "$BENCH/fpbench.c" "$MODDIR"/idem_*.c "$ROOT/t/unit/jcs_tree.c" "$BENCH/heapmeter.c" \
         -lcjson -lcrypto -lm >"$1-build.log" 2>&1 \
         || { cat "$1-build.log" >&2; die "cannot build bench/fpbench.c"; }
 }

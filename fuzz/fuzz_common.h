@@ -1,7 +1,7 @@
 /*
- * Shared helpers of the libFuzzer targets in fuzz/: a growable memory
- * sink for the JCS writer, an assertion that aborts (so libFuzzer saves
- * the input as a crash artifact), and SHA-256 in hex.
+ * Shared helpers of the libFuzzer targets in fuzz/: the memory sink of
+ * the unit tests (t/unit/mem_sink.h), an assertion that aborts (so
+ * libFuzzer saves the input as a crash artifact), and SHA-256 in hex.
  *
  * The targets check properties of the pure-C core, not only "no crash";
  * see fuzz/README.md.
@@ -19,6 +19,7 @@
 #include <openssl/evp.h>
 
 #include "idem_jcs.h"
+#include "mem_sink.h"
 
 
 #define FUZZ_CHECK(cond, ...)                                                \
@@ -31,65 +32,6 @@
             abort();                                                         \
         }                                                                    \
     } while (0)
-
-
-typedef struct {
-    char    *data;
-    size_t   len;
-    size_t   size;
-} fuzz_buf_t;
-
-
-static int
-fuzz_buf_write(idem_sink_t *sink, const char *p, size_t n)
-{
-    fuzz_buf_t  *b;
-    char        *d;
-    size_t       size;
-
-    b = sink->data;
-
-    if (b->len + n + 1 > b->size) {
-        size = (b->len + n + 1) * 2;
-        d = realloc(b->data, size);
-        if (d == NULL) {
-            return -1;
-        }
-        b->data = d;
-        b->size = size;
-    }
-
-    memcpy(b->data + b->len, p, n);
-    b->len += n;
-    b->data[b->len] = '\0';
-
-    return 0;
-}
-
-
-static void
-fuzz_buf_init(fuzz_buf_t *b, idem_sink_t *sink)
-{
-    memset(b, 0, sizeof(fuzz_buf_t));
-    sink->write = fuzz_buf_write;
-    sink->data = b;
-}
-
-
-static void
-fuzz_buf_free(fuzz_buf_t *b)
-{
-    free(b->data);
-    memset(b, 0, sizeof(fuzz_buf_t));
-}
-
-
-static int
-fuzz_same(const fuzz_buf_t *a, const fuzz_buf_t *b)
-{
-    return a->len == b->len
-           && (a->len == 0 || memcmp(a->data, b->data, a->len) == 0);
-}
 
 
 /*
@@ -114,12 +56,12 @@ fuzz_dup(const uint8_t *data, size_t size)
 }
 
 
+/* printf, not idem_hex(): the expected value must not share the code */
 static void
 fuzz_sha256_hex(const void *p, size_t n, char hex[65])
 {
-    static const char  digits[] = "0123456789abcdef";
-    unsigned char      md[EVP_MAX_MD_SIZE];
-    unsigned int       mdlen, i;
+    unsigned char  md[EVP_MAX_MD_SIZE];
+    unsigned int   mdlen, i;
 
     if (EVP_Digest(p, n, md, &mdlen, EVP_sha256(), NULL) != 1
         || mdlen != 32)
@@ -128,11 +70,8 @@ fuzz_sha256_hex(const void *p, size_t n, char hex[65])
     }
 
     for (i = 0; i < 32; i++) {
-        hex[2 * i] = digits[md[i] >> 4];
-        hex[2 * i + 1] = digits[md[i] & 0xf];
+        snprintf(hex + 2 * i, 3, "%02x", md[i]);
     }
-
-    hex[64] = '\0';
 }
 
 

@@ -1,11 +1,11 @@
 /*
  * libFuzzer target: the RFC 8785 canonicalizer (idem_jcs_canonicalize,
- * idem_jcs_canonicalize_in_place, idem_jcs_parse, idem_jcs_write_value)
+ * idem_jcs_canonicalize_in_place, jcs_tree_parse, jcs_tree_write)
  * and the number formatter.
  *
  * Properties, for every input:
  *  - the answer is deterministic: the same input gives the same rc and
- *    the same bytes every time, and idem_jcs_parse agrees with
+ *    the same bytes every time, and jcs_tree_parse agrees with
  *    idem_jcs_canonicalize about whether (and why) it is rejected;
  *  - rc is one of the documented codes, never ENOMEM/ESINK with a healthy
  *    sink;
@@ -25,6 +25,8 @@
 #include <math.h>
 
 #include <cjson/cJSON.h>
+
+#include "jcs_tree.h"
 
 #include "fuzz_common.h"
 
@@ -113,7 +115,7 @@ fuzz_number(const uint8_t *data, size_t size)
     char            buf[IDEM_JCS_NUMBER_MAX], *end;
     double          d, back;
     size_t          n;
-    fuzz_buf_t      out;
+    mem_t           out;
     idem_sink_t     sink;
     idem_jcs_rc_t   rc;
 
@@ -141,105 +143,200 @@ fuzz_number(const uint8_t *data, size_t size)
         FUZZ_CHECK(strcmp(buf, "0") == 0, "zero written as \"%s\"", buf);
     }
 
-    fuzz_buf_init(&out, &sink);
+    mem_sink(&out, &sink);
     rc = idem_jcs_canonicalize(buf, n, &sink);
     FUZZ_CHECK(rc == IDEM_JCS_OK, "formatted number \"%s\" rejected: %s", buf,
                idem_jcs_strerror(rc));
     FUZZ_CHECK(out.len == n && memcmp(out.data, buf, n) == 0,
                "\"%s\" is not its own canonical form", buf);
-    fuzz_buf_free(&out);
+    mem_free(&out);
+}
+
+
+/* one input and what the canonicalizer made of it */
+typedef struct {
+    const uint8_t  *data;
+    size_t          size;
+    char           *in;         /* exact-size copy of data */
+    idem_jcs_rc_t   rc;
+    mem_t           out;        /* the canonical form when rc is OK */
+    idem_sink_t     sink;
+    cJSON          *tree;       /* jcs_tree_parse() of the input */
+} fuzz_jcs_t;
+
+
+/* the same input again: the same rc, and the same bytes */
+static void
+check_deterministic(fuzz_jcs_t *c)
+{
+    mem_t           again;
+    idem_sink_t     sink;
+    idem_jcs_rc_t   rc;
+
+    mem_sink(&again, &sink);
+    rc = idem_jcs_canonicalize(c->in, c->size, &sink);
+
+    FUZZ_CHECK(rc == c->rc, "rc %d then %d for \"%s\"", c->rc, rc,
+               fuzz_show(c->in, c->size));
+    FUZZ_CHECK(c->rc != IDEM_JCS_OK || mem_same(&c->out, &again),
+               "two canonical forms of \"%s\"", fuzz_show(c->in, c->size));
+
+    mem_free(&again);
+}
+
+
+/* over a copy of itself: the same rc and bytes */
+static void
+check_in_place(fuzz_jcs_t *c)
+{
+    mem_t           out;
+    idem_sink_t     sink;
+    idem_jcs_rc_t   rc;
+    char           *copy;
+
+    mem_sink(&out, &sink);
+    copy = fuzz_dup(c->data, c->size);
+    rc = idem_jcs_canonicalize_in_place(copy, c->size, &sink);
+    free(copy);
+
+    FUZZ_CHECK(rc == c->rc, "rc %d, in place %d for \"%s\"", c->rc, rc,
+               fuzz_show(c->in, c->size));
+    FUZZ_CHECK(c->rc != IDEM_JCS_OK || mem_same(&c->out, &out),
+               "in place differs for \"%s\"", fuzz_show(c->in, c->size));
+
+    mem_free(&out);
+}
+
+
+/* a documented code, never ENOMEM or ESINK with a healthy sink */
+static void
+check_rc(fuzz_jcs_t *c)
+{
+    FUZZ_CHECK(c->rc >= IDEM_JCS_OK && c->rc <= IDEM_JCS_EDEPTH,
+               "unexpected rc %d (%s) for \"%s\"", c->rc,
+               idem_jcs_strerror(c->rc), fuzz_show(c->in, c->size));
+}
+
+
+/* the tree parser accepts and rejects alike, for the same reason */
+static void
+check_tree_parse(fuzz_jcs_t *c)
+{
+    idem_jcs_rc_t  rc;
+
+    rc = jcs_tree_parse(c->in, c->size, &c->tree);
+
+    FUZZ_CHECK(rc == c->rc,
+               "jcs_tree_parse says %s, canonicalize %s for \"%s\"",
+               idem_jcs_strerror(rc), idem_jcs_strerror(c->rc),
+               fuzz_show(c->in, c->size));
+    FUZZ_CHECK(rc != IDEM_JCS_OK || c->tree != NULL, "rc OK without a tree");
+}
+
+
+/* accepted: non-empty UTF-8, nested no deeper than the limit */
+static void
+check_output(fuzz_jcs_t *c)
+{
+    FUZZ_CHECK(c->out.len > 0, "empty canonical form");
+    FUZZ_CHECK(idem_utf8_valid(c->out.data, c->out.len),
+               "canonical form is not UTF-8: \"%s\"",
+               fuzz_show(c->out.data, c->out.len));
+    FUZZ_CHECK(fuzz_depth(c->tree) <= IDEM_JCS_MAX_DEPTH, "accepted depth %d",
+               fuzz_depth(c->tree));
+}
+
+
+/* the independent tree writer gives the same bytes */
+static void
+check_tree_write(fuzz_jcs_t *c)
+{
+    mem_t           out;
+    idem_sink_t     sink;
+    idem_jcs_rc_t   rc;
+
+    mem_sink(&out, &sink);
+    rc = jcs_tree_write(c->tree, &sink);
+
+    FUZZ_CHECK(rc == IDEM_JCS_OK && mem_same(&c->out, &out),
+               "jcs_tree_write(parse(x)) differs from canonicalize(x) (rc %d)",
+               rc);
+
+    mem_free(&out);
+}
+
+
+/* the canonical form is accepted and canonicalizes to itself */
+static void
+check_fixed_point(fuzz_jcs_t *c)
+{
+    mem_t           out;
+    idem_sink_t     sink;
+    idem_jcs_rc_t   rc;
+
+    mem_sink(&out, &sink);
+    rc = idem_jcs_canonicalize(c->out.data, c->out.len, &sink);
+
+    FUZZ_CHECK(rc == IDEM_JCS_OK, "canonical form rejected (%s): \"%s\"",
+               idem_jcs_strerror(rc), fuzz_show(c->out.data, c->out.len));
+    FUZZ_CHECK(mem_same(&c->out, &out),
+               "canonical form is not a fixed point: \"%s\"",
+               fuzz_show(c->out.data, c->out.len));
+
+    mem_free(&out);
+}
+
+
+/* the canonical form denotes the input's value */
+static void
+check_same_value(fuzz_jcs_t *c)
+{
+    idem_jcs_rc_t   rc;
+    cJSON          *tree;
+
+    tree = NULL;
+    rc = jcs_tree_parse(c->out.data, c->out.len, &tree);
+
+    FUZZ_CHECK(rc == IDEM_JCS_OK && tree != NULL,
+               "canonical form does not parse");
+    FUZZ_CHECK(fuzz_equal(c->tree, tree),
+               "canonical form \"%s\" is not the input's value",
+               fuzz_show(c->out.data, c->out.len));
+
+    cJSON_Delete(tree);
 }
 
 
 int
 LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    char           *in, *copy;
-    cJSON          *tree, *tree2;
-    fuzz_buf_t      o1, o2, o3, o4, o5;
-    idem_sink_t     s1, s2, s3, s4, s5;
-    idem_jcs_rc_t   rc1, rc2, rc3, rcp;
+    fuzz_jcs_t  c;
 
     fuzz_number(data, size);
 
-    in = fuzz_dup(data, size);
+    c.data = data;
+    c.size = size;
+    c.in = fuzz_dup(data, size);
+    c.tree = NULL;
+    mem_sink(&c.out, &c.sink);
 
-    fuzz_buf_init(&o1, &s1);
-    fuzz_buf_init(&o2, &s2);
-    fuzz_buf_init(&o3, &s3);
-    fuzz_buf_init(&o4, &s4);
-    fuzz_buf_init(&o5, &s5);
+    c.rc = idem_jcs_canonicalize(c.in, size, &c.sink);
 
-    rc1 = idem_jcs_canonicalize(in, size, &s1);
-    rc2 = idem_jcs_canonicalize(in, size, &s2);
+    check_deterministic(&c);
+    check_in_place(&c);
+    check_rc(&c);
+    check_tree_parse(&c);
 
-    FUZZ_CHECK(rc1 == rc2, "rc %d then %d for \"%s\"", rc1, rc2,
-               fuzz_show(in, size));
-
-    /* over a copy of itself: the same rc and bytes */
-    copy = fuzz_dup(data, size);
-    rc3 = idem_jcs_canonicalize_in_place(copy, size, &s5);
-    free(copy);
-    FUZZ_CHECK(rc1 == rc3, "rc %d, in place %d for \"%s\"", rc1, rc3,
-               fuzz_show(in, size));
-    FUZZ_CHECK(rc1 != IDEM_JCS_OK || fuzz_same(&o1, &o5),
-               "in place differs for \"%s\"", fuzz_show(in, size));
-    FUZZ_CHECK(rc1 >= IDEM_JCS_OK && rc1 <= IDEM_JCS_EDEPTH,
-               "unexpected rc %d (%s) for \"%s\"", rc1,
-               idem_jcs_strerror(rc1), fuzz_show(in, size));
-
-    tree = NULL;
-    rcp = idem_jcs_parse(in, size, &tree);
-    FUZZ_CHECK(rcp == rc1,
-               "idem_jcs_parse says %s, canonicalize %s for \"%s\"",
-               idem_jcs_strerror(rcp), idem_jcs_strerror(rc1),
-               fuzz_show(in, size));
-
-    if (rc1 != IDEM_JCS_OK) {
-        FUZZ_CHECK(rcp != IDEM_JCS_OK || tree != NULL, "rc OK without a tree");
-        goto done;
+    if (c.rc == IDEM_JCS_OK) {
+        check_output(&c);
+        check_tree_write(&c);
+        check_fixed_point(&c);
+        check_same_value(&c);
     }
 
-    FUZZ_CHECK(fuzz_same(&o1, &o2), "two canonical forms of \"%s\"",
-               fuzz_show(in, size));
-    FUZZ_CHECK(tree != NULL, "parse OK without a tree");
-    FUZZ_CHECK(o1.len > 0, "empty canonical form");
-    FUZZ_CHECK(idem_utf8_valid(o1.data, o1.len),
-               "canonical form is not UTF-8: \"%s\"", fuzz_show(o1.data, o1.len));
-    FUZZ_CHECK(fuzz_depth(tree) <= IDEM_JCS_MAX_DEPTH, "accepted depth %d",
-               fuzz_depth(tree));
-
-    /* writing the parsed tree gives the same bytes */
-    rc3 = idem_jcs_write_value(tree, &s4);
-    FUZZ_CHECK(rc3 == IDEM_JCS_OK && fuzz_same(&o1, &o4),
-               "write_value(parse(x)) differs from canonicalize(x) (rc %d)",
-               rc3);
-
-    /* fixed point */
-    rc3 = idem_jcs_canonicalize(o1.data, o1.len, &s3);
-    FUZZ_CHECK(rc3 == IDEM_JCS_OK, "canonical form rejected (%s): \"%s\"",
-               idem_jcs_strerror(rc3), fuzz_show(o1.data, o1.len));
-    FUZZ_CHECK(fuzz_same(&o1, &o3), "canonical form is not a fixed point: \"%s\"",
-               fuzz_show(o1.data, o1.len));
-
-    /* the canonical form denotes the same value */
-    tree2 = NULL;
-    rcp = idem_jcs_parse(o1.data, o1.len, &tree2);
-    FUZZ_CHECK(rcp == IDEM_JCS_OK && tree2 != NULL, "canonical form does not parse");
-    FUZZ_CHECK(fuzz_equal(tree, tree2),
-               "canonical form \"%s\" is not the input's value",
-               fuzz_show(o1.data, o1.len));
-    cJSON_Delete(tree2);
-
-done:
-
-    cJSON_Delete(tree);
-    fuzz_buf_free(&o1);
-    fuzz_buf_free(&o2);
-    fuzz_buf_free(&o3);
-    fuzz_buf_free(&o4);
-    fuzz_buf_free(&o5);
-    free(in);
+    cJSON_Delete(c.tree);
+    mem_free(&c.out);
+    free(c.in);
 
     return 0;
 }

@@ -43,132 +43,229 @@ fuzz_key_expect(const char *in, size_t len, const char *key, size_t key_len,
 }
 
 
-int
-LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+/* one input and what idem_key_parse() made of it */
+typedef struct {
+    char           *in;         /* exact-size copy of the input */
+    size_t          size;
+    idem_key_rc_t   rc;
+    char           *out;        /* exactly size bytes: the documented room */
+    size_t          out_len;
+    size_t          b, e;       /* the value without surrounding SP/HTAB */
+    int             bare;       /* a token, not a quoted string */
+} fuzz_key_t;
+
+
+static char *
+fuzz_alloc(size_t n)
 {
-    char           *in, *out, *out2, *q, *w;
-    size_t          out_len, out2_len, i, n, b, e;
-    idem_key_rc_t   rc, rc2;
-    int             bare, ok;
+    char  *p;
 
-    in = fuzz_dup(data, size);
-    out = malloc(size ? size : 1);
-    out2 = malloc(size ? size : 1);
-    if (out == NULL || out2 == NULL) {
+    p = malloc(n ? n : 1);
+    if (p == NULL) {
         abort();
     }
 
-    rc = idem_key_parse(in, size, out, &out_len);
-    rc2 = idem_key_parse(in, size, out2, &out2_len);
+    return p;
+}
 
-    FUZZ_CHECK(rc == rc2, "rc %d then %d for \"%s\"", rc, rc2,
-               fuzz_show(in, size));
-    FUZZ_CHECK(rc >= IDEM_KEY_OK && rc <= IDEM_KEY_BAD_STRING,
-               "unexpected rc %d for \"%s\"", rc, fuzz_show(in, size));
 
-    /* the value without surrounding SP/HTAB */
-    for (b = 0; b < size && (in[b] == ' ' || in[b] == '\t'); b++) { }
-    for (e = size; e > b && (in[e - 1] == ' ' || in[e - 1] == '\t'); e--) { }
+/* the same input again: the same rc, and the same key */
+static void
+check_deterministic(fuzz_key_t *c)
+{
+    char           *out;
+    size_t          out_len;
+    idem_key_rc_t   rc;
 
-    bare = (e > b && in[b] != '"');
+    out = fuzz_alloc(c->size);
+    rc = idem_key_parse(c->in, c->size, out, &out_len);
 
-    if (bare) {
-        ok = (e - b >= 1 && e - b <= IDEM_KEY_MAX);
-        for (i = b; ok && i < e; i++) {
-            ok = ((unsigned char) in[i] >= 0x21 && (unsigned char) in[i] <= 0x7e);
-        }
+    FUZZ_CHECK(rc == c->rc, "rc %d then %d for \"%s\"", c->rc, rc,
+               fuzz_show(c->in, c->size));
+    FUZZ_CHECK(rc != IDEM_KEY_OK
+               || (out_len == c->out_len
+                   && memcmp(out, c->out, out_len) == 0),
+               "two keys for \"%s\"", fuzz_show(c->in, c->size));
 
-        FUZZ_CHECK(ok == (rc == IDEM_KEY_OK),
-                   "bare token \"%s\": rc %s, expected %s", fuzz_show(in, size),
-                   idem_key_strerror(rc), ok ? "ok" : "a rejection");
+    free(out);
+}
+
+
+static void
+check_rc(fuzz_key_t *c)
+{
+    FUZZ_CHECK(c->rc >= IDEM_KEY_OK && c->rc <= IDEM_KEY_BAD_STRING,
+               "unexpected rc %d for \"%s\"", c->rc,
+               fuzz_show(c->in, c->size));
+}
+
+
+/* a bare token is accepted exactly when it is 1..255 bytes of 0x21-0x7e */
+static void
+check_bare_rule(fuzz_key_t *c)
+{
+    size_t  i;
+    int     ok;
+
+    if (!c->bare) {
+        return;
     }
 
-    if (e == b) {
-        FUZZ_CHECK(rc == IDEM_KEY_EMPTY, "blank value: rc %s",
-                   idem_key_strerror(rc));
+    ok = (c->e - c->b >= 1 && c->e - c->b <= IDEM_KEY_MAX);
+
+    for (i = c->b; ok && i < c->e; i++) {
+        ok = ((unsigned char) c->in[i] >= 0x21
+              && (unsigned char) c->in[i] <= 0x7e);
     }
 
-    /* padding does not change the answer */
-    w = malloc(size + 4);
-    if (w == NULL) {
-        abort();
-    }
+    FUZZ_CHECK(ok == (c->rc == IDEM_KEY_OK),
+               "bare token \"%s\": rc %s, expected %s",
+               fuzz_show(c->in, c->size), idem_key_strerror(c->rc),
+               ok ? "ok" : "a rejection");
+}
+
+
+static void
+check_blank(fuzz_key_t *c)
+{
+    FUZZ_CHECK(c->e != c->b || c->rc == IDEM_KEY_EMPTY,
+               "blank value: rc %s", idem_key_strerror(c->rc));
+}
+
+
+/* surrounding SP/HTAB do not change the answer */
+static void
+check_padding(fuzz_key_t *c)
+{
+    char           *w, *out;
+    size_t          out_len;
+    idem_key_rc_t   rc;
+
+    w = fuzz_alloc(c->size + 4);
+    out = fuzz_alloc(c->size + 4);
+
     memcpy(w, " \t", 2);
-    if (size) {
-        memcpy(w + 2, in, size);
+    if (c->size) {
+        memcpy(w + 2, c->in, c->size);
     }
-    memcpy(w + 2 + size, "\t ", 2);
+    memcpy(w + 2 + c->size, "\t ", 2);
 
-    {
-        char    *o = malloc(size + 4);
-        size_t   ol;
+    rc = idem_key_parse(w, c->size + 4, out, &out_len);
 
-        if (o == NULL) {
-            abort();
-        }
-        rc2 = idem_key_parse(w, size + 4, o, &ol);
-        FUZZ_CHECK(rc2 == rc, "padding changes rc %d -> %d for \"%s\"", rc, rc2,
-                   fuzz_show(in, size));
-        if (rc == IDEM_KEY_OK) {
-            FUZZ_CHECK(ol == out_len && memcmp(o, out, ol) == 0,
-                       "padding changes the key of \"%s\"", fuzz_show(in, size));
-        }
-        free(o);
-    }
+    FUZZ_CHECK(rc == c->rc, "padding changes rc %d -> %d for \"%s\"", c->rc,
+               rc, fuzz_show(c->in, c->size));
+    FUZZ_CHECK(rc != IDEM_KEY_OK
+               || (out_len == c->out_len
+                   && memcmp(out, c->out, out_len) == 0),
+               "padding changes the key of \"%s\"",
+               fuzz_show(c->in, c->size));
+
+    free(out);
     free(w);
+}
 
-    if (rc != IDEM_KEY_OK) {
-        goto done;
+
+/* an accepted key: 1..255 printable ASCII, a bare token unchanged */
+static void
+check_key_bytes(fuzz_key_t *c)
+{
+    unsigned char  ch;
+    size_t         i;
+
+    FUZZ_CHECK(c->out_len >= 1 && c->out_len <= IDEM_KEY_MAX,
+               "key length %zu", c->out_len);
+    FUZZ_CHECK(c->out_len <= c->size, "key longer than the input");
+
+    for (i = 0; i < c->out_len; i++) {
+        ch = (unsigned char) c->out[i];
+
+        FUZZ_CHECK(ch >= 0x20 && ch <= 0x7e, "byte 0x%02x in key of \"%s\"",
+                   ch, fuzz_show(c->in, c->size));
+        FUZZ_CHECK(!c->bare || ch != 0x20, "space in a bare key");
     }
 
-    FUZZ_CHECK(out2_len == out_len && memcmp(out, out2, out_len) == 0,
-               "two keys for \"%s\"", fuzz_show(in, size));
-    FUZZ_CHECK(out_len >= 1 && out_len <= IDEM_KEY_MAX, "key length %zu",
-               out_len);
-    FUZZ_CHECK(out_len <= size, "key longer than the input");
-
-    for (i = 0; i < out_len; i++) {
-        unsigned char  c = (unsigned char) out[i];
-
-        FUZZ_CHECK(c >= 0x20 && c <= 0x7e, "byte 0x%02x in key of \"%s\"", c,
-                   fuzz_show(in, size));
-        FUZZ_CHECK(!bare || c != 0x20, "space in a bare key");
+    if (c->bare) {
+        FUZZ_CHECK(c->out_len == c->e - c->b
+                   && memcmp(c->out, c->in + c->b, c->out_len) == 0,
+                   "bare token changed: \"%s\"", fuzz_show(c->in, c->size));
     }
+}
 
-    if (bare) {
-        FUZZ_CHECK(out_len == e - b && memcmp(out, in + b, out_len) == 0,
-                   "bare token changed: \"%s\"", fuzz_show(in, size));
-    }
 
-    /* re-quote as an sf-string */
-    q = malloc(2 * out_len + 2);
-    if (q == NULL) {
-        abort();
-    }
+/* the key re-quoted as an RFC 8941 String parses back to itself */
+static void
+check_requoted(fuzz_key_t *c)
+{
+    char    *q;
+    size_t   i, n;
+
+    q = fuzz_alloc(2 * c->out_len + 2);
 
     n = 0;
     q[n++] = '"';
-    for (i = 0; i < out_len; i++) {
-        if (out[i] == '"' || out[i] == '\\') {
+    for (i = 0; i < c->out_len; i++) {
+        if (c->out[i] == '"' || c->out[i] == '\\') {
             q[n++] = '\\';
         }
-        q[n++] = out[i];
+        q[n++] = c->out[i];
     }
     q[n++] = '"';
 
-    fuzz_key_expect(q, n, out, out_len, "re-quoted key");
+    fuzz_key_expect(q, n, c->out, c->out_len, "re-quoted key");
     free(q);
+}
 
-    /* and bare, where a bare token can carry it */
-    if (out[0] != '"' && memchr(out, ' ', out_len) == NULL) {
-        fuzz_key_expect(out, out_len, out, out_len, "key sent bare");
+
+/* and bare, where a bare token can carry it */
+static void
+check_sent_bare(fuzz_key_t *c)
+{
+    if (c->out[0] != '"' && memchr(c->out, ' ', c->out_len) == NULL) {
+        fuzz_key_expect(c->out, c->out_len, c->out, c->out_len,
+                        "key sent bare");
+    }
+}
+
+
+int
+LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    fuzz_key_t  c;
+
+    c.in = fuzz_dup(data, size);
+    c.size = size;
+    c.out = fuzz_alloc(size);
+    c.rc = idem_key_parse(c.in, size, c.out, &c.out_len);
+
+    for (c.b = 0; c.b < size && (c.in[c.b] == ' ' || c.in[c.b] == '\t');
+         c.b++)
+    {
+        /* void */
     }
 
-done:
+    for (c.e = size;
+         c.e > c.b && (c.in[c.e - 1] == ' ' || c.in[c.e - 1] == '\t');
+         c.e--)
+    {
+        /* void */
+    }
 
-    free(in);
-    free(out);
-    free(out2);
+    c.bare = (c.e > c.b && c.in[c.b] != '"');
+
+    check_deterministic(&c);
+    check_rc(&c);
+    check_bare_rule(&c);
+    check_blank(&c);
+    check_padding(&c);
+
+    if (c.rc == IDEM_KEY_OK) {
+        check_key_bytes(&c);
+        check_requoted(&c);
+        check_sent_bare(&c);
+    }
+
+    free(c.in);
+    free(c.out);
 
     return 0;
 }

@@ -1,6 +1,6 @@
 /*
- * The request fingerprint, version 1 (DESIGN.md section 3,
- * docs/fingerprint.md).  The preimage is the JCS form of
+ * The request fingerprint, version 1, as docs/fingerprint.md defines it
+ * for clients and auditors.  The preimage is the JCS form of
  *
  *   {"body":B,"headers":{...},"method":M,"query":Q,"route":R,"scope":S,"v":1}
  *
@@ -30,23 +30,6 @@ typedef struct {
     const idem_str_t  *name;
     const idem_str_t  *value;
 } fp_header_t;
-
-
-static const char  fp_hex_digits[] = "0123456789abcdef";
-
-
-void
-idem_hex(const unsigned char *in, size_t n, char *out)
-{
-    size_t  i;
-
-    for (i = 0; i < n; i++) {
-        out[2 * i] = fp_hex_digits[in[i] >> 4];
-        out[2 * i + 1] = fp_hex_digits[in[i] & 0x0f];
-    }
-
-    out[2 * n] = '\0';
-}
 
 
 const char *
@@ -355,8 +338,8 @@ fp_header_cmp(const void *a, const void *b)
     ha = a;
     hb = b;
 
-    return idem_jcs_utf16_cmp(ha->name->data, ha->name->len,
-                              hb->name->data, hb->name->len);
+    return idem_utf16_cmp(ha->name->data, ha->name->len,
+                          hb->name->data, hb->name->len, 0);
 }
 
 

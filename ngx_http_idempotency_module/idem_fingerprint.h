@@ -1,5 +1,7 @@
 /*
- * The request fingerprint of DESIGN.md section 3, version 1:
+ * The request fingerprint, version 1, defined in docs/fingerprint.md: a
+ * retry under the same Idempotency-Key must have the fingerprint of the
+ * first attempt.  It is
  *
  *   lowercase hex SHA-256 of the JCS form of
  *   {"v":1,"method":M,"route":R,"query":Q,"scope":S,"headers":{...},"body":B}
@@ -83,8 +85,6 @@ int idem_fingerprint_preimage(const idem_fp_input_t *in, idem_sink_t *sink,
 int idem_media_type_is_json(const char *ct, size_t len);
 
 const char *idem_body_form_name(idem_body_form_t form);
-
-void idem_hex(const unsigned char *in, size_t n, char *out);
 
 /*
  * SHA-256, fetched once per process: with OpenSSL 3 every init through

@@ -1,6 +1,6 @@
 /*
- * RFC 8785 (JCS) canonical JSON on top of cJSON.  Pure C: no nginx types,
- * so unit tests, fuzzers and command line tools link it directly.
+ * RFC 8785 (JCS) canonical JSON.  Pure C: no nginx types, so unit tests,
+ * fuzzers and command line tools link it directly.
  */
 
 #ifndef IDEM_JCS_H
@@ -8,7 +8,7 @@
 
 #include <stddef.h>
 
-struct cJSON;
+#include "idem_text.h"          /* idem_utf8_valid(), idem_utf16_cmp() */
 
 /* Output goes through a sink so the fingerprint can stream into SHA-256. */
 typedef struct idem_sink_s  idem_sink_t;
@@ -52,13 +52,6 @@ idem_jcs_rc_t idem_jcs_canonicalize(const char *in, size_t len,
 idem_jcs_rc_t idem_jcs_canonicalize_in_place(char *buf, size_t len,
     idem_sink_t *out);
 
-/*
- * Same as idem_jcs_canonicalize(), but also hands back the parsed tree
- * (caller frees with cJSON_Delete) when tree != NULL and rc == IDEM_JCS_OK.
- */
-idem_jcs_rc_t idem_jcs_parse(const char *in, size_t len, struct cJSON **tree);
-idem_jcs_rc_t idem_jcs_write_value(const struct cJSON *v, idem_sink_t *out);
-
 /* Writes s (valid UTF-8, may hold NUL bytes) as a JCS string literal. */
 int idem_jcs_write_string(idem_sink_t *out, const char *s, size_t len);
 
@@ -67,15 +60,5 @@ int idem_jcs_write_string(idem_sink_t *out, const char *s, size_t len);
  * Returns the length written (without NUL), 0 if d is not finite.
  */
 size_t idem_jcs_format_number(double d, char buf[IDEM_JCS_NUMBER_MAX]);
-
-/* 1 if p[0..len) is well-formed UTF-8 (no surrogates, no overlongs). */
-int idem_utf8_valid(const char *p, size_t len);
-
-/*
- * Orders two UTF-8 strings by their UTF-16 code units (RFC 8785 3.2.3):
- * <0, 0, >0 like memcmp.  Used for member names and fingerprint headers.
- */
-int idem_jcs_utf16_cmp(const char *a, size_t alen, const char *b,
-    size_t blen);
 
 #endif /* IDEM_JCS_H */

@@ -7,9 +7,6 @@
 #include "idem_fingerprint.h"
 
 
-static const char  idem_hexdigits[] = "0123456789abcdef";
-
-
 int
 idem_record_key(const char *scope, size_t scope_len, const char *key,
     size_t key_len, char out[IDEM_RECORD_KEY_LEN + 1])

@@ -175,8 +175,19 @@ set_str(idem_str_t *s, const char *v)
 }
 
 
-int
-main(int argc, char **argv)
+typedef struct {
+    idem_fp_input_t   in;
+    idem_str_t        names[FP_MAX_HEADERS];
+    idem_str_t        values[FP_MAX_HEADERS];
+    const char       *body_file;
+    const char       *ct;
+    int               preimage;
+} fp_args_t;
+
+
+/* 0 to go on, -1 when --help was answered, else the exit status */
+static int
+parse_args(int argc, char **argv, fp_args_t *a)
 {
     static const struct option  opts[] = {
         { "method",       required_argument, NULL, 'm' },
@@ -191,43 +202,27 @@ main(int argc, char **argv)
         { NULL, 0, NULL, 0 }
     };
 
-    idem_fp_input_t   in;
-    idem_fp_result_t  res;
-    idem_sink_t       sink;
-    idem_str_t        names[FP_MAX_HEADERS], values[FP_MAX_HEADERS];
-    const char       *body_file, *ct;
-    char             *body;
-    int               c, want_preimage, rc;
-
-    memset(&in, 0, sizeof(in));
-    in.header_names = names;
-    in.header_values = values;
-    set_str(&in.query, "");
-    set_str(&in.scope, "");
-
-    body_file = NULL;
-    ct = NULL;
-    want_preimage = 0;
+    int  c;
 
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
-        case 'm': set_str(&in.method, optarg); break;
-        case 'r': set_str(&in.route, optarg); break;
-        case 'q': set_str(&in.query, optarg); break;
-        case 's': set_str(&in.scope, optarg); break;
-        case 'c': ct = optarg; break;
-        case 'b': body_file = optarg; break;
-        case 'p': want_preimage = 1; break;
+        case 'm': set_str(&a->in.method, optarg); break;
+        case 'r': set_str(&a->in.route, optarg); break;
+        case 'q': set_str(&a->in.query, optarg); break;
+        case 's': set_str(&a->in.scope, optarg); break;
+        case 'c': a->ct = optarg; break;
+        case 'b': a->body_file = optarg; break;
+        case 'p': a->preimage = 1; break;
 
         case 'H':
-            if (add_header(&in, names, values, optarg) != 0) {
+            if (add_header(&a->in, a->names, a->values, optarg) != 0) {
                 return 2;
             }
             break;
 
         case 'h':
             usage(stdout);
-            return 0;
+            return -1;
 
         default:
             usage(stderr);
@@ -235,36 +230,71 @@ main(int argc, char **argv)
         }
     }
 
-    if (optind != argc || in.method.data == NULL || in.route.data == NULL) {
+    if (optind != argc || a->in.method.data == NULL
+        || a->in.route.data == NULL)
+    {
         fputs("--method and --route are required\n", stderr);
         usage(stderr);
         return 2;
     }
 
-    body = read_body(body_file, &in.body_len);
+    return 0;
+}
+
+
+/* the fingerprint, or with --preimage the bytes hashed, on stdout */
+static int
+fingerprint(fp_args_t *a, idem_fp_result_t *res)
+{
+    idem_sink_t  sink;
+    int          rc;
+
+    if (a->preimage) {
+        sink.write = fp_stdout_write;
+        sink.data = NULL;
+        rc = idem_fingerprint_preimage(&a->in, &sink, res);
+        return (fflush(stdout) != 0) ? -1 : rc;
+    }
+
+    rc = idem_fingerprint(&a->in, res);
+    if (rc == 0) {
+        printf("%s\n", res->hex);
+    }
+
+    return rc;
+}
+
+
+int
+main(int argc, char **argv)
+{
+    fp_args_t          a;
+    idem_fp_result_t   res;
+    char              *body;
+    int                rc;
+
+    memset(&a, 0, sizeof(fp_args_t));
+    a.in.header_names = a.names;
+    a.in.header_values = a.values;
+    set_str(&a.in.query, "");
+    set_str(&a.in.scope, "");
+
+    rc = parse_args(argc, argv, &a);
+    if (rc != 0) {
+        return (rc < 0) ? 0 : rc;
+    }
+
+    body = read_body(a.body_file, &a.in.body_len);
     if (body == NULL) {
         fputs("cannot read the body\n", stderr);
         return 1;
     }
 
-    in.body = body;
-    in.body_json = (ct != NULL && idem_media_type_is_json(ct, strlen(ct)));
+    a.in.body = body;
+    a.in.body_json = (a.ct != NULL
+                      && idem_media_type_is_json(a.ct, strlen(a.ct)));
 
-    if (want_preimage) {
-        sink.write = fp_stdout_write;
-        sink.data = NULL;
-        rc = idem_fingerprint_preimage(&in, &sink, &res);
-        if (fflush(stdout) != 0) {
-            rc = -1;
-        }
-
-    } else {
-        rc = idem_fingerprint(&in, &res);
-        if (rc == 0) {
-            printf("%s\n", res.hex);
-        }
-    }
-
+    rc = fingerprint(&a, &res);
     free(body);
 
     if (rc != 0) {

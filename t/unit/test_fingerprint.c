@@ -24,9 +24,7 @@ preimage(const idem_fp_input_t *in, idem_fp_result_t *res, size_t *len)
     mem_t        m;
     idem_sink_t  sink;
 
-    memset(&m, 0, sizeof(mem_t));
-    sink.write = mem_write;
-    sink.data = &m;
+    mem_sink(&m, &sink);
 
     if (idem_fingerprint_preimage(in, &sink, res) != 0) {
         free(m.data);

@@ -1,6 +1,7 @@
 /*
  * RFC 8785 canonicalization: the upstream vectors (argv[1] is t/data/jcs),
- * every line of the number files, and the rejections of DESIGN.md 3.
+ * every line of the number files, and the rejections the fingerprint
+ * relies on (docs/fingerprint.md section 3).
  */
 
 #include <stdint.h>
@@ -12,6 +13,7 @@
 #include <cjson/cJSON.h>
 
 #include "idem_jcs.h"
+#include "jcs_tree.h"
 #include "tap.h"
 #include "mem_sink.h"
 
@@ -25,9 +27,7 @@ canon_n(const char *in, size_t len, idem_jcs_rc_t *rc, size_t *out_len)
     mem_t        m;
     idem_sink_t  sink;
 
-    memset(&m, 0, sizeof(mem_t));
-    sink.write = mem_write;
-    sink.data = &m;
+    mem_sink(&m, &sink);
 
     *rc = idem_jcs_canonicalize(in, len, &sink);
 
@@ -210,7 +210,7 @@ test_number_file(const char *dir, const char *file)
         }
 
         /* our parser must read the expected text back to the same bits */
-        rc = idem_jcs_parse(comma, strlen(comma), &tree);
+        rc = jcs_tree_parse(comma, strlen(comma), &tree);
 
         if (rc == IDEM_JCS_OK) {
             memcpy(&back_bits, &tree->valuedouble, sizeof(back_bits));
@@ -370,6 +370,53 @@ test_strings(void)
 }
 
 
+/* sign of idem_utf16_cmp(a, b), for NUL-free literals */
+static int
+utf16_sign(const char *a, const char *b, int escaped)
+{
+    int  rc;
+
+    rc = idem_utf16_cmp(a, strlen(a), b, strlen(b), escaped);
+
+    return (rc > 0) - (rc < 0);
+}
+
+
+/*
+ * The one UTF-16 comparison, on UTF-8 and on canonical literals: where
+ * byte order and UTF-16 order part (a supplementary character against
+ * U+E000..U+FFFF; an escape against a plain character), and where not.
+ */
+static void
+test_utf16_order(void)
+{
+    ok(utf16_sign("a", "b", 0) < 0 && utf16_sign("", "a", 0) < 0
+       && utf16_sign("ab", "a", 0) > 0 && utf16_sign("ab", "ab", 0) == 0,
+       "utf16_cmp: ASCII, prefixes, equal");
+    ok(utf16_sign("\xf0\x9f\x98\x80", "\xee\x80\x80", 0) < 0
+       && utf16_sign("\xef\xbf\xbf", "\xf0\x90\x80\x80", 0) > 0,
+       "utf16_cmp: U+1F600 < U+E000, U+FFFF > U+10000");
+    ok(utf16_sign("\xed\x9f\xbf", "\xf0\x90\x80\x80", 0) < 0
+       && utf16_sign("\xc3\xa9", "\xee\x80\x80", 0) < 0
+       && utf16_sign("\xf0\x9f\x98\x80", "\xf0\x9f\x98\x81", 0) < 0,
+       "utf16_cmp: U+D7FF and U+00E9 before U+10000; U+1F600 < U+1F601");
+
+    ok(utf16_sign("\\n", " ", 1) < 0 && utf16_sign("\\\"", "A", 1) < 0
+       && utf16_sign("\\\\", "]", 1) < 0,
+       "utf16_cmp escaped: \\n < ' ', \\\" < A, \\\\ < ] unlike their bytes");
+    ok(utf16_sign("\\u001f", "\\u0010", 1) > 0
+       && utf16_sign("\\u001f", " ", 1) < 0
+       && utf16_sign("a\\u0001", "a\\n", 1) < 0
+       && utf16_sign("\\\\", "\\\"", 1) > 0,
+       "utf16_cmp escaped: escapes against escapes and spaces");
+    ok(utf16_sign("\\t", "\xc3\xa9", 1) < 0
+       && utf16_sign("x\xf0\x9f\x98\x80", "x\xee\x80\x80", 1) < 0
+       && utf16_sign("a\\nb", "a\\nb", 1) == 0
+       && utf16_sign("a\\n", "a\\nb", 1) < 0,
+       "utf16_cmp escaped: UTF-8 characters, equal, prefix");
+}
+
+
 static void
 test_structure(void)
 {
@@ -492,7 +539,7 @@ test_depth(void)
     s = malloc(100000);
     memset(s, '[', 100000);
     t0 = clock();
-    rc = idem_jcs_parse(s, 100000, NULL);
+    rc = jcs_tree_parse(s, 100000, NULL);
     secs = (double) (clock() - t0) / CLOCKS_PER_SEC;
     ok(rc == IDEM_JCS_EDEPTH && secs < 0.5,
        "100000-deep nesting rejected with EDEPTH in %.3fs", secs);
@@ -549,58 +596,67 @@ test_many_members(void)
 }
 
 
+/* the tree of the test support, from our parser: already canonical */
 static void
-test_tree_api(void)
+test_tree_parsed(void)
 {
     mem_t           m;
     idem_sink_t     sink;
-    cJSON          *tree, *obj;
+    cJSON          *tree;
     idem_jcs_rc_t   rc;
-    double          zero;
-    int             i;
 
-    memset(&m, 0, sizeof(mem_t));
-    sink.write = mem_write;
-    sink.data = &m;
+    mem_sink(&m, &sink);
 
-    rc = idem_jcs_parse("{\"b\":1,\"a\":[2]}", 15, &tree);
+    rc = jcs_tree_parse("{\"b\":1,\"a\":[2]}", 15, &tree);
     ok(rc == IDEM_JCS_OK && tree != NULL
        && strcmp(tree->child->string, "a") == 0
        && strcmp(tree->child->next->string, "b") == 0
        && tree->child->prev == tree->child->next,
-       "idem_jcs_parse returns members in canonical order");
+       "jcs_tree_parse returns members in canonical order");
 
-    rc = idem_jcs_write_value(tree, &sink);
+    rc = jcs_tree_write(tree, &sink);
     is_str(rc == IDEM_JCS_OK ? m.data : NULL, "{\"a\":[2],\"b\":1}",
-           "idem_jcs_write_value of the parsed tree");
+           "jcs_tree_write of the parsed tree");
     cJSON_Delete(tree);
 
-    /* a tree built by hand: unsorted, then bad contents */
+    mem_free(&m);
+}
+
+
+/* a tree built by hand: unsorted, then bad contents */
+static void
+test_tree_foreign(void)
+{
+    mem_t         m;
+    idem_sink_t   sink;
+    cJSON        *obj, *tree;
+    double        zero;
+    int           i;
+
+    mem_sink(&m, &sink);
+
     obj = cJSON_CreateObject();
     cJSON_AddNumberToObject(obj, "z", 0.1);
     cJSON_AddStringToObject(obj, "y", "\xe2\x82\xac");
     cJSON_AddNullToObject(obj, "x");
 
-    m.len = 0;
-    rc = idem_jcs_write_value(obj, &sink);
-    is_str(rc == IDEM_JCS_OK ? m.data : NULL,
+    is_str(jcs_tree_write(obj, &sink) == IDEM_JCS_OK ? m.data : NULL,
            "{\"x\":null,\"y\":\"\xe2\x82\xac\",\"z\":0.1}",
            "foreign unsorted tree is written sorted");
 
     cJSON_AddTrueToObject(obj, "x");
-    m.len = 0;
-    is_int(idem_jcs_write_value(obj, &sink), IDEM_JCS_EDUP,
+    is_int(jcs_tree_write(obj, &sink), IDEM_JCS_EDUP,
            "foreign tree with duplicate names -> EDUP");
     cJSON_Delete(obj);
 
     zero = 0.0;
     obj = cJSON_CreateNumber(1 / zero);
-    is_int(idem_jcs_write_value(obj, &sink), IDEM_JCS_ENUMBER,
+    is_int(jcs_tree_write(obj, &sink), IDEM_JCS_ENUMBER,
            "infinite number -> ENUMBER");
     cJSON_Delete(obj);
 
     obj = cJSON_CreateString("\xc3(");
-    is_int(idem_jcs_write_value(obj, &sink), IDEM_JCS_EUTF8,
+    is_int(jcs_tree_write(obj, &sink), IDEM_JCS_EUTF8,
            "invalid UTF-8 string -> EUTF8");
     cJSON_Delete(obj);
 
@@ -610,24 +666,39 @@ test_tree_api(void)
         cJSON_AddItemToArray(tree, cJSON_CreateArray());
         tree = tree->child;
     }
-    is_int(idem_jcs_write_value(obj, &sink), IDEM_JCS_EDEPTH,
+    is_int(jcs_tree_write(obj, &sink), IDEM_JCS_EDEPTH,
            "foreign tree deeper than 128 -> EDEPTH");
     cJSON_Delete(obj);
 
-    /* the sink failing: the text goes out in one write when in order... */
-    m.len = 0;
+    mem_free(&m);
+}
+
+
+static void
+test_sink_failure(void)
+{
+    mem_t         m;
+    idem_sink_t   sink;
+
+    /* the text goes out in one write when in order... */
+    mem_sink(&m, &sink);
     m.fail_after = 1;
-    rc = idem_jcs_canonicalize("{\"a\":[1,2,3]}", 13, &sink);
-    is_int(rc, IDEM_JCS_ESINK, "sink failure -> ESINK");
+    is_int(idem_jcs_canonicalize("{\"a\":[1,2,3]}", 13, &sink),
+           IDEM_JCS_ESINK, "sink failure -> ESINK");
 
     /* ...and member by member when the root object was out of order */
-    m.len = 0;
     m.fail_after = 3;
-    rc = idem_jcs_canonicalize("{\"b\":1,\"a\":[2]}", 15, &sink);
-    is_int(rc, IDEM_JCS_ESINK, "sink failure on a reordered root -> ESINK");
-    m.fail_after = 0;
+    is_int(idem_jcs_canonicalize("{\"b\":1,\"a\":[2]}", 15, &sink),
+           IDEM_JCS_ESINK, "sink failure on a reordered root -> ESINK");
 
-    free(m.data);
+    mem_free(&m);
+}
+
+
+static void
+test_strerror(void)
+{
+    int  i;
 
     for (i = IDEM_JCS_OK; i <= IDEM_JCS_ESINK; i++) {
         if (strcmp(idem_jcs_strerror(i), "unknown error") == 0) {
@@ -640,7 +711,7 @@ test_tree_api(void)
 
 /*
  * The direct writer (idem_jcs_canonicalize) against the tree path
- * (idem_jcs_parse + idem_jcs_write_value) on generated input: the same
+ * (jcs_tree_parse + jcs_tree_write) on generated input: the same
  * rc and the same bytes.  The generator leans on what the direct writer
  * does differently: numbers copied without strtod(), names compared as
  * canonical literals, objects reordered in place, the root written out
@@ -667,7 +738,7 @@ gen_add(mem_t *m, const char *s)
     idem_sink_t  sink;
 
     sink.write = mem_write;
-    sink.data = m;
+    sink.data = m;              /* appends: m is not reset */
     (void) mem_write(&sink, s, strlen(s));
 }
 
@@ -784,39 +855,26 @@ same_as_tree(const char *in, size_t len, idem_jcs_rc_t *rc_out)
     char           *copy;
     int             same;
 
-    memset(&a, 0, sizeof(mem_t));
-    memset(&b, 0, sizeof(mem_t));
-    sa.write = mem_write;
-    sa.data = &a;
-    sb.write = mem_write;
-    sb.data = &b;
+    mem_sink(&a, &sa);
+    mem_sink(&b, &sb);
 
     rc = idem_jcs_canonicalize(in, len, &sa);
-    rct = idem_jcs_parse(in, len, &tree);
+    rct = jcs_tree_parse(in, len, &tree);
     if (rct == IDEM_JCS_OK) {
-        rct = idem_jcs_write_value(tree, &sb);
+        rct = jcs_tree_write(tree, &sb);
         cJSON_Delete(tree);
     }
 
-    same = (rc == rct)
-           && (rc != IDEM_JCS_OK
-               || (a.len == b.len && memcmp(a.data, b.data, a.len) == 0));
+    same = (rc == rct) && (rc != IDEM_JCS_OK || mem_same(&a, &b));
 
     /* and in place, over a copy of the input */
     copy = malloc(len + 1);
     memcpy(copy, in, len);
-    c.len = 0;
-    c.data = NULL;
-    c.size = 0;
-    c.fail_after = 0;
-    sc.write = mem_write;
-    sc.data = &c;
+    mem_sink(&c, &sc);
     rci = idem_jcs_canonicalize_in_place(copy, len, &sc);
-    same = same && rci == rc
-           && (rc != IDEM_JCS_OK
-               || (c.len == a.len && memcmp(c.data, a.data, a.len) == 0));
+    same = same && rci == rc && (rc != IDEM_JCS_OK || mem_same(&c, &a));
     free(copy);
-    free(c.data);
+    mem_free(&c);
 
     if (!same) {
         diag("input:  %.*s", (int) len, in);
@@ -825,8 +883,8 @@ same_as_tree(const char *in, size_t len, idem_jcs_rc_t *rc_out)
     }
 
     *rc_out = rc;
-    free(a.data);
-    free(b.data);
+    mem_free(&a);
+    mem_free(&b);
 
     return same;
 }
@@ -843,6 +901,7 @@ test_direct_vs_tree(void)
     };
     idem_jcs_rc_t   rc;
     mem_t           m;
+    idem_sink_t     sink;
     unsigned        i, bad, okc, dup, num;
 
     /* numbers whose canonical text is longer: in place moves out */
@@ -855,18 +914,18 @@ test_direct_vs_tree(void)
     bad = okc = num = 0;
 
     for (i = 0; i < 50000; i++) {
-        memset(&m, 0, sizeof(mem_t));
+        mem_sink(&m, &sink);
         gen_add(&m, "[");
         gen_number(&m);
         gen_add(&m, "]");
 
         if (!same_as_tree(m.data, m.len, &rc) && bad++ > 5) {
-            free(m.data);
+            mem_free(&m);
             break;
         }
 
         num += (rc == IDEM_JCS_OK);
-        free(m.data);
+        mem_free(&m);
     }
 
     ok(bad == 0 && num > 40000,
@@ -876,17 +935,17 @@ test_direct_vs_tree(void)
     bad = okc = dup = 0;
 
     for (i = 0; i < 20000; i++) {
-        memset(&m, 0, sizeof(mem_t));
+        mem_sink(&m, &sink);
         gen_value(&m, 0);
 
         if (!same_as_tree(m.data, m.len, &rc) && bad++ > 5) {
-            free(m.data);
+            mem_free(&m);
             break;
         }
 
         okc += (rc == IDEM_JCS_OK);
         dup += (rc == IDEM_JCS_EDUP);
-        free(m.data);
+        mem_free(&m);
     }
 
     ok(bad == 0 && okc > 5000 && dup > 500,
@@ -909,10 +968,14 @@ main(int argc, char **argv)
     test_numbers();
     test_numbers_in_json();
     test_strings();
+    test_utf16_order();
     test_structure();
     test_depth();
     test_many_members();
-    test_tree_api();
+    test_tree_parsed();
+    test_tree_foreign();
+    test_sink_failure();
+    test_strerror();
     test_direct_vs_tree();
 
     return done_testing();
