@@ -1,17 +1,33 @@
 /*
- * libFuzzer target: the stored-record decoder, i.e. what the module reads
- * back from Redis (the `hdr` field: netstrings name then value), and the
- * record key derivation.
+ * libFuzzer target: the record value (layout 2, idem_record.h), i.e. what
+ * the module accepts from Redis as a record before it replays, refuses or
+ * reports anything (idem_value_decode), its encoder, the stored-header
+ * netstrings and the record key.
  *
- * Properties, for every input:
- *  - decoding the input as a stored blob (an exact-size heap copy, so ASan
- *    sees any read past it) terminates, returns only pairs that lie inside
- *    the blob with a non-empty name and lengths <= IDEM_HDRS_FIELD_MAX, and
- *    is deterministic;
- *  - a blob that decodes completely re-encodes (idem_hdrs_put) to exactly
- *    the same bytes: the encoding is unique;
- *  - pairs built from the input (see split_pairs) encode into exactly
- *    idem_hdrs_pair_len bytes and decode back to the same pairs, then end;
+ * Properties, for every input (decoded from an exact-size heap copy, so
+ * ASan sees any read past it):
+ *  - idem_value_decode returns 0 or -1, the same every time;
+ *  - when it accepts: idem_state_name(state) is not NULL; op, fp and
+ *    owner point at their offsets, op and fp lowercase hex; the owner is
+ *    there on in_progress, absent on completed and unknown; every number
+ *    is within its documented range; headers and body lie inside the
+ *    input, in that order; idem_value_len is the input's length and
+ *    idem_value_encode writes exactly the input back (decode->encode is
+ *    the identity), also when the body is left NULL and copied in after;
+ *    the stored headers iterate with idem_hdrs_next without leaving them
+ *    and end;
+ *  - a value built from the input's bytes (value_from_input: the state,
+ *    the numbers, the head's hex, the headers and body from the input)
+ *    encodes into idem_value_len bytes and decodes back to the same
+ *    fields (encode->decode), so a decoder that refuses good records
+ *    fails; and one near miss of it (a byte of the head out of its
+ *    alphabet, an owner where none may be, a number out of its range, a
+ *    byte more or less) is refused;
+ *  - the input as a stored-header blob: decoding terminates, returns only
+ *    pairs inside the blob with a non-empty name, and a blob that decodes
+ *    completely re-encodes (idem_hdrs_put) to the same bytes; pairs built
+ *    from the input (split_pairs) encode into idem_hdrs_pair_len bytes and
+ *    decode back;
  *  - idem_record_key gives "idem:{" 32 lowercase hex "}:r", is
  *    deterministic, and moving one byte across the scope/key boundary
  *    gives another record key.
@@ -21,6 +37,8 @@
 
 #include "fuzz_common.h"
 
+
+/* ------------------------------------------------------ stored headers */
 
 #define FUZZ_MAX_PAIRS  64
 
@@ -32,7 +50,8 @@ typedef struct {
 } fuzz_pair_t;
 
 
-static size_t
+/* 1 when blob decodes completely, 0 when it is malformed */
+static int
 decode_all(const char *blob, size_t size, fuzz_pair_t *pairs, size_t max,
     size_t *npairs)
 {
@@ -57,7 +76,7 @@ decode_all(const char *blob, size_t size, fuzz_pair_t *pairs, size_t max,
 
         if (rc != 1) {
             *npairs = n;
-            return (size_t) (rc == 0);
+            return rc == 0;
         }
 
         FUZZ_CHECK(name_len >= 1, "empty name returned");
@@ -91,10 +110,7 @@ encode_all(const fuzz_pair_t *pairs, size_t n, size_t *len)
         total += idem_hdrs_pair_len(pairs[i].name_len, pairs[i].value_len);
     }
 
-    /*
-     * exactly total bytes: idem_hdrs_put's sprintf writes a NUL after the
-     * digits, which must land inside the pair (on ':'-following data)
-     */
+    /* exactly total bytes: ASan sees a write past idem_hdrs_pair_len */
     buf = malloc(total ? total : 1);
     if (buf == NULL) {
         abort();
@@ -161,6 +177,65 @@ split_pairs(const char *in, size_t size, fuzz_pair_t *pairs, size_t max)
 
 
 static void
+check_hdrs(const char *blob, size_t size)
+{
+    fuzz_pair_t   pairs[FUZZ_MAX_PAIRS], again[FUZZ_MAX_PAIRS];
+    char         *enc, *exact;
+    size_t        n, n2, i, enc_len;
+    int           whole, whole2;
+
+    /* the input as a stored blob */
+    whole = decode_all(blob, size, pairs, FUZZ_MAX_PAIRS, &n);
+    whole2 = decode_all(blob, size, again, FUZZ_MAX_PAIRS, &n2);
+    FUZZ_CHECK(whole == whole2 && n == n2, "decoding is not deterministic");
+
+    if (whole && n <= FUZZ_MAX_PAIRS) {
+        enc = encode_all(pairs, n, &enc_len);
+        FUZZ_CHECK(enc_len == size && memcmp(enc, blob, size) == 0,
+                   "decoded blob re-encodes differently: \"%s\"",
+                   fuzz_show(blob, size));
+        free(enc);
+    }
+
+    /* pairs from the input: encode, then decode */
+    n = split_pairs(blob, size, pairs, FUZZ_MAX_PAIRS);
+    for (i = 0; i < n; i++) {
+        if (pairs[i].name_len > IDEM_HDRS_FIELD_MAX) {
+            pairs[i].name_len = IDEM_HDRS_FIELD_MAX;
+        }
+        if (pairs[i].value_len > IDEM_HDRS_FIELD_MAX) {
+            pairs[i].value_len = IDEM_HDRS_FIELD_MAX;
+        }
+    }
+
+    enc = encode_all(pairs, n, &enc_len);
+    exact = fuzz_dup((const uint8_t *) enc, enc_len);
+
+    whole = decode_all(exact, enc_len, again, FUZZ_MAX_PAIRS, &n2);
+    FUZZ_CHECK(whole, "encoded pairs do not decode: \"%s\"",
+               fuzz_show(exact, enc_len));
+    FUZZ_CHECK(n2 == n, "%zu pairs encoded, %zu decoded", n, n2);
+
+    for (i = 0; i < n; i++) {
+        FUZZ_CHECK(again[i].name_len == pairs[i].name_len
+                   && memcmp(again[i].name, pairs[i].name,
+                             pairs[i].name_len) == 0,
+                   "name %zu differs after the round trip", i);
+        FUZZ_CHECK(again[i].value_len == pairs[i].value_len
+                   && (pairs[i].value_len == 0
+                       || memcmp(again[i].value, pairs[i].value,
+                                 pairs[i].value_len) == 0),
+                   "value %zu differs after the round trip", i);
+    }
+
+    free(exact);
+    free(enc);
+}
+
+
+/* ---------------------------------------------------------- record key */
+
+static void
 check_record_key(const char *in, size_t size)
 {
     char    k1[IDEM_RECORD_KEY_LEN + 1], k2[IDEM_RECORD_KEY_LEN + 1];
@@ -179,7 +254,8 @@ check_record_key(const char *in, size_t size)
                && memcmp(k1 + 38, "}:r", 4) == 0, "record key shape: %s", k1);
 
     for (i = 6; i < 38; i++) {
-        FUZZ_CHECK((k1[i] >= '0' && k1[i] <= '9') || (k1[i] >= 'a' && k1[i] <= 'f'),
+        FUZZ_CHECK((k1[i] >= '0' && k1[i] <= '9')
+                   || (k1[i] >= 'a' && k1[i] <= 'f'),
                    "record key not hex: %s", k1);
     }
 
@@ -192,66 +268,612 @@ check_record_key(const char *in, size_t size)
 }
 
 
+/* ------------------------------------------------------- record values */
+
+static int
+lower_hex(const char *p, size_t n)
+{
+    size_t  i;
+
+    for (i = 0; i < n; i++) {
+        if (!((p[i] >= '0' && p[i] <= '9') || (p[i] >= 'a' && p[i] <= 'f'))) {
+            return 0;
+        }
+    }
+
+    return 1;
+}
+
+
+static int
+in_range(long long n, long long min, long long max)
+{
+    return n >= min && n <= max;
+}
+
+
+static int
+same_bytes(const char *a, size_t alen, const char *b, size_t blen)
+{
+    return alen == blen && (alen == 0 || memcmp(a, b, alen) == 0);
+}
+
+
+/* the first field of out that is not in's (for in's state), or NULL */
+static const char *
+value_diff(const idem_value_t *in, const idem_value_t *out)
+{
+    if (out->state != in->state) {
+        return "state";
+    }
+    if (out->waiters != (in->waiters ? 1 : 0)) {
+        return "waiters";
+    }
+    if (memcmp(out->op, in->op, IDEM_TOKEN_LEN) != 0) {
+        return "op";
+    }
+    if (memcmp(out->fp, in->fp, IDEM_FP_LEN) != 0) {
+        return "fp";
+    }
+    if ((in->owner == NULL) != (out->owner == NULL)
+        || (in->owner && memcmp(in->owner, out->owner, IDEM_TOKEN_LEN) != 0))
+    {
+        return "owner";
+    }
+
+    switch (in->state) {
+
+    case 'i':
+        if (out->created != in->created || out->lease_ms != in->lease_ms
+            || out->ttl_ms != in->ttl_ms)
+        {
+            return "in_progress numbers";
+        }
+        return NULL;
+
+    case 'c':
+        if (out->created != in->created || out->completed != in->completed
+            || out->status != in->status
+            || out->stored != (in->stored ? 1 : 0)
+            || out->resolved != (in->resolved ? 1 : 0))
+        {
+            return "completed numbers";
+        }
+        if (!same_bytes(out->hdr, out->hdr_len, in->hdr, in->hdr_len)) {
+            return "hdr";
+        }
+        if (!same_bytes(out->body, out->body_len, in->body, in->body_len)) {
+            return "body";
+        }
+        return NULL;
+
+    case 'u':
+        if (out->created != in->created || out->unknown_at != in->unknown_at)
+        {
+            return "unknown numbers";
+        }
+        return NULL;
+
+    default:
+        if (out->status != in->status || out->retry_after != in->retry_after)
+        {
+            return "released numbers";
+        }
+        return NULL;
+    }
+}
+
+
+/* v as idem_value_encode writes it, in an exact-size buffer */
+static char *
+encode_exact(const idem_value_t *v, size_t *len)
+{
+    char  *buf, *end;
+
+    *len = idem_value_len(v);
+    buf = malloc(*len ? *len : 1);
+    if (buf == NULL) {
+        abort();
+    }
+
+    end = idem_value_encode(buf, v);
+
+    FUZZ_CHECK((size_t) (end - buf) == *len,
+               "idem_value_encode wrote %zu bytes, idem_value_len said %zu",
+               (size_t) (end - buf), *len);
+
+    return buf;
+}
+
+
+/* a completed value encoded with body NULL, the body copied in after */
+static void
+check_body_null(const idem_value_t *v, const char *want, size_t want_len)
+{
+    char          *buf, *end;
+    size_t         i;
+    idem_value_t   w;
+
+    w = *v;
+    w.body = NULL;
+
+    FUZZ_CHECK(idem_value_len(&w) == want_len,
+               "body NULL: idem_value_len %zu, not %zu", idem_value_len(&w),
+               want_len);
+
+    buf = malloc(want_len);
+    if (buf == NULL) {
+        abort();
+    }
+
+    memset(buf, 0xa5, want_len);
+    end = idem_value_encode(buf, &w);
+
+    FUZZ_CHECK((size_t) (end - buf) == want_len && want_len > v->body_len
+               && end[-1] == ',', "body NULL: wrote %zu bytes of %zu",
+               (size_t) (end - buf), want_len);
+
+    for (i = 0; i < v->body_len; i++) {
+        FUZZ_CHECK((unsigned char) end[-1 - (long) v->body_len + (long) i]
+                   == 0xa5, "body NULL: byte %zu of the body written", i);
+    }
+
+    if (v->body_len) {
+        memcpy(end - 1 - v->body_len, v->body, v->body_len);
+    }
+
+    FUZZ_CHECK(memcmp(buf, want, want_len) == 0,
+               "body NULL, body copied in: another value than \"%s\"",
+               fuzz_show(want, want_len));
+
+    free(buf);
+}
+
+
+/* the input was accepted as v: what that promises */
+static void
+check_accepted(const char *in, size_t size, const idem_value_t *v)
+{
+    char         *enc;
+    size_t        len, n;
+    fuzz_pair_t   pairs[FUZZ_MAX_PAIRS];
+
+    FUZZ_CHECK(idem_state_name(v->state) != NULL && v->state == in[1],
+               "accepted state '%c' has no name", v->state);
+    FUZZ_CHECK(v->waiters == (in[2] == '1'), "waiters %d", v->waiters);
+    FUZZ_CHECK(v->op == in + IDEM_OP_OFF && lower_hex(v->op, IDEM_TOKEN_LEN)
+               && v->fp == in + IDEM_FP_OFF && lower_hex(v->fp, IDEM_FP_LEN),
+               "op or fp not at their offsets in hex");
+    FUZZ_CHECK(v->owner == NULL
+               || (v->owner == in + IDEM_OWNER_OFF
+                   && lower_hex(v->owner, IDEM_TOKEN_LEN)),
+               "owner not at its offset in hex");
+    FUZZ_CHECK(v->state == 'r' || (v->owner != NULL) == (v->state == 'i'),
+               "state '%c' %s an owner", v->state,
+               v->owner ? "with" : "without");
+
+    switch (v->state) {
+
+    case 'i':
+        FUZZ_CHECK(in_range(v->created, 0, IDEM_TIME_MS_MAX)
+                   && in_range(v->lease_ms, 1, IDEM_TIME_MS_MAX)
+                   && in_range(v->ttl_ms, 1, IDEM_TIME_MS_MAX),
+                   "in_progress numbers %lld %lld %lld", v->created,
+                   v->lease_ms, v->ttl_ms);
+        break;
+
+    case 'c':
+        FUZZ_CHECK(in_range(v->created, 0, IDEM_TIME_MS_MAX)
+                   && in_range(v->completed, 0, IDEM_TIME_MS_MAX)
+                   && in_range(v->status, 200, 599)
+                   && in_range(v->stored, 0, 1)
+                   && in_range(v->resolved, 0, 1),
+                   "completed numbers %lld %lld %d %d %d", v->created,
+                   v->completed, v->status, v->stored, v->resolved);
+        FUZZ_CHECK(v->hdr != NULL && v->body != NULL
+                   && v->hdr >= in + IDEM_HEAD_LEN
+                   && v->hdr_len <= size
+                   && v->hdr + v->hdr_len < v->body
+                   && v->body_len < size
+                   && v->body + v->body_len < in + size,
+                   "headers or body outside the value");
+
+        /* the stored headers, as the replay reads them */
+        decode_all(v->hdr, v->hdr_len, pairs, FUZZ_MAX_PAIRS, &n);
+        break;
+
+    case 'u':
+        FUZZ_CHECK(in_range(v->created, 0, IDEM_TIME_MS_MAX)
+                   && in_range(v->unknown_at, 0, IDEM_TIME_MS_MAX),
+                   "unknown numbers %lld %lld", v->created, v->unknown_at);
+        break;
+
+    default:
+        FUZZ_CHECK((v->status == 0 || in_range(v->status, 200, 599))
+                   && in_range(v->retry_after, -1, IDEM_TIME_MS_MAX),
+                   "released numbers %d %lld", v->status, v->retry_after);
+        break;
+    }
+
+    /* decode -> encode is the identity */
+    FUZZ_CHECK(idem_value_len(v) == size,
+               "idem_value_len %zu for an accepted value of %zu: \"%s\"",
+               idem_value_len(v), size, fuzz_show(in, size));
+
+    enc = encode_exact(v, &len);
+
+    FUZZ_CHECK(memcmp(enc, in, size) == 0,
+               "accepted value re-encodes otherwise: \"%s\"",
+               fuzz_show(in, size));
+
+    free(enc);
+
+    if (v->state == 'c') {
+        check_body_null(v, in, size);
+    }
+}
+
+
+/* ------------------------------------------------ values from the input */
+
+typedef struct {
+    const uint8_t  *p;
+    size_t          n;
+    size_t          i;
+} fuzz_reader_t;
+
+
+static unsigned
+rd8(fuzz_reader_t *r)
+{
+    return r->i < r->n ? r->p[r->i++] : 0;
+}
+
+
+static unsigned long long
+rd64(fuzz_reader_t *r)
+{
+    unsigned long long  x;
+    int                 i;
+
+    x = 0;
+    for (i = 0; i < 8; i++) {
+        x = (x << 8) | rd8(r);
+    }
+
+    return x;
+}
+
+
+/* min..max, often at either end */
+static long long
+rd_num(fuzz_reader_t *r, long long min, long long max)
+{
+    unsigned            mode;
+    unsigned long long  x, span;
+
+    mode = rd8(r) & 3;
+    x = rd64(r);
+    span = (unsigned long long) (max - min);
+
+    switch (mode) {
+    case 0:
+        return min + (long long) (x % 10 > span ? span : x % 10);
+    case 1:
+        return max - (long long) (x % 10 > span ? span : x % 10);
+    default:
+        return min + (long long) (x % (span + 1));
+    }
+}
+
+
+/* n lowercase hex digits from 8 bytes of the input */
+static void
+rd_hex(fuzz_reader_t *r, char *out, size_t n)
+{
+    static const char   hex[] = "0123456789abcdef";
+    size_t              i;
+    unsigned long long  x;
+
+    x = rd64(r);
+
+    for (i = 0; i < n; i++) {
+        x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+        out[i] = hex[x >> 60];
+    }
+}
+
+
+typedef struct {
+    idem_value_t   v;
+    char           op[IDEM_TOKEN_LEN];
+    char           fp[IDEM_FP_LEN];
+    char           owner[IDEM_TOKEN_LEN];
+} fuzz_value_t;
+
+
+/* a valid value (as far as its fields go) from the input's bytes */
+static void
+value_from_input(fuzz_reader_t *r, fuzz_value_t *fv)
+{
+    static const char   states[] = "icur";
+    unsigned            b;
+    size_t              rest, hlen;
+    idem_value_t       *v;
+
+    v = &fv->v;
+    memset(fv, 0, sizeof(*fv));
+
+    b = rd8(r);
+    v->state = states[b & 3];
+    v->waiters = (b >> 2) & 1;
+
+    rd_hex(r, fv->op, IDEM_TOKEN_LEN);
+    rd_hex(r, fv->fp, IDEM_FP_LEN);
+    rd_hex(r, fv->owner, IDEM_TOKEN_LEN);
+
+    v->op = fv->op;
+    v->fp = fv->fp;
+    v->owner = (v->state == 'i' || (v->state == 'r' && (b & 8)))
+               ? fv->owner : NULL;
+
+    v->created = v->completed = v->unknown_at = v->retry_after = -1;
+
+    switch (v->state) {
+
+    case 'i':
+        v->created = rd_num(r, 0, IDEM_TIME_MS_MAX);
+        v->lease_ms = rd_num(r, 1, IDEM_TIME_MS_MAX);
+        v->ttl_ms = rd_num(r, 1, IDEM_TIME_MS_MAX);
+        break;
+
+    case 'c':
+        v->created = rd_num(r, 0, IDEM_TIME_MS_MAX);
+        v->completed = rd_num(r, 0, IDEM_TIME_MS_MAX);
+        v->status = (int) rd_num(r, 200, 599);
+        v->stored = (b >> 4) & 1;
+        v->resolved = (b >> 5) & 1;
+
+        /* headers and body: what is left of the input, cut in two */
+        rest = r->n - r->i;
+        hlen = rest ? rd8(r) % (rest + 1) : 0;
+        rest = r->n - r->i;
+        hlen = hlen > rest ? rest : hlen;
+        v->hdr = (const char *) r->p + r->i;
+        v->hdr_len = hlen;
+        v->body = v->hdr + hlen;
+        v->body_len = rest - hlen;
+        r->i = r->n;
+        break;
+
+    case 'u':
+        v->created = rd_num(r, 0, IDEM_TIME_MS_MAX);
+        v->unknown_at = rd_num(r, 0, IDEM_TIME_MS_MAX);
+        break;
+
+    default:
+        v->status = (b & 16) ? 0 : (int) rd_num(r, 200, 599);
+        v->retry_after = (b & 32) ? -1 : rd_num(r, 0, IDEM_TIME_MS_MAX);
+        break;
+    }
+}
+
+
+static void
+expect_refused(const char *p, size_t len, const char *what)
+{
+    char          *copy;
+    idem_value_t   v;
+
+    copy = fuzz_dup((const uint8_t *) p, len);
+
+    FUZZ_CHECK(idem_value_decode(copy, len, &v) == -1,
+               "near miss accepted (%s): \"%s\"", what, fuzz_show(p, len));
+
+    free(copy);
+}
+
+
+/* a byte outside "0123456789abcdef" (and not '-' when dash is 0) */
+static char
+not_hex(unsigned b, int dash)
+{
+    static const char  bad[] = "ABCDEFGgz:,- \x00\xff";
+    char               c;
+
+    c = bad[b % (sizeof(bad) - 1)];
+
+    return (c == '-' && !dash) ? 'G' : c;
+}
+
+
+/* one near miss of the valid value fv (encoded as enc, len): refused */
+static void
+check_near_miss(fuzz_reader_t *r, const fuzz_value_t *fv, const char *enc,
+    size_t len)
+{
+    char           *m;
+    size_t          at, mlen;
+    unsigned        b, kind;
+    idem_value_t    w;
+
+    b = rd8(r);
+    kind = b % 9;
+    at = rd8(r);
+
+    m = malloc(len + 1);
+    if (m == NULL) {
+        abort();
+    }
+
+    memcpy(m, enc, len);
+    mlen = len;
+
+    switch (kind) {
+
+    case 0:
+        m[0] = "13\x00" "a-"[at % 5];
+        expect_refused(m, mlen, "layout byte");
+        break;
+
+    case 1:
+        m[1] = "xIRCU\x00" "d2"[at % 8];
+        expect_refused(m, mlen, "state byte");
+        break;
+
+    case 2:
+        m[2] = "2x-\x00 9"[at % 6];
+        expect_refused(m, mlen, "waiters byte");
+        break;
+
+    case 3:
+        m[IDEM_OP_OFF + at % IDEM_TOKEN_LEN] = not_hex(b / 9, 1);
+        expect_refused(m, mlen, "operation id not hex");
+        break;
+
+    case 4:
+        m[IDEM_FP_OFF + at % IDEM_FP_LEN] = not_hex(b / 9, 1);
+        expect_refused(m, mlen, "fingerprint not hex");
+        break;
+
+    case 5:
+        if (fv->v.owner == NULL) {
+            /* one owner byte in hex: neither an owner nor none */
+            m[IDEM_OWNER_OFF + at % IDEM_TOKEN_LEN] = 'a';
+
+            expect_refused(m, mlen, "owner half dashes");
+
+            if (fv->v.state != 'r') {
+                memcpy(m + IDEM_OWNER_OFF, fv->owner, IDEM_TOKEN_LEN);
+                expect_refused(m, mlen, "an owner on a closed record");
+            }
+
+        } else {
+            m[IDEM_OWNER_OFF + at % IDEM_TOKEN_LEN] = not_hex(b / 9, 1);
+            expect_refused(m, mlen, "owner not hex");
+
+            if (fv->v.state == 'i') {
+                memset(m + IDEM_OWNER_OFF, '-', IDEM_TOKEN_LEN);
+                expect_refused(m, mlen, "a claim without an owner");
+            }
+        }
+        break;
+
+    case 6:
+        m[mlen++] = (char) at;
+        expect_refused(m, mlen, "a trailing byte");
+        break;
+
+    case 7:
+        expect_refused(m, at % (len + 1) < len ? at % (len + 1) : len - 1,
+                       "a value cut short");
+        break;
+
+    default:
+        /* a number out of its range, written by the encoder */
+        w = fv->v;
+
+        switch (w.state) {
+        case 'i':
+            if (at % 3 == 0) {
+                w.lease_ms = 0;
+            } else if (at % 3 == 1) {
+                w.ttl_ms = 0;
+            } else {
+                w.created = IDEM_TIME_MS_MAX + 1 + at;
+            }
+            break;
+        case 'c':
+            w.status = (at & 1) ? 199 - (int) (at >> 1) : 600 + (int) at;
+            break;
+        case 'u':
+            w.unknown_at = IDEM_TIME_MS_MAX + 1 + at;
+            break;
+        default:
+            if (at & 1) {
+                w.status = (at & 2) ? 199 - (int) (at >> 2) : 600 + (int) at;
+            } else {
+                w.retry_after = IDEM_TIME_MS_MAX + 1 + at;
+            }
+            break;
+        }
+
+        free(m);
+        m = encode_exact(&w, &mlen);
+        expect_refused(m, mlen, "a number out of range");
+        break;
+    }
+
+    free(m);
+}
+
+
+static void
+check_built(const uint8_t *data, size_t size)
+{
+    char            *enc;
+    size_t           len;
+    const char      *diff;
+    fuzz_value_t     fv;
+    idem_value_t     out;
+    fuzz_reader_t    r = { data, size, 0 };
+    fuzz_reader_t    r2;
+
+    /* the near miss takes its two bytes from the start, the value after */
+    r.i = size >= 2 ? 2 : size;
+    value_from_input(&r, &fv);
+
+    enc = encode_exact(&fv.v, &len);
+
+    FUZZ_CHECK(idem_value_decode(enc, len, &out) == 0,
+               "a valid value was refused: \"%s\"", fuzz_show(enc, len));
+
+    diff = value_diff(&fv.v, &out);
+    FUZZ_CHECK(diff == NULL, "%s differs after encode->decode: \"%s\"", diff,
+               fuzz_show(enc, len));
+
+    if (fv.v.state == 'c') {
+        check_body_null(&fv.v, enc, len);
+    }
+
+    r2.p = data;
+    r2.n = size < 2 ? size : 2;
+    r2.i = 0;
+    check_near_miss(&r2, &fv, enc, len);
+
+    free(enc);
+}
+
+
+static void
+check_value(const char *in, size_t size)
+{
+    int            rc, rc2;
+    idem_value_t   v, v2;
+
+    rc = idem_value_decode(in, size, &v);
+    rc2 = idem_value_decode(in, size, &v2);
+
+    FUZZ_CHECK(rc == 0 || rc == -1, "idem_value_decode returned %d", rc);
+    FUZZ_CHECK(rc == rc2 && (rc != 0 || value_diff(&v, &v2) == NULL),
+               "idem_value_decode is not deterministic");
+
+    if (rc == 0) {
+        check_accepted(in, size, &v);
+    }
+}
+
+
 int
 LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    fuzz_pair_t   pairs[FUZZ_MAX_PAIRS], again[FUZZ_MAX_PAIRS];
-    char         *blob, *enc;
-    size_t        n, n2, i, enc_len;
-    int           whole, whole2;
+    char  *blob;
 
     blob = fuzz_dup(data, size);
 
-    /* 1. the input as a stored blob */
-    whole = (int) decode_all(blob, size, pairs, FUZZ_MAX_PAIRS, &n);
-    whole2 = (int) decode_all(blob, size, again, FUZZ_MAX_PAIRS, &n2);
-    FUZZ_CHECK(whole == whole2 && n == n2, "decoding is not deterministic");
-
-    if (whole && n <= FUZZ_MAX_PAIRS) {
-        enc = encode_all(pairs, n, &enc_len);
-        FUZZ_CHECK(enc_len == size && memcmp(enc, blob, size) == 0,
-                   "decoded blob re-encodes differently: \"%s\"",
-                   fuzz_show(blob, size));
-        free(enc);
-    }
-
-    /* 2. pairs from the input: encode, then decode */
-    n = split_pairs(blob, size, pairs, FUZZ_MAX_PAIRS);
-    for (i = 0; i < n; i++) {
-        if (pairs[i].name_len > IDEM_HDRS_FIELD_MAX) {
-            pairs[i].name_len = IDEM_HDRS_FIELD_MAX;
-        }
-        if (pairs[i].value_len > IDEM_HDRS_FIELD_MAX) {
-            pairs[i].value_len = IDEM_HDRS_FIELD_MAX;
-        }
-    }
-
-    enc = encode_all(pairs, n, &enc_len);
-    {
-        char  *exact = fuzz_dup((const uint8_t *) enc, enc_len);
-
-        whole = (int) decode_all(exact, enc_len, again, FUZZ_MAX_PAIRS, &n2);
-        FUZZ_CHECK(whole, "encoded pairs do not decode: \"%s\"",
-                   fuzz_show(exact, enc_len));
-        FUZZ_CHECK(n2 == n, "%zu pairs encoded, %zu decoded", n, n2);
-
-        for (i = 0; i < n; i++) {
-            FUZZ_CHECK(again[i].name_len == pairs[i].name_len
-                       && memcmp(again[i].name, pairs[i].name,
-                                 pairs[i].name_len) == 0,
-                       "name %zu differs after the round trip", i);
-            FUZZ_CHECK(again[i].value_len == pairs[i].value_len
-                       && (pairs[i].value_len == 0
-                           || memcmp(again[i].value, pairs[i].value,
-                                     pairs[i].value_len) == 0),
-                       "value %zu differs after the round trip", i);
-        }
-
-        free(exact);
-    }
-    free(enc);
-
-    /* 3. record keys */
+    check_value(blob, size);
+    check_built(data, size);
+    check_hdrs(blob, size);
     check_record_key(blob, size);
 
     free(blob);

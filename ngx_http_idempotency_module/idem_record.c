@@ -1,10 +1,16 @@
+/*
+ * The record key, the netstrings of stored headers, and the layout-2
+ * record value: its decoder is what the module accepts from Redis before
+ * it replays or refuses anything, its encoder what it writes.
+ */
+
 #include <stdint.h>
-#include <stdio.h>
 #include <string.h>
 #include <openssl/evp.h>
 
 #include "idem_record.h"
 #include "idem_fingerprint.h"
+#include "idem_text.h"
 
 
 int
@@ -73,10 +79,28 @@ idem_hdrs_pair_len(size_t name_len, size_t value_len)
 }
 
 
+/* n in decimal, no NUL after it */
+static char *
+idem_dec_put(char *p, size_t n)
+{
+    size_t  len, i;
+
+    len = idem_dec_len(n);
+
+    for (i = len; i > 0; i--) {
+        p[i - 1] = (char) ('0' + n % 10);
+        n /= 10;
+    }
+
+    return p + len;
+}
+
+
 static char *
 idem_netstring_put(char *p, const char *s, size_t len)
 {
-    p += sprintf(p, "%zu:", len);
+    p = idem_dec_put(p, len);
+    *p++ = ':';
     memcpy(p, s, len);
     p += len;
     *p++ = ',';
@@ -95,7 +119,8 @@ idem_hdrs_put(char *p, const char *name, size_t name_len, const char *value,
 
 
 static int
-idem_netstring_get(idem_hdrs_iter_t *it, const char **s, size_t *len)
+idem_netstring_get(idem_hdrs_iter_t *it, const char **s, size_t *len,
+    size_t max)
 {
     size_t       n, digits;
     const char  *p;
@@ -104,16 +129,14 @@ idem_netstring_get(idem_hdrs_iter_t *it, const char **s, size_t *len)
     digits = 0;
 
     for (p = it->pos; p < it->end && *p >= '0' && *p <= '9'; p++) {
-        if (digits == 1 && n == 0) {
-            return -1;                      /* leading zero */
+        if ((digits == 1 && n == 0)                 /* leading zero */
+            || n > (max - (size_t) (*p - '0')) / 10)
+        {
+            return -1;
         }
 
         n = n * 10 + (size_t) (*p - '0');
         digits++;
-
-        if (n > IDEM_HDRS_FIELD_MAX) {
-            return -1;
-        }
     }
 
     if (digits == 0 || p >= it->end || *p != ':') {
@@ -142,23 +165,14 @@ idem_hdrs_next(idem_hdrs_iter_t *it, const char **name, size_t *name_len,
         return 0;
     }
 
-    if (idem_netstring_get(it, name, name_len) != 0
+    if (idem_netstring_get(it, name, name_len, IDEM_HDRS_FIELD_MAX) != 0
         || *name_len == 0
-        || idem_netstring_get(it, value, value_len) != 0)
+        || idem_netstring_get(it, value, value_len, IDEM_HDRS_FIELD_MAX) != 0)
     {
         return -1;
     }
 
     return 1;
-}
-
-
-static int
-idem_rv_is(const idem_rv_t *v, const char *lit)
-{
-    size_t  len = strlen(lit);
-
-    return v->is_str && v->len == len && memcmp(v->data, lit, len) == 0;
 }
 
 
@@ -182,150 +196,56 @@ idem_is_hex(const char *p, size_t len)
 }
 
 
-/* 1..18 decimal digits (no sign, no overflow), or -1 */
-static long long
-idem_rv_decimal(const idem_rv_t *v)
+/* the record value, layout 2 */
+
+static const char  idem_no_owner[IDEM_TOKEN_LEN + 1] =
+    "--------------------------------";
+
+
+const char *
+idem_state_name(char state)
+{
+    switch (state) {
+    case 'i':
+        return "in_progress";
+    case 'c':
+        return "completed";
+    case 'u':
+        return "unknown";
+    case 'r':
+        return "released";
+    default:
+        return NULL;
+    }
+}
+
+
+/* a decimal field: 0..10^18-1 without leading zeros, -1 for "" */
+static int
+idem_field_num(const char *s, size_t len, long long min, long long max,
+    int empty_ok, long long *out)
 {
     size_t     i;
     long long  n;
 
-    if (!v->is_str || v->len == 0 || v->len > 18) {
+    if (len == 0) {
+        *out = -1;
+        return empty_ok ? 0 : -1;
+    }
+
+    if (len > IDEM_NUM_MAX || (len > 1 && s[0] == '0')) {
         return -1;
     }
 
     n = 0;
 
-    for (i = 0; i < v->len; i++) {
-        if (v->data[i] < '0' || v->data[i] > '9') {
+    for (i = 0; i < len; i++) {
+        if (s[i] < '0' || s[i] > '9') {
             return -1;
         }
 
-        n = n * 10 + (v->data[i] - '0');
+        n = n * 10 + (s[i] - '0');
     }
-
-    return n;
-}
-
-
-/* the record state an element names, as a static string, or NULL */
-static const char *
-idem_rv_state(const idem_rv_t *v)
-{
-    static const char  *states[] = { "in_progress", "completed", "unknown" };
-    size_t              i;
-
-    for (i = 0; i < sizeof(states) / sizeof(states[0]); i++) {
-        if (idem_rv_is(v, states[i])) {
-            return states[i];
-        }
-    }
-
-    return NULL;
-}
-
-
-static idem_claim_kind_e
-idem_claim_completed(const idem_rv_t *el, size_t n, idem_claim_t *c)
-{
-    long long  status;
-
-    if (n != 6) {
-        return IDEM_CLAIM_CORRUPT;
-    }
-
-    status = idem_rv_decimal(&el[2]);
-
-    if (status < 200 || status > 599
-        || !el[3].is_str || !el[4].is_str || !el[5].is_str)
-    {
-        return IDEM_CLAIM_CORRUPT;
-    }
-
-    c->status = (int) status;
-    c->hdr = el[3];
-    c->body = el[4];
-    c->body_stored = idem_rv_is(&el[5], "1");
-    c->state = "completed";
-
-    return IDEM_CLAIM_COMPLETED;
-}
-
-
-static idem_claim_kind_e
-idem_claim_kind(const idem_rv_t *el, size_t n, idem_claim_t *c)
-{
-    long long  left;
-
-    if (n < 2 || !el[0].is_str || !el[1].is_str || !idem_is_hex(el[1].data, el[1].len)) {
-        return IDEM_CLAIM_INVALID;
-    }
-
-    c->op = el[1];
-
-    if (idem_rv_is(&el[0], "claimed")) {
-        c->state = "in_progress";
-        return IDEM_CLAIM_CLAIMED;
-    }
-
-    if (idem_rv_is(&el[0], "completed")) {
-        return idem_claim_completed(el, n, c);
-    }
-
-    if (idem_rv_is(&el[0], "in_progress")) {
-        left = (n == 3) ? idem_rv_decimal(&el[2]) : -1;
-        if (left < 0) {
-            return IDEM_CLAIM_INVALID;
-        }
-
-        c->lease_left = (unsigned long long) left;
-        c->state = "in_progress";
-        return IDEM_CLAIM_IN_PROGRESS;
-    }
-
-    if (idem_rv_is(&el[0], "unknown")) {
-        c->state = "unknown";
-        return IDEM_CLAIM_UNKNOWN;
-    }
-
-    if (idem_rv_is(&el[0], "mismatch") && n == 3) {
-        c->state = idem_rv_state(&el[2]);
-        if (c->state) {
-            return IDEM_CLAIM_MISMATCH;
-        }
-    }
-
-    return IDEM_CLAIM_INVALID;
-}
-
-
-idem_claim_kind_e
-idem_claim_decode(const idem_rv_t *el, size_t n, idem_claim_t *c)
-{
-    memset(c, 0, sizeof(*c));
-
-    c->kind = idem_claim_kind(el, n, c);
-
-    if (c->kind == IDEM_CLAIM_INVALID) {
-        memset(c, 0, sizeof(*c));
-    }
-
-    return c->kind;
-}
-
-
-/* an optional field: "" is absent (dflt); else a decimal in [min, max] */
-static int
-idem_rv_optional(const idem_rv_t *v, long long min, long long max,
-    long long dflt, long long *out)
-{
-    long long  n;
-
-    if (v->is_str && v->len == 0) {
-        *out = dflt;
-        return 0;
-    }
-
-    n = idem_rv_decimal(v);
 
     if (n < min || n > max) {
         return -1;
@@ -337,88 +257,262 @@ idem_rv_optional(const idem_rv_t *v, long long min, long long max,
 }
 
 
-static idem_status_kind_e
-idem_status_kind(const idem_rv_t *el, size_t n, idem_status_t *s)
+typedef struct {
+    idem_hdrs_iter_t   it;
+    int                bad;
+} idem_fields_t;
+
+
+static long long
+idem_fields_num(idem_fields_t *f, long long min, long long max, int empty_ok)
 {
-    long long  status;
+    size_t       len;
+    long long    n;
+    const char  *s;
 
-    if (n == 0) {
-        return IDEM_STATUS_NONE;
-    }
-
-    if (n != IDEM_STATUS_ELEMS) {
-        return IDEM_STATUS_INVALID;
-    }
-
-    s->state = idem_rv_state(&el[0]);
-
-    if (s->state == NULL
-        || !el[1].is_str || el[1].len != 64 || !idem_is_hex(el[1].data, 64)
-        || !el[2].is_str || !idem_is_hex(el[2].data, el[2].len)
-        || idem_rv_optional(&el[3], 0, IDEM_TIME_MS_MAX, -1, &s->created)
-        || idem_rv_optional(&el[4], 0, IDEM_TIME_MS_MAX, -1, &s->completed)
-        || idem_rv_optional(&el[5], 200, 599, 0, &status))
+    if (f->bad || idem_netstring_get(&f->it, &s, &len, IDEM_NUM_MAX) != 0
+        || idem_field_num(s, len, min, max, empty_ok, &n) != 0)
     {
-        return IDEM_STATUS_INVALID;
+        f->bad = 1;
+        return -1;
     }
 
-    /* what the claim would refuse to replay, the status does not show */
-    if (status == 0 && strcmp(s->state, "completed") == 0) {
-        return IDEM_STATUS_INVALID;
-    }
-
-    s->fp = el[1];
-    s->op = el[2];
-    s->status = (int) status;
-
-    return IDEM_STATUS_RECORD;
+    return n;
 }
 
 
-idem_status_kind_e
-idem_status_decode(const idem_rv_t *el, size_t n, idem_status_t *s)
+static const char *
+idem_fields_str(idem_fields_t *f, size_t *len)
 {
-    idem_status_kind_e  kind;
+    const char  *s;
 
-    memset(s, 0, sizeof(*s));
-
-    kind = idem_status_kind(el, n, s);
-
-    /* no record, or not an answer status.lua gives: nothing is set */
-    if (kind != IDEM_STATUS_RECORD) {
-        memset(s, 0, sizeof(*s));
+    if (f->bad || idem_netstring_get(&f->it, &s, len, (size_t) -1 / 2) != 0) {
+        f->bad = 1;
+        return NULL;
     }
 
-    s->kind = kind;
-
-    return kind;
+    return s;
 }
 
 
-idem_admin_kind_e
-idem_admin_decode(const idem_rv_t *el, size_t n, const char **state)
+static void
+idem_value_fields(idem_fields_t *f, idem_value_t *v)
 {
-    *state = NULL;
+    long long  n;
 
-    if (n == 1 && idem_rv_is(&el[0], "none")) {
-        return IDEM_ADMIN_NONE;
+    switch (v->state) {
+
+    case 'i':
+        v->created = idem_fields_num(f, 0, IDEM_TIME_MS_MAX, 0);
+        v->lease_ms = idem_fields_num(f, 1, IDEM_TIME_MS_MAX, 0);
+        v->ttl_ms = idem_fields_num(f, 1, IDEM_TIME_MS_MAX, 0);
+        break;
+
+    case 'c':
+        v->created = idem_fields_num(f, 0, IDEM_TIME_MS_MAX, 0);
+        v->completed = idem_fields_num(f, 0, IDEM_TIME_MS_MAX, 0);
+        v->status = (int) idem_fields_num(f, 200, 599, 0);
+        v->stored = (int) idem_fields_num(f, 0, 1, 0);
+        v->resolved = (int) idem_fields_num(f, 0, 1, 0);
+        v->hdr = idem_fields_str(f, &v->hdr_len);
+        v->body = idem_fields_str(f, &v->body_len);
+        break;
+
+    case 'u':
+        v->created = idem_fields_num(f, 0, IDEM_TIME_MS_MAX, 0);
+        v->unknown_at = idem_fields_num(f, 0, IDEM_TIME_MS_MAX, 0);
+        break;
+
+    default: /* 'r' */
+        n = idem_fields_num(f, 200, 599, 1);
+        v->status = n < 0 ? 0 : (int) n;
+        v->retry_after = idem_fields_num(f, 0, IDEM_TIME_MS_MAX, 1);
+        break;
     }
+}
 
-    if (n == 1 && idem_rv_is(&el[0], "released")) {
-        return IDEM_ADMIN_RELEASED;
-    }
 
-    if (n == 1 && idem_rv_is(&el[0], "completed")) {
-        return IDEM_ADMIN_COMPLETED;
-    }
+static int
+idem_value_head(const char *p, size_t len, idem_value_t *v)
+{
+    const char  *owner;
 
-    if (n == 2 && idem_rv_is(&el[0], "refused")
-        && (idem_rv_is(&el[1], "in_progress")
-            || idem_rv_is(&el[1], "completed")))
+    if (len < IDEM_HEAD_LEN || p[0] != IDEM_LAYOUT
+        || idem_state_name(p[1]) == NULL
+        || (p[2] != '0' && p[2] != '1')
+        || !idem_is_hex(p + IDEM_OP_OFF, IDEM_TOKEN_LEN)
+        || !idem_is_hex(p + IDEM_FP_OFF, IDEM_FP_LEN))
     {
-        *state = idem_rv_state(&el[1]);
-        return IDEM_ADMIN_REFUSED;
+        return -1;
     }
 
-    return IDEM_ADMIN_INVALID;
+    owner = p + IDEM_OWNER_OFF;
+
+    if (memcmp(owner, idem_no_owner, IDEM_TOKEN_LEN) == 0) {
+        owner = NULL;
+
+    } else if (!idem_is_hex(owner, IDEM_TOKEN_LEN)) {
+        return -1;
+    }
+
+    /* a claim always has its owner; a closed record never has one */
+    if ((p[1] == 'i') != (owner != NULL) && p[1] != 'r') {
+        return -1;
+    }
+
+    v->state = p[1];
+    v->waiters = p[2] == '1';
+    v->op = p + IDEM_OP_OFF;
+    v->fp = p + IDEM_FP_OFF;
+    v->owner = owner;
+
+    return 0;
+}
+
+
+int
+idem_value_decode(const char *p, size_t len, idem_value_t *v)
+{
+    idem_fields_t  f;
+
+    memset(v, 0, sizeof(*v));
+    v->created = v->completed = v->unknown_at = -1;
+    v->retry_after = -1;
+
+    if (idem_value_head(p, len, v) != 0) {
+        goto invalid;
+    }
+
+    f.it.pos = p + IDEM_HEAD_LEN;
+    f.it.end = p + len;
+    f.bad = 0;
+
+    idem_value_fields(&f, v);
+
+    if (f.bad || f.it.pos != f.it.end) {
+        goto invalid;
+    }
+
+    return 0;
+
+invalid:
+
+    memset(v, 0, sizeof(*v));
+
+    return -1;
+}
+
+
+static size_t
+idem_num_len(long long n)
+{
+    return n < 0 ? 0 : idem_dec_len((size_t) n);
+}
+
+
+/* the netstring of a decimal, or of "" for n < 0 */
+static char *
+idem_num_put(char *p, long long n)
+{
+    if (n < 0) {
+        return idem_netstring_put(p, "", 0);
+    }
+
+    p = idem_dec_put(p, idem_dec_len((size_t) n));
+    *p++ = ':';
+    p = idem_dec_put(p, (size_t) n);
+    *p++ = ',';
+
+    return p;
+}
+
+
+size_t
+idem_value_len(const idem_value_t *v)
+{
+    size_t  len;
+
+#define idem_ns_len(n)  (idem_dec_len(n) + 2 + (n))
+
+    len = IDEM_HEAD_LEN;
+
+    switch (v->state) {
+
+    case 'i':
+        len += idem_ns_len(idem_num_len(v->created))
+               + idem_ns_len(idem_num_len(v->lease_ms))
+               + idem_ns_len(idem_num_len(v->ttl_ms));
+        break;
+
+    case 'c':
+        len += idem_ns_len(idem_num_len(v->created))
+               + idem_ns_len(idem_num_len(v->completed))
+               + idem_ns_len(idem_num_len(v->status))
+               + 2 * idem_ns_len(1)
+               + idem_ns_len(v->hdr_len) + idem_ns_len(v->body_len);
+        break;
+
+    case 'u':
+        len += idem_ns_len(idem_num_len(v->created))
+               + idem_ns_len(idem_num_len(v->unknown_at));
+        break;
+
+    default: /* 'r' */
+        len += idem_ns_len(idem_num_len(v->status ? v->status : -1))
+               + idem_ns_len(idem_num_len(v->retry_after));
+        break;
+    }
+
+#undef idem_ns_len
+
+    return len;
+}
+
+
+char *
+idem_value_encode(char *p, const idem_value_t *v)
+{
+    *p++ = IDEM_LAYOUT;
+    *p++ = v->state;
+    *p++ = v->waiters ? '1' : '0';
+    memcpy(p, v->op, IDEM_TOKEN_LEN);
+    memcpy(p + IDEM_TOKEN_LEN, v->fp, IDEM_FP_LEN);
+    memcpy(p + IDEM_TOKEN_LEN + IDEM_FP_LEN,
+           v->owner ? v->owner : idem_no_owner, IDEM_TOKEN_LEN);
+    p += IDEM_HEAD_LEN - 3;
+
+    switch (v->state) {
+
+    case 'i':
+        p = idem_num_put(p, v->created);
+        p = idem_num_put(p, v->lease_ms);
+        return idem_num_put(p, v->ttl_ms);
+
+    case 'c':
+        p = idem_num_put(p, v->created);
+        p = idem_num_put(p, v->completed);
+        p = idem_num_put(p, v->status);
+        p = idem_num_put(p, v->stored ? 1 : 0);
+        p = idem_num_put(p, v->resolved ? 1 : 0);
+        p = idem_netstring_put(p, v->hdr, v->hdr_len);
+
+        if (v->body == NULL) {
+            /* the caller copies the body into its place, just before ',' */
+            p = idem_dec_put(p, v->body_len);
+            *p++ = ':';
+            p += v->body_len;
+            *p++ = ',';
+            return p;
+        }
+
+        return idem_netstring_put(p, v->body, v->body_len);
+
+    case 'u':
+        p = idem_num_put(p, v->created);
+        return idem_num_put(p, v->unknown_at);
+
+    default: /* 'r' */
+        p = idem_num_put(p, v->status ? v->status : -1);
+        return idem_num_put(p, v->retry_after);
+    }
 }

@@ -1,7 +1,8 @@
 /*
  * What the module keeps in Redis, in a form the fuzzers and tools can
- * read without nginx: the record key derived from (scope, key) and the
- * encoding of stored response headers.  Pure C.
+ * read and write without nginx: the record key derived from (scope, key),
+ * the netstring encoding of stored response headers, and the record
+ * itself, one string value (layout 2, docs/states.md).  Pure C.
  */
 
 #ifndef IDEM_RECORD_H
@@ -11,9 +12,9 @@
 
 /*
  * The one definition of each Redis name the module uses: record keys are
- * IDEM_RECORD_PREFIX + 32 hex + IDEM_RECORD_SUFFIX, and completions of
- * records somebody waits for are announced on IDEM_CHANNEL (the build
- * reads this line into the scripts, see config).
+ * IDEM_RECORD_PREFIX + 32 hex + IDEM_RECORD_SUFFIX, and changes of records
+ * somebody waits for are announced on IDEM_CHANNEL (the build reads this
+ * line into the scripts, see config).
  */
 #define IDEM_RECORD_PREFIX   "idem:{"
 #define IDEM_RECORD_SUFFIX   "}:r"
@@ -53,101 +54,88 @@ int idem_hdrs_next(idem_hdrs_iter_t *it, const char **name, size_t *name_len,
 #define IDEM_HDRS_FIELD_MAX  (64 * 1024)
 
 
-/*
- * The claim script's answer (redis-scripts/claim.lua), decoded from the
- * elements of its array reply without hiredis or nginx types, so that the
- * fuzzer checks exactly what the module accepts from Redis.  An element is
- * a bulk or status string (is_str) or anything else (nil, integer, array).
- */
-typedef struct {
-    const char  *data;
-    size_t       len;
-    int          is_str;
-} idem_rv_t;
+/* the latest time a record may name: 9999-12-31T23:59:59.999Z */
+#define IDEM_TIME_MS_MAX  253402300799999LL
 
 /* 1 when p is 1..64 lowercase hex digits (operation ids, fingerprints) */
 int idem_is_hex(const char *p, size_t len);
 
-/* No decision reads an element past the sixth. */
-#define IDEM_CLAIM_ELEMS  6
 
-typedef enum {
-    IDEM_CLAIM_INVALID = 0,    /* not an answer claim.lua gives */
-    IDEM_CLAIM_CORRUPT,        /* "completed" with bad fields; op is set */
-    IDEM_CLAIM_CLAIMED,        /* {"claimed", op} */
-    IDEM_CLAIM_COMPLETED,      /* {"completed", op, status, hdr, body, stored} */
-    IDEM_CLAIM_IN_PROGRESS,    /* {"in_progress", op, lease ms left} */
-    IDEM_CLAIM_UNKNOWN,        /* {"unknown", op} */
-    IDEM_CLAIM_MISMATCH        /* {"mismatch", op, state} */
-} idem_claim_kind_e;
+/*
+ * The record, layout 2: one string, a fixed head and netstring fields.
+ *
+ *   offset  size  field
+ *   0       1     '2', the layout
+ *   1       1     state: i in_progress, c completed, u unknown,
+ *                 r released (a marker, see below)
+ *   2       1     waiters: '1' once a duplicate waits (idempotency_wait)
+ *   3       32    operation id, lowercase hex
+ *   35      64    fingerprint, lowercase hex
+ *   99      32    owner token of the claiming attempt, or 32 '-'
+ *   131           fields, netstrings "len:bytes,", by state:
+ *     i  created, lease ms, ttl ms
+ *     c  created, completed, status, stored (0|1), resolved (0|1),
+ *        headers, body
+ *     u  created, became unknown
+ *     r  status, Retry-After (both may be empty)
+ *
+ * Times are milliseconds since the epoch.  An in_progress record lives
+ * for "ttl ms" from its claim or its last renewal (PEXPIRE), so Redis's
+ * own clock says how long ago the owner last spoke: ttl - PTTL; the lease
+ * has lapsed once that reaches "lease ms".
+ *
+ * "r" is what a released attempt leaves for a short while: for the
+ * duplicates that waited on it (the upstream's status and Retry-After),
+ * or for a claim that may still arrive from a connection the worker gave
+ * up on (no status), which must not take the key then.  Every other
+ * claim takes the key over a marker.
+ */
+#define IDEM_LAYOUT          '2'
+#define IDEM_HEAD_LEN        131
+#define IDEM_OP_OFF          3
+#define IDEM_FP_OFF          35
+#define IDEM_OWNER_OFF       99
+#define IDEM_TOKEN_LEN       32
+#define IDEM_FP_LEN          64
+#define IDEM_NUM_MAX         18      /* digits of a decimal field */
 
 typedef struct {
-    idem_claim_kind_e    kind;
-    const char          *state;   /* "in_progress", "completed", "unknown"
-                                     (static strings), or NULL */
-    idem_rv_t            op;      /* 1..64 lowercase hex */
-    int                  status;  /* COMPLETED: 200..599 */
-    idem_rv_t            hdr;     /* COMPLETED: stored headers (netstrings) */
-    idem_rv_t            body;    /* COMPLETED */
-    int                  body_stored;
-    unsigned long long   lease_left;   /* IN_PROGRESS, milliseconds */
-} idem_claim_t;
+    char                 state;       /* 'i', 'c', 'u', 'r' */
+    int                  waiters;
+    const char          *op;          /* IDEM_TOKEN_LEN hex */
+    const char          *fp;          /* IDEM_FP_LEN hex */
+    const char          *owner;       /* IDEM_TOKEN_LEN hex, or NULL */
+    long long            created;     /* i, c, u */
+    long long            completed;   /* c */
+    long long            unknown_at;  /* u */
+    long long            lease_ms;    /* i */
+    long long            ttl_ms;      /* i */
+    int                  status;      /* c: 200..599; r: 0 (none) or that */
+    int                  stored;      /* c */
+    int                  resolved;    /* c */
+    long long            retry_after; /* r: seconds, -1 when none */
+    const char          *hdr;         /* c */
+    size_t               hdr_len;
+    const char          *body;        /* c */
+    size_t               body_len;
+} idem_value_t;
 
 /*
- * el holds the first min(n, IDEM_CLAIM_ELEMS) elements of a reply of n;
- * the pointers in *c point into them.  Returns c->kind.
+ * 0 with *v filled (pointers into p), -1 when p is not a layout-2 record
+ * exactly as the encoders below write them.
  */
-idem_claim_kind_e idem_claim_decode(const idem_rv_t *el, size_t n,
-    idem_claim_t *c);
-
-
-/* the latest time a record may name: 9999-12-31T23:59:59.999Z */
-#define IDEM_TIME_MS_MAX  253402300799999LL
+int idem_value_decode(const char *p, size_t len, idem_value_t *v);
 
 /*
- * The status script's answer (redis-scripts/status.lua): no elements when
- * there is no record, else {state, fingerprint, op, created, completed,
- * status}, the last three empty when the record has none.
+ * Encoders: each writes the whole value for v's state from v's fields and
+ * returns the end; idem_value_len() is the exact size it will write.  A
+ * completed record's body may be NULL: its bytes are then left for the
+ * caller to write, in the body_len bytes before the last one.
  */
-#define IDEM_STATUS_ELEMS  6
+size_t idem_value_len(const idem_value_t *v);
+char *idem_value_encode(char *p, const idem_value_t *v);
 
-typedef enum {
-    IDEM_STATUS_INVALID = 0,
-    IDEM_STATUS_NONE,
-    IDEM_STATUS_RECORD
-} idem_status_kind_e;
-
-typedef struct {
-    idem_status_kind_e   kind;
-    const char          *state;       /* static, as in idem_claim_t */
-    idem_rv_t            fp;          /* 64 lowercase hex */
-    idem_rv_t            op;          /* 1..64 lowercase hex */
-    long long            created;     /* ms since the epoch, or -1 */
-    long long            completed;   /* ms since the epoch, or -1 */
-    int                  status;      /* 200..599 (always when completed),
-                                         or 0 */
-} idem_status_t;
-
-/* el holds the first min(n, IDEM_STATUS_ELEMS) elements of a reply of n */
-idem_status_kind_e idem_status_decode(const idem_rv_t *el, size_t n,
-    idem_status_t *s);
-
-/* admin.lua: {"released"} | {"completed"} | {"none"} | {"refused", state} */
-#define IDEM_ADMIN_ELEMS  2
-
-typedef enum {
-    IDEM_ADMIN_INVALID = 0,
-    IDEM_ADMIN_NONE,
-    IDEM_ADMIN_REFUSED,
-    IDEM_ADMIN_RELEASED,
-    IDEM_ADMIN_COMPLETED
-} idem_admin_kind_e;
-
-/*
- * *state is set for REFUSED only: "in_progress" or "completed" (static),
- * the states an operator may not resolve; NULL otherwise.
- */
-idem_admin_kind_e idem_admin_decode(const idem_rv_t *el, size_t n,
-    const char **state);
+/* the state's name as the answers and the status endpoint spell it */
+const char *idem_state_name(char state);
 
 #endif /* IDEM_RECORD_H */

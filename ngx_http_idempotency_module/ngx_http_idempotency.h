@@ -17,7 +17,7 @@
 #include "ngx_http_idempotency_redis.h"
 
 
-#define NGX_HTTP_IDEM_TOKEN_HEX       32   /* 128 random bits as hex */
+#define NGX_HTTP_IDEM_TOKEN_HEX       IDEM_TOKEN_LEN  /* 128 bits as hex */
 
 /* idempotency_thread_pool: smaller JSON bodies are not worth a hand-off */
 #define NGX_HTTP_IDEM_THREAD_MIN      (32 * 1024)
@@ -93,6 +93,7 @@ typedef enum {
     NGX_HTTP_IDEM_ANS_MISMATCH,
     NGX_HTTP_IDEM_ANS_IN_PROGRESS,
     NGX_HTTP_IDEM_ANS_UNKNOWN,
+    NGX_HTTP_IDEM_ANS_RELEASED,      /* the attempt waited on: "later" */
     NGX_HTTP_IDEM_ANS_STORE_DOWN,    /* no reply: connection, timeout */
     NGX_HTTP_IDEM_ANS_STORE_ERROR    /* a reply we do not understand */
 } ngx_http_idem_answer_e;
@@ -123,6 +124,7 @@ typedef enum {
     NGX_HTTP_IDEM_P_NOT_FOUND,
     NGX_HTTP_IDEM_P_NOT_RESOLVABLE,
     NGX_HTTP_IDEM_P_BAD_ADMIN,
+    NGX_HTTP_IDEM_P_RETRY_LATER,
     NGX_HTTP_IDEM_NPROBLEMS
 } ngx_http_idem_problem_e;
 
@@ -143,15 +145,18 @@ struct ngx_http_idem_ctx_s {
     u_char                       rkey[IDEM_RECORD_KEY_LEN + 1];
     u_char                       owner[NGX_HTTP_IDEM_TOKEN_HEX];
     ngx_str_t                    op_id;
+    int64_t                      created;   /* ms, when claimed */
 
     ngx_http_idem_cmd_t         *cmd;       /* a command awaited */
 
     /* the claim's answer */
     ngx_http_idem_answer_e       answer;
     ngx_str_t                    state;
+    ngx_str_t                    record;    /* the value, for a replay */
     ngx_uint_t                   stored_status;
     ngx_str_t                    stored_headers;
     ngx_str_t                    stored_body;
+    ngx_int_t                    retry_after;  /* RELEASED; -1: none */
     unsigned                     body_stored:1;
 
     /* capture of the upstream's response */
@@ -169,6 +174,8 @@ struct ngx_http_idem_ctx_s {
     ngx_event_t                  wait_timer;
     ngx_msec_t                   wait_deadline;
     ngx_msec_t                   lease_left;    /* from the claim's answer */
+    u_char                       waited_op[NGX_HTTP_IDEM_TOKEN_HEX];
+    unsigned                     waited:1;      /* waited_op is set */
     unsigned                     waiting:1;
     unsigned                     wait_expired:1;
 
@@ -220,7 +227,8 @@ void ngx_http_idem_finish(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
     ngx_http_idem_end_e end);
 void ngx_http_idem_abandon(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx);
 void ngx_http_idem_give_back(ngx_http_idem_redis_t *rd, ngx_str_t *key,
-    ngx_str_t *owner);
+    ngx_str_t *claim);
+int64_t ngx_http_idem_now_ms(void);
 
 /* ngx_http_idempotency_filter.c: capture of the upstream's response */
 ngx_int_t ngx_http_idem_filter_init(ngx_conf_t *cf);

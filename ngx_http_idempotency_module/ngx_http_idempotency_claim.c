@@ -1,8 +1,16 @@
 /*
- * The claim: one script that takes (scope, key) for this attempt or says
- * what already holds it, and the decoding of its answer into the request
- * context.  A claim whose answer never came, or came for a request that
- * has gone, is given back so that the key is not blocked.
+ * The claim: take (scope, key) for this attempt, or learn what holds it.
+ *
+ * The first look is one native command, SET key value NX PX ttl GET: it
+ * claims a free key, or returns the record that holds it, which answers a
+ * replay, a conflict or an unknown outcome by itself.  Only what needs a
+ * decision inside Redis goes on to claim.lua: a claim in flight (its lease
+ * is measured by Redis's clock), a marker left by a released attempt, a
+ * record of layout 1, or an error of the first look.  Duplicates that
+ * wait look through claim.lua at once.
+ *
+ * A claim whose answer never came, or came for a request that has gone,
+ * is given back so that the key is not blocked.
  */
 
 #include <openssl/rand.h>
@@ -12,6 +20,19 @@
 
 static void ngx_http_idem_claim_done(ngx_http_idem_cmd_t *cmd,
     redisReply *reply);
+
+
+/* SET key value NX PX ttl GET: its arguments after the key, by name */
+enum {
+    NGX_HTTP_IDEM_SET_VALUE = 0,
+    NGX_HTTP_IDEM_SET_NX,
+    NGX_HTTP_IDEM_SET_PX,
+    NGX_HTTP_IDEM_SET_TTL,
+    NGX_HTTP_IDEM_SET_GET,
+    NGX_HTTP_IDEM_SET_NARGS
+};
+
+static ngx_str_t  ngx_http_idem_set = ngx_string("SET");
 
 
 /*
@@ -72,9 +93,74 @@ ngx_http_idem_tokens(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
 }
 
 
-static ngx_http_idem_cmd_t *
-ngx_http_idem_claim_cmd(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
+int64_t
+ngx_http_idem_now_ms(void)
 {
+    ngx_time_t  *tp;
+
+    tp = ngx_timeofday();
+
+    return (int64_t) tp->sec * 1000 + tp->msec;
+}
+
+
+/* the in_progress record of this attempt, written at p */
+static u_char *
+ngx_http_idem_claim_value(u_char *p, ngx_http_idem_ctx_t *ctx)
+{
+    idem_value_t  v;
+
+    ngx_memzero(&v, sizeof(idem_value_t));
+
+    v.state = 'i';
+    v.op = (const char *) ctx->op_id.data;
+    v.fp = (const char *) ctx->fingerprint;
+    v.owner = (const char *) ctx->owner;
+    v.created = ctx->created;
+    v.lease_ms = ctx->conf->lease;
+    v.ttl_ms = (long long) ctx->conf->ttl * 1000;
+
+    return (u_char *) idem_value_encode((char *) p, &v);
+}
+
+
+/* the in_progress value is at most this long: its head and 3 numbers */
+#define NGX_HTTP_IDEM_CLAIM_VALUE_MAX  (IDEM_HEAD_LEN + 3 * (2 + 2 * 19))
+
+
+static ngx_http_idem_cmd_t *
+ngx_http_idem_claim_set_cmd(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
+{
+    u_char               *p;
+    ngx_http_idem_cmd_t  *cmd;
+
+    cmd = ngx_http_idem_cmd_native(ctx->conf->redis, &ngx_http_idem_set,
+                                   NGX_HTTP_IDEM_SET_NARGS, ctx->rkey,
+                                   NGX_HTTP_IDEM_CLAIM_VALUE_MAX
+                                   + NGX_INT64_LEN + 8,
+                                   r->connection->log);
+    if (cmd == NULL) {
+        return NULL;
+    }
+
+    p = ngx_http_idem_cmd_start(cmd, NGX_HTTP_IDEM_SET_VALUE);
+    ngx_http_idem_cmd_end(cmd, NGX_HTTP_IDEM_SET_VALUE,
+                          ngx_http_idem_claim_value(p, ctx));
+    ngx_http_idem_cmd_set(cmd, NGX_HTTP_IDEM_SET_NX, "NX", 2);
+    ngx_http_idem_cmd_set(cmd, NGX_HTTP_IDEM_SET_PX, "PX", 2);
+    ngx_http_idem_cmd_set_num(cmd, NGX_HTTP_IDEM_SET_TTL,
+                              (int64_t) ctx->conf->ttl * 1000);
+    ngx_http_idem_cmd_set(cmd, NGX_HTTP_IDEM_SET_GET, "GET", 3);
+
+    return cmd;
+}
+
+
+static ngx_http_idem_cmd_t *
+ngx_http_idem_claim_script_cmd(ngx_http_request_t *r,
+    ngx_http_idem_ctx_t *ctx)
+{
+    u_char                    *p;
     ngx_http_idem_cmd_t       *cmd;
     ngx_http_idem_loc_conf_t  *lcf;
 
@@ -83,7 +169,8 @@ ngx_http_idem_claim_cmd(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
     cmd = ngx_http_idem_cmd_create(lcf->redis, NGX_HTTP_IDEM_SCRIPT_CLAIM,
                                    ctx->rkey, IDEM_FP_HEX_LEN
                                    + 2 * NGX_HTTP_IDEM_TOKEN_HEX
-                                   + 2 * NGX_INT64_LEN + 1,
+                                   + NGX_HTTP_IDEM_CLAIM_VALUE_MAX
+                                   + NGX_INT64_LEN + 1,
                                    r->connection->log);
     if (cmd == NULL) {
         return NULL;
@@ -93,35 +180,59 @@ ngx_http_idem_claim_cmd(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
                           IDEM_FP_HEX_LEN);
     ngx_http_idem_cmd_set(cmd, NGX_HTTP_IDEM_CLAIM_OWNER, ctx->owner,
                           NGX_HTTP_IDEM_TOKEN_HEX);
-    ngx_http_idem_cmd_set(cmd, NGX_HTTP_IDEM_CLAIM_OP, ctx->op_id.data,
-                          NGX_HTTP_IDEM_TOKEN_HEX);
-    ngx_http_idem_cmd_set_num(cmd, NGX_HTTP_IDEM_CLAIM_LEASE, lcf->lease);
-    ngx_http_idem_cmd_set_num(cmd, NGX_HTTP_IDEM_CLAIM_TTL, lcf->ttl);
+    p = ngx_http_idem_cmd_start(cmd, NGX_HTTP_IDEM_CLAIM_VALUE);
+    ngx_http_idem_cmd_end(cmd, NGX_HTTP_IDEM_CLAIM_VALUE,
+                          ngx_http_idem_claim_value(p, ctx));
+    ngx_http_idem_cmd_set_num(cmd, NGX_HTTP_IDEM_CLAIM_TTL,
+                              (int64_t) lcf->ttl * 1000);
     ngx_http_idem_cmd_set(cmd, NGX_HTTP_IDEM_CLAIM_WAIT,
                           lcf->wait ? "1" : "0", 1);
+    ngx_http_idem_cmd_set(cmd, NGX_HTTP_IDEM_CLAIM_WAITED, ctx->waited_op,
+                          ctx->waited ? NGX_HTTP_IDEM_TOKEN_HEX : 0);
 
     return cmd;
+}
+
+
+static ngx_int_t
+ngx_http_idem_claim_go(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
+    ngx_uint_t script)
+{
+    ngx_http_idem_cmd_t  *cmd;
+
+    cmd = script ? ngx_http_idem_claim_script_cmd(r, ctx)
+                 : ngx_http_idem_claim_set_cmd(r, ctx);
+
+    if (cmd == NULL
+        || ngx_http_idem_cmd_send(cmd, ngx_http_idem_claim_done, ctx)
+           != NGX_OK)
+    {
+        return NGX_ERROR;
+    }
+
+    ctx->cmd = cmd;
+
+    return NGX_OK;
 }
 
 
 /*
  * NGX_OK: the claim is on its way and its answer resumes the request.
  * NGX_ERROR: Redis cannot be reached; the answer is "store down" already.
+ * Every attempt has tokens of its own, so a claim given up on can never
+ * be mistaken for a later one.
  */
 ngx_int_t
 ngx_http_idem_claim_send(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
 {
-    ngx_http_idem_cmd_t  *cmd;
-
     ctx->phase = NGX_HTTP_IDEM_CLAIMING;
 
-    cmd = ngx_http_idem_claim_cmd(r, ctx);
+    if (ngx_http_idem_tokens(r, ctx) == NGX_OK) {
+        ctx->created = ngx_http_idem_now_ms();
 
-    if (cmd && ngx_http_idem_cmd_send(cmd, ngx_http_idem_claim_done, ctx)
-               == NGX_OK)
-    {
-        ctx->cmd = cmd;
-        return NGX_OK;
+        if (ngx_http_idem_claim_go(r, ctx, ctx->waiting) == NGX_OK) {
+            return NGX_OK;
+        }
     }
 
     ctx->answer = NGX_HTTP_IDEM_ANS_STORE_DOWN;
@@ -131,82 +242,161 @@ ngx_http_idem_claim_send(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
 }
 
 
-static ngx_int_t
-ngx_http_idem_copy_rv(ngx_pool_t *pool, idem_rv_t *v, ngx_str_t *dst)
+static void
+ngx_http_idem_set_state(ngx_http_idem_ctx_t *ctx, char state)
 {
-    dst->len = v->len;
-    dst->data = ngx_pnalloc(pool, v->len + 1);
-    if (dst->data == NULL) {
+    const char  *name;
+
+    name = idem_state_name(state);
+    ctx->state.data = (u_char *) name;
+    ctx->state.len = ngx_strlen(name);
+}
+
+
+/* the record that holds the key, copied out of the reply */
+static ngx_int_t
+ngx_http_idem_claim_record(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
+    idem_value_t *v)
+{
+    u_char  *op;
+
+    op = ngx_pnalloc(r->pool, NGX_HTTP_IDEM_TOKEN_HEX);
+    if (op == NULL) {
         return NGX_ERROR;
     }
 
-    ngx_memcpy(dst->data, v->data, v->len);
+    ngx_memcpy(op, v->op, NGX_HTTP_IDEM_TOKEN_HEX);
+    ctx->op_id.data = op;
+    ctx->op_id.len = NGX_HTTP_IDEM_TOKEN_HEX;
+
+    ngx_http_idem_set_state(ctx, v->state);
+
+    if (v->state != 'c') {
+        return NGX_OK;
+    }
+
+    ctx->stored_status = v->status;
+    ctx->body_stored = v->stored;
+
+    /* the replay sends them from the pool: the reply is freed after this */
+    ctx->stored_headers.data = ngx_pnalloc(r->pool, v->hdr_len + v->body_len
+                                                    + 1);
+    if (ctx->stored_headers.data == NULL) {
+        return NGX_ERROR;
+    }
+
+    ctx->stored_headers.len = v->hdr_len;
+    ctx->stored_body.data = ngx_cpymem(ctx->stored_headers.data, v->hdr,
+                                       v->hdr_len);
+    ctx->stored_body.len = v->body_len;
+    ngx_memcpy(ctx->stored_body.data, v->body, v->body_len);
 
     return NGX_OK;
 }
 
 
-/* what a decoded, valid answer says, with its fields copied to ctx */
+/*
+ * What a record that holds the key means for this request: NONE when only
+ * claim.lua can tell (a claim in flight, a marker).
+ */
 static ngx_http_idem_answer_e
-ngx_http_idem_claim_answer(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
-    idem_claim_t *c)
+ngx_http_idem_claim_held(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
+    idem_value_t *v)
 {
-    if (ngx_http_idem_copy_rv(r->pool, &c->op, &ctx->op_id) != NGX_OK) {
+    ngx_uint_t  same;
+
+    if (v->state == 'r') {
+        return NGX_HTTP_IDEM_ANS_NONE;
+    }
+
+    same = ngx_memcmp(v->fp, ctx->fingerprint, IDEM_FP_HEX_LEN) == 0;
+
+    if (same && v->state == 'i') {
+        return NGX_HTTP_IDEM_ANS_NONE;
+    }
+
+    if (ngx_http_idem_claim_record(r, ctx, v) != NGX_OK) {
         return NGX_HTTP_IDEM_ANS_STORE_ERROR;
     }
 
-    if (c->state) {
-        ctx->state.data = (u_char *) c->state;
-        ctx->state.len = ngx_strlen(c->state);
+    if (!same) {
+        return NGX_HTTP_IDEM_ANS_MISMATCH;
     }
+
+    return v->state == 'c' ? NGX_HTTP_IDEM_ANS_COMPLETED
+                           : NGX_HTTP_IDEM_ANS_UNKNOWN;
+}
+
+
+static ngx_http_idem_answer_e
+ngx_http_idem_claim_decoded(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
+    idem_claim_t *c, ngx_uint_t script)
+{
+    ngx_http_idem_answer_e  answer;
 
     switch (c->kind) {
 
     case IDEM_CLAIM_CLAIMED:
+        ngx_http_idem_set_state(ctx, 'i');
         return NGX_HTTP_IDEM_ANS_CLAIMED;
 
-    case IDEM_CLAIM_COMPLETED:
-        if (ngx_http_idem_copy_rv(r->pool, &c->hdr, &ctx->stored_headers)
-            != NGX_OK
-            || ngx_http_idem_copy_rv(r->pool, &c->body, &ctx->stored_body)
-               != NGX_OK)
-        {
+    case IDEM_CLAIM_RECORD:
+        answer = ngx_http_idem_claim_held(r, ctx, &c->rec);
+
+        /* claim.lua decides in flight claims and markers itself */
+        return (answer == NGX_HTTP_IDEM_ANS_NONE && script)
+               ? NGX_HTTP_IDEM_ANS_STORE_ERROR : answer;
+
+    case IDEM_CLAIM_IN_PROGRESS:
+        if (ngx_http_idem_claim_record(r, ctx, &c->rec) != NGX_OK) {
             return NGX_HTTP_IDEM_ANS_STORE_ERROR;
         }
 
-        ctx->stored_status = c->status;
-        ctx->body_stored = c->body_stored;
-        return NGX_HTTP_IDEM_ANS_COMPLETED;
-
-    case IDEM_CLAIM_IN_PROGRESS:
+        ngx_memcpy(ctx->waited_op, c->rec.op, NGX_HTTP_IDEM_TOKEN_HEX);
+        ctx->waited = 1;
         ctx->lease_left = (ngx_msec_t) c->lease_left;
         return NGX_HTTP_IDEM_ANS_IN_PROGRESS;
 
-    case IDEM_CLAIM_UNKNOWN:
-        return NGX_HTTP_IDEM_ANS_UNKNOWN;
+    case IDEM_CLAIM_RELEASED:
+        if (ngx_http_idem_claim_record(r, ctx, &c->rec) != NGX_OK) {
+            return NGX_HTTP_IDEM_ANS_STORE_ERROR;
+        }
 
-    case IDEM_CLAIM_MISMATCH:
-        return NGX_HTTP_IDEM_ANS_MISMATCH;
+        ctx->stored_status = c->rec.status;
+        ctx->retry_after = c->rec.retry_after;
+        return NGX_HTTP_IDEM_ANS_RELEASED;
 
-    default: /* IDEM_CLAIM_CORRUPT: a completed record with bad fields */
+    default:
+        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                      "idempotency: redis holds a value under key \"%V\"'s "
+                      "record that is not a record of this module",
+                      &ctx->key);
         return NGX_HTTP_IDEM_ANS_STORE_ERROR;
     }
 }
 
 
+/* the claim's reply: NONE when claim.lua must look next */
 static ngx_http_idem_answer_e
 ngx_http_idem_claim_parse(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
-    redisReply *reply)
+    ngx_http_idem_cmd_t *cmd, redisReply *reply)
 {
     size_t        n;
+    ngx_uint_t    script;
     idem_rv_t     el[IDEM_CLAIM_ELEMS];
     idem_claim_t  c;
+
+    script = (cmd->script == NGX_HTTP_IDEM_SCRIPT_CLAIM);
 
     if (reply == NULL) {
         return NGX_HTTP_IDEM_ANS_STORE_DOWN;
     }
 
     if (reply->type == REDIS_REPLY_ERROR) {
+        if (!script) {
+            return NGX_HTTP_IDEM_ANS_NONE;  /* layout 1, OOM: claim.lua */
+        }
+
         ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
                       "idempotency: claim failed: %*s",
                       (size_t) reply->len, reply->str);
@@ -216,50 +406,71 @@ ngx_http_idem_claim_parse(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
                : NGX_HTTP_IDEM_ANS_STORE_DOWN;
     }
 
-    if (reply->type == REDIS_REPLY_ARRAY) {
-        n = ngx_http_idem_reply_elements(reply, el, IDEM_CLAIM_ELEMS);
+    if (!script && (reply->type == REDIS_REPLY_NIL
+                    || reply->type == REDIS_REPLY_STRING))
+    {
+        idem_claim_set_decode(reply->type == REDIS_REPLY_NIL
+                              ? NULL : reply->str, reply->len, &c);
 
-        if (idem_claim_decode(el, n, &c) != IDEM_CLAIM_INVALID) {
-            return ngx_http_idem_claim_answer(r, ctx, &c);
-        }
+    } else if (script && reply->type == REDIS_REPLY_ARRAY) {
+        n = ngx_http_idem_reply_elements(reply, el, IDEM_CLAIM_ELEMS);
+        idem_claim_decode(el, n, &c);
+
+    } else {
+        c.kind = IDEM_CLAIM_INVALID;
     }
 
-    ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
-                  "idempotency: unexpected reply to the claim script");
+    return ngx_http_idem_claim_decoded(r, ctx, &c, script);
+}
 
-    return NGX_HTTP_IDEM_ANS_STORE_ERROR;
+
+/* whether the claim may have taken the key: no reply, or "claimed" */
+static ngx_uint_t
+ngx_http_idem_claim_made(ngx_http_idem_cmd_t *cmd, redisReply *reply)
+{
+    size_t        n;
+    idem_rv_t     el[IDEM_CLAIM_ELEMS];
+    idem_claim_t  c;
+
+    if (reply == NULL) {
+        return 1;
+    }
+
+    if (cmd->script != NGX_HTTP_IDEM_SCRIPT_CLAIM) {
+        return reply->type == REDIS_REPLY_NIL;
+    }
+
+    if (reply->type != REDIS_REPLY_ARRAY) {
+        return 0;
+    }
+
+    n = ngx_http_idem_reply_elements(reply, el, IDEM_CLAIM_ELEMS);
+
+    return idem_claim_decode(el, n, &c) == IDEM_CLAIM_CLAIMED;
 }
 
 
 /*
  * A claim that may have been made for nobody: no answer came (it may have
- * run), or it was made after its request had gone.  Either way the key is
- * given back, fenced by the claim's owner token.
+ * run, or may run yet), or it was made after its request had gone.  Either
+ * way the key is given back, fenced by the claim's owner token.
  */
 static void
 ngx_http_idem_claim_orphan(ngx_http_idem_cmd_t *cmd, redisReply *reply)
 {
-    size_t        n;
-    ngx_str_t     key, owner;
-    idem_rv_t     el[IDEM_CLAIM_ELEMS];
-    idem_claim_t  c;
+    ngx_str_t  key, value;
 
-    if (reply) {
-        if (reply->type != REDIS_REPLY_ARRAY) {
-            return;
-        }
-
-        n = ngx_http_idem_reply_elements(reply, el, IDEM_CLAIM_ELEMS);
-
-        if (idem_claim_decode(el, n, &c) != IDEM_CLAIM_CLAIMED) {
-            return;
-        }
+    if (!ngx_http_idem_claim_made(cmd, reply)) {
+        return;
     }
 
     key = ngx_http_idem_cmd_key(cmd);
-    owner = ngx_http_idem_cmd_get(cmd, NGX_HTTP_IDEM_CLAIM_OWNER);
+    value = ngx_http_idem_cmd_get(cmd,
+                                  cmd->script == NGX_HTTP_IDEM_SCRIPT_CLAIM
+                                  ? NGX_HTTP_IDEM_CLAIM_VALUE
+                                  : NGX_HTTP_IDEM_SET_VALUE);
 
-    ngx_http_idem_give_back(cmd->redis, &key, &owner);
+    ngx_http_idem_give_back(cmd->redis, &key, &value);
 }
 
 
@@ -286,7 +497,16 @@ ngx_http_idem_claim_done(ngx_http_idem_cmd_t *cmd, redisReply *reply)
 
     ngx_str_null(&ctx->state);
 
-    ctx->answer = ngx_http_idem_claim_parse(r, ctx, reply);
+    ctx->answer = ngx_http_idem_claim_parse(r, ctx, cmd, reply);
+
+    if (ctx->answer == NGX_HTTP_IDEM_ANS_NONE) {
+        if (ngx_http_idem_claim_go(r, ctx, 1) == NGX_OK) {
+            return;
+        }
+
+        ctx->answer = NGX_HTTP_IDEM_ANS_STORE_DOWN;
+    }
+
     ctx->phase = NGX_HTTP_IDEM_ANSWERED;
 
     /* r may be freed inside: only c is touched afterwards */

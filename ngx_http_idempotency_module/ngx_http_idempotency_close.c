@@ -22,11 +22,28 @@ typedef char  ngx_http_idem_owner_first_t[
      && NGX_HTTP_IDEM_RENEW_OWNER == NGX_HTTP_IDEM_FENCED_OWNER) ? 1 : -1];
 
 
+/* a give-back: a release for a claim that may not have run */
+static ngx_uint_t
+ngx_http_idem_is_give_back(ngx_http_idem_cmd_t *cmd)
+{
+    ngx_str_t  absent;
+
+    if (cmd->script != NGX_HTTP_IDEM_SCRIPT_RELEASE) {
+        return 0;
+    }
+
+    absent = ngx_http_idem_cmd_get(cmd, NGX_HTTP_IDEM_RELEASE_ABSENT);
+
+    return absent.len == 1 && absent.data[0] == '1';
+}
+
+
 static void
 ngx_http_idem_closed(ngx_http_idem_cmd_t *cmd, redisReply *reply)
 {
-    const char  *what;
-    ngx_log_t   *log;
+    const char         *what;
+    ngx_log_t          *log;
+    idem_close_kind_e   kind;
 
     log = cmd->redis->log;
     what = cmd->redis->scripts[cmd->script].name;
@@ -48,7 +65,15 @@ ngx_http_idem_closed(ngx_http_idem_cmd_t *cmd, redisReply *reply)
         return;
     }
 
-    if (reply->type == REDIS_REPLY_INTEGER && reply->integer == 0) {
+    kind = reply->type == REDIS_REPLY_INTEGER
+           ? idem_close_decode(reply->integer) : IDEM_CLOSE_INVALID;
+
+    if (kind == IDEM_CLOSE_INVALID) {
+        ngx_log_error(NGX_LOG_ERR, log, 0,
+                      "idempotency: unexpected reply to the %s script", what);
+
+    } else if (kind == IDEM_CLOSE_NOT_HELD && !ngx_http_idem_is_give_back(cmd))
+    {
         ngx_log_error(NGX_LOG_WARN, log, 0,
                       "idempotency: %s script: the claim was no longer "
                       "held by this request", what);
@@ -78,39 +103,160 @@ ngx_http_idem_fenced_cmd(ngx_http_idem_redis_t *rd,
 }
 
 
+/* the closed record's head: this attempt's operation and fingerprint */
+static void
+ngx_http_idem_value_init(idem_value_t *v, ngx_http_idem_ctx_t *ctx,
+    char state)
+{
+    ngx_memzero(v, sizeof(idem_value_t));
+
+    v->state = state;
+    v->op = (const char *) ctx->op_id.data;
+    v->fp = (const char *) ctx->fingerprint;
+    v->created = ctx->created;
+    v->completed = -1;
+    v->unknown_at = -1;
+    v->retry_after = -1;
+}
+
+
 static ngx_http_idem_cmd_t *
 ngx_http_idem_complete_cmd(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
 {
-    u_char                    *p;
-    size_t                     body;
+    u_char                    *p, *end;
     ngx_chain_t               *cl;
+    idem_value_t               v;
     ngx_http_idem_cmd_t       *cmd;
     ngx_http_idem_loc_conf_t  *lcf;
 
     lcf = ctx->conf;
-    body = ctx->too_large ? 0 : ctx->body_size;
+
+    ngx_http_idem_value_init(&v, ctx, 'c');
+    v.completed = ngx_http_idem_now_ms();
+    v.status = (int) ctx->status;
+    v.stored = !ctx->too_large;
+    v.hdr = (const char *) ctx->headers.data;
+    v.hdr_len = ctx->headers.len;
+    v.body = NULL;          /* copied from the chain below */
+    v.body_len = ctx->too_large ? 0 : ctx->body_size;
 
     cmd = ngx_http_idem_fenced_cmd(lcf->redis, NGX_HTTP_IDEM_SCRIPT_COMPLETE,
                                    ctx->rkey, ctx->owner,
-                                   2 * NGX_INT64_LEN + ctx->headers.len
-                                   + body + 1, r->connection->log);
+                                   idem_value_len(&v) + NGX_INT64_LEN,
+                                   r->connection->log);
     if (cmd == NULL) {
         return NULL;
     }
 
-    ngx_http_idem_cmd_set_num(cmd, NGX_HTTP_IDEM_COMPLETE_STATUS,
-                              ctx->status);
-    ngx_http_idem_cmd_set(cmd, NGX_HTTP_IDEM_COMPLETE_HDR, ctx->headers.data,
-                          ctx->headers.len);
+    p = ngx_http_idem_cmd_start(cmd, NGX_HTTP_IDEM_COMPLETE_VALUE);
+    end = (u_char *) idem_value_encode((char *) p, &v);
 
-    p = ngx_http_idem_cmd_reserve(cmd, NGX_HTTP_IDEM_COMPLETE_BODY, body);
+    /* the body's place is its last bytes, before the closing comma */
+    p = end - 1 - v.body_len;
     for (cl = ctx->too_large ? NULL : ctx->body; cl; cl = cl->next) {
         p = ngx_cpymem(p, cl->buf->pos, cl->buf->last - cl->buf->pos);
     }
 
-    ngx_http_idem_cmd_set(cmd, NGX_HTTP_IDEM_COMPLETE_STORED,
-                          ctx->too_large ? "0" : "1", 1);
-    ngx_http_idem_cmd_set_num(cmd, NGX_HTTP_IDEM_COMPLETE_TTL, lcf->ttl);
+    ngx_http_idem_cmd_end(cmd, NGX_HTTP_IDEM_COMPLETE_VALUE, end);
+    ngx_http_idem_cmd_set_num(cmd, NGX_HTTP_IDEM_COMPLETE_TTL,
+                              (int64_t) lcf->ttl * 1000);
+
+    return cmd;
+}
+
+
+static ngx_http_idem_cmd_t *
+ngx_http_idem_fail_cmd(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
+{
+    u_char               *p;
+    idem_value_t          v;
+    ngx_http_idem_cmd_t  *cmd;
+
+    ngx_http_idem_value_init(&v, ctx, 'u');
+    v.unknown_at = ngx_http_idem_now_ms();
+
+    cmd = ngx_http_idem_fenced_cmd(ctx->conf->redis, NGX_HTTP_IDEM_SCRIPT_FAIL,
+                                   ctx->rkey, ctx->owner, idem_value_len(&v),
+                                   r->connection->log);
+    if (cmd == NULL) {
+        return NULL;
+    }
+
+    p = ngx_http_idem_cmd_start(cmd, NGX_HTTP_IDEM_FAIL_VALUE);
+    ngx_http_idem_cmd_end(cmd, NGX_HTTP_IDEM_FAIL_VALUE,
+                          (u_char *) idem_value_encode((char *) p, &v));
+
+    return cmd;
+}
+
+
+/* an upstream's Retry-After in delay-seconds, or -1 */
+static ngx_int_t
+ngx_http_idem_retry_after(ngx_http_request_t *r)
+{
+    ngx_uint_t        i;
+    ngx_list_part_t  *part;
+    ngx_table_elt_t  *h;
+
+    part = &r->headers_out.headers.part;
+    h = part->elts;
+
+    for (i = 0; /* void */; i++) {
+
+        if (i >= part->nelts) {
+            if (part->next == NULL) {
+                return -1;
+            }
+
+            part = part->next;
+            h = part->elts;
+            i = 0;
+        }
+
+        if (h[i].hash && h[i].key.len == 11
+            && ngx_strncasecmp(h[i].key.data, (u_char *) "Retry-After", 11)
+               == 0)
+        {
+            return ngx_atoi(h[i].value.data, h[i].value.len);
+        }
+    }
+}
+
+
+/*
+ * The upstream never got the request: the record goes.  It answered "not
+ * done, try later" (idempotency_release_statuses): a marker with its
+ * status and Retry-After stays a little longer than a waiter's look at
+ * the lease, for the duplicates that waited on this attempt.
+ */
+static ngx_http_idem_cmd_t *
+ngx_http_idem_release_cmd(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
+{
+    u_char               *p;
+    idem_value_t          v;
+    ngx_http_idem_cmd_t  *cmd;
+
+    ngx_http_idem_value_init(&v, ctx, 'r');
+    v.owner = (const char *) ctx->owner;
+    v.status = (int) ctx->status;
+    v.retry_after = ngx_http_idem_retry_after(r);
+
+    cmd = ngx_http_idem_fenced_cmd(ctx->conf->redis,
+                                   NGX_HTTP_IDEM_SCRIPT_RELEASE, ctx->rkey,
+                                   ctx->owner,
+                                   idem_value_len(&v) + NGX_INT64_LEN + 1,
+                                   r->connection->log);
+    if (cmd == NULL) {
+        return NULL;
+    }
+
+    p = ngx_http_idem_cmd_start(cmd, NGX_HTTP_IDEM_RELEASE_MARKER);
+    ngx_http_idem_cmd_end(cmd, NGX_HTTP_IDEM_RELEASE_MARKER,
+                          ctx->status
+                          ? (u_char *) idem_value_encode((char *) p, &v) : p);
+    ngx_http_idem_cmd_set_num(cmd, NGX_HTTP_IDEM_RELEASE_TTL,
+                              ctx->conf->lease + 1000);
+    ngx_http_idem_cmd_set(cmd, NGX_HTTP_IDEM_RELEASE_ABSENT, "0", 1);
 
     return cmd;
 }
@@ -128,16 +274,19 @@ ngx_http_idem_finish(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
         ngx_del_timer(&ctx->renew);
     }
 
-    if (end == NGX_HTTP_IDEM_END_COMPLETE) {
-        cmd = ngx_http_idem_complete_cmd(r, ctx);
+    switch (end) {
 
-    } else {
-        cmd = ngx_http_idem_fenced_cmd(ctx->conf->redis,
-                                       end == NGX_HTTP_IDEM_END_RELEASE
-                                       ? NGX_HTTP_IDEM_SCRIPT_RELEASE
-                                       : NGX_HTTP_IDEM_SCRIPT_FAIL,
-                                       ctx->rkey, ctx->owner, 0,
-                                       r->connection->log);
+    case NGX_HTTP_IDEM_END_COMPLETE:
+        cmd = ngx_http_idem_complete_cmd(r, ctx);
+        break;
+
+    case NGX_HTTP_IDEM_END_RELEASE:
+        cmd = ngx_http_idem_release_cmd(r, ctx);
+        break;
+
+    default:
+        cmd = ngx_http_idem_fail_cmd(r, ctx);
+        break;
     }
 
     if (cmd == NULL
@@ -186,23 +335,42 @@ ngx_http_idem_abandon(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
 
 /*
  * A claim made for nobody (its answer never came, or its request had gone)
- * is released, fenced by its owner token, at once or once Redis is back,
- * so that the key is not blocked until the lease lapses.
+ * is given back, fenced by its owner token, at once or once Redis is back,
+ * so that the key is not blocked until the lease lapses.  It leaves a
+ * marker naming that owner for the record's TTL: should the claim itself
+ * still be waiting in a connection the worker gave up on, and run after
+ * this, it finds the marker and takes nothing (docs/states.md).
  */
 void
 ngx_http_idem_give_back(ngx_http_idem_redis_t *rd, ngx_str_t *key,
-    ngx_str_t *owner)
+    ngx_str_t *claim)
 {
+    u_char               *p;
+    idem_value_t          v;
     ngx_http_idem_cmd_t  *cmd;
 
     if (rd->exiting || key->len != IDEM_RECORD_KEY_LEN
-        || owner->len != NGX_HTTP_IDEM_TOKEN_HEX)
+        || idem_value_decode((char *) claim->data, claim->len, &v) != 0
+        || v.state != 'i')
     {
         return;
     }
 
+    v.state = 'r';
+    v.status = 0;
+    v.retry_after = -1;
+
     cmd = ngx_http_idem_fenced_cmd(rd, NGX_HTTP_IDEM_SCRIPT_RELEASE,
-                                   key->data, owner->data, 0, rd->log);
+                                   key->data, (u_char *) v.owner,
+                                   idem_value_len(&v) + NGX_INT64_LEN + 1,
+                                   rd->log);
+    if (cmd) {
+        p = ngx_http_idem_cmd_start(cmd, NGX_HTTP_IDEM_RELEASE_MARKER);
+        ngx_http_idem_cmd_end(cmd, NGX_HTTP_IDEM_RELEASE_MARKER,
+                              (u_char *) idem_value_encode((char *) p, &v));
+        ngx_http_idem_cmd_set_num(cmd, NGX_HTTP_IDEM_RELEASE_TTL, v.ttl_ms);
+        ngx_http_idem_cmd_set(cmd, NGX_HTTP_IDEM_RELEASE_ABSENT, "1", 1);
+    }
 
     if (cmd == NULL
         || ngx_http_idem_cmd_send(cmd, ngx_http_idem_closed, NULL) != NGX_OK)
@@ -235,8 +403,8 @@ ngx_http_idem_renew_handler(ngx_event_t *ev)
                                    ctx->owner, NGX_INT64_LEN,
                                    r->connection->log);
     if (cmd) {
-        ngx_http_idem_cmd_set_num(cmd, NGX_HTTP_IDEM_RENEW_LEASE,
-                                  ctx->conf->lease);
+        ngx_http_idem_cmd_set_num(cmd, NGX_HTTP_IDEM_RENEW_TTL,
+                                  (int64_t) ctx->conf->ttl * 1000);
         (void) ngx_http_idem_cmd_send(cmd, ngx_http_idem_closed, NULL);
     }
 

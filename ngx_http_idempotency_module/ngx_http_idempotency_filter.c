@@ -119,8 +119,7 @@ ngx_http_idem_capture_headers(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
         }
 
         if (pass == 0) {
-            /* idem_hdrs_put() writes with sprintf: room for its NUL */
-            p = ngx_pnalloc(r->pool, len + 1);
+            p = ngx_pnalloc(r->pool, len);
             if (p == NULL) {
                 return NGX_ERROR;
             }

@@ -61,20 +61,21 @@ ngx_http_idem_status_body(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
     p = ngx_slprintf(out->body, end, "{\"idempotency_key\":");
     p = ngx_http_idem_json_str(p, end, ctx->key.data, ctx->key.len);
     p = ngx_slprintf(p, end, ",\"operation_id\":\"%*s\",\"state\":\"%s\","
-                     "\"created_at\":", st->op.len, st->op.data, st->state);
-    p = ngx_http_idem_json_time(p, end, st->created);
+                     "\"created_at\":", (size_t) IDEM_TOKEN_LEN, st->rec.op,
+                     st->state);
+    p = ngx_http_idem_json_time(p, end, st->rec.created);
     p = ngx_slprintf(p, end, ",\"completed_at\":");
-    p = ngx_http_idem_json_time(p, end, st->completed);
+    p = ngx_http_idem_json_time(p, end, st->rec.completed);
 
-    if (st->status) {
-        p = ngx_slprintf(p, end, ",\"response_status\":%d", st->status);
+    if (st->rec.state == 'c') {
+        p = ngx_slprintf(p, end, ",\"response_status\":%d", st->rec.status);
 
     } else {
         p = ngx_slprintf(p, end, ",\"response_status\":null");
     }
 
     p = ngx_slprintf(p, end, ",\"fingerprint\":\"%*s\"}\n",
-                     st->fp.len, st->fp.data);
+                     (size_t) IDEM_FP_LEN, st->rec.fp);
 
     out->len = p - out->body;
 
@@ -327,6 +328,48 @@ ngx_http_idem_status_handler(ngx_http_request_t *r)
 
 
 /*
+ * The value of argument "name", NGX_DECLINED when it is absent, NGX_ERROR
+ * when it is given twice: "status=201&status=500" is refused rather than
+ * read as either.
+ */
+static ngx_int_t
+ngx_http_idem_arg_once(ngx_http_request_t *r, const char *name, size_t len,
+    ngx_str_t *value)
+{
+    u_char  *p, *end, *amp;
+
+    value->len = 0;
+    value->data = NULL;
+
+    p = r->args.data;
+    end = p + r->args.len;
+
+    while (p < end) {
+        amp = ngx_strlchr(p, end, '&');
+
+        if (amp == NULL) {
+            amp = end;
+        }
+
+        if ((size_t) (amp - p) > len && p[len] == '='
+            && ngx_strncmp(p, name, len) == 0)
+        {
+            if (value->data) {
+                return NGX_ERROR;
+            }
+
+            value->data = p + len + 1;
+            value->len = amp - value->data;
+        }
+
+        p = amp + 1;
+    }
+
+    return value->data ? NGX_OK : NGX_DECLINED;
+}
+
+
+/*
  * ?action=release, or ?action=complete&status=NNN: the command, NULL with
  * *bad set when the arguments are not one of these.
  */
@@ -340,14 +383,14 @@ ngx_http_idem_admin_cmd(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
 
     *bad = 1;
 
-    if (ngx_http_arg(r, (u_char *) "action", 6, &action) != NGX_OK) {
+    if (ngx_http_idem_arg_once(r, "action", 6, &action) != NGX_OK) {
         return NULL;
     }
 
     n = 0;
 
     if (action.len == 8 && ngx_strncmp(action.data, "complete", 8) == 0) {
-        if (ngx_http_arg(r, (u_char *) "status", 6, &status) != NGX_OK
+        if (ngx_http_idem_arg_once(r, "status", 6, &status) != NGX_OK
             || status.len != 3
             || (n = ngx_atoi(status.data, status.len)) < 200 || n > 599)
         {
@@ -373,7 +416,8 @@ ngx_http_idem_admin_cmd(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
     ngx_http_idem_cmd_set(cmd, NGX_HTTP_IDEM_ADMIN_ACTION, action.data,
                           action.len);
     ngx_http_idem_cmd_set_num(cmd, NGX_HTTP_IDEM_ADMIN_STATUS, n);
-    ngx_http_idem_cmd_set_num(cmd, NGX_HTTP_IDEM_ADMIN_TTL, ctx->conf->ttl);
+    ngx_http_idem_cmd_set_num(cmd, NGX_HTTP_IDEM_ADMIN_TTL,
+                              (int64_t) ctx->conf->ttl * 1000);
 
     return cmd;
 }

@@ -716,23 +716,22 @@ ngx_http_idem_waiters_wake(ngx_http_idem_redis_t *rd, const u_char *key)
 }
 
 
-/* commands: EVALSHA <sha1> 1 <key> <args...>, resent as EVAL on NOSCRIPT */
+/*
+ * Commands: a script, EVALSHA <sha1> 1 <key> <args...> (resent as EVAL on
+ * NOSCRIPT), or a native command, <name> <key> <args...>.  Either way the
+ * arguments after the key are set by name: index 0 is the first one.
+ */
 
-#define NGX_HTTP_IDEM_CMD_ARGV0  4      /* EVALSHA sha1 1 key */
-
-ngx_http_idem_cmd_t *
-ngx_http_idem_cmd_create(ngx_http_idem_redis_t *rd,
-    ngx_http_idem_script_e script, const u_char *key, size_t size,
-    ngx_log_t *log)
+static ngx_http_idem_cmd_t *
+ngx_http_idem_cmd_alloc(ngx_http_idem_redis_t *rd, ngx_uint_t argc,
+    const u_char *key, size_t size, ngx_log_t *log)
 {
-    size_t                n;
     ngx_http_idem_cmd_t  *cmd;
 
-    n = NGX_HTTP_IDEM_CMD_ARGV0 + rd->scripts[script].nargs;
     size += IDEM_RECORD_KEY_LEN;
 
     cmd = ngx_alloc(sizeof(ngx_http_idem_cmd_t)
-                    + n * (sizeof(char *) + sizeof(size_t)) + size, log);
+                    + argc * (sizeof(char *) + sizeof(size_t)) + size, log);
     if (cmd == NULL) {
         return NULL;
     }
@@ -741,14 +740,36 @@ ngx_http_idem_cmd_create(ngx_http_idem_redis_t *rd,
 
     cmd->size = size;
     cmd->redis = rd;
-    cmd->script = script;
-    cmd->argc = n;
+    cmd->argc = argc;
     cmd->argv = (const char **) (cmd + 1);
-    cmd->argvlen = (size_t *) (cmd->argv + n);
-    cmd->pos = (u_char *) (cmd->argvlen + n);
+    cmd->argvlen = (size_t *) (cmd->argv + argc);
+    cmd->pos = (u_char *) (cmd->argvlen + argc);
 
-    ngx_memzero(cmd->argv, n * sizeof(char *));
-    ngx_memzero(cmd->argvlen, n * sizeof(size_t));
+    ngx_memzero(cmd->argv, argc * sizeof(char *));
+    ngx_memzero(cmd->argvlen, argc * sizeof(size_t));
+
+    cmd->key = cmd->pos;
+    cmd->pos = ngx_cpymem(cmd->pos, key, IDEM_RECORD_KEY_LEN);
+
+    return cmd;
+}
+
+
+ngx_http_idem_cmd_t *
+ngx_http_idem_cmd_create(ngx_http_idem_redis_t *rd,
+    ngx_http_idem_script_e script, const u_char *key, size_t size,
+    ngx_log_t *log)
+{
+    ngx_http_idem_cmd_t  *cmd;
+
+    cmd = ngx_http_idem_cmd_alloc(rd, 4 + rd->scripts[script].nargs, key,
+                                  size, log);
+    if (cmd == NULL) {
+        return NULL;
+    }
+
+    cmd->script = script;
+    cmd->arg0 = 4;
 
     cmd->argv[0] = "EVALSHA";
     cmd->argvlen[0] = sizeof("EVALSHA") - 1;
@@ -756,10 +777,31 @@ ngx_http_idem_cmd_create(ngx_http_idem_redis_t *rd,
     cmd->argvlen[1] = NGX_HTTP_IDEM_SHA1_HEX;
     cmd->argv[2] = "1";
     cmd->argvlen[2] = 1;
-
-    cmd->argv[3] = (const char *) cmd->pos;
+    cmd->argv[3] = (const char *) cmd->key;
     cmd->argvlen[3] = IDEM_RECORD_KEY_LEN;
-    cmd->pos = ngx_cpymem(cmd->pos, key, IDEM_RECORD_KEY_LEN);
+
+    return cmd;
+}
+
+
+ngx_http_idem_cmd_t *
+ngx_http_idem_cmd_native(ngx_http_idem_redis_t *rd, ngx_str_t *name,
+    ngx_uint_t nargs, const u_char *key, size_t size, ngx_log_t *log)
+{
+    ngx_http_idem_cmd_t  *cmd;
+
+    cmd = ngx_http_idem_cmd_alloc(rd, 2 + nargs, key, size, log);
+    if (cmd == NULL) {
+        return NULL;
+    }
+
+    cmd->script = NGX_HTTP_IDEM_NSCRIPTS;
+    cmd->arg0 = 2;
+
+    cmd->argv[0] = (const char *) name->data;
+    cmd->argvlen[0] = name->len;
+    cmd->argv[1] = (const char *) cmd->key;
+    cmd->argvlen[1] = IDEM_RECORD_KEY_LEN;
 
     return cmd;
 }
@@ -772,8 +814,8 @@ ngx_http_idem_cmd_reserve(ngx_http_idem_cmd_t *cmd, ngx_uint_t arg, size_t len)
     u_char  *p;
 
     p = cmd->pos;
-    cmd->argv[NGX_HTTP_IDEM_CMD_ARGV0 + arg] = (const char *) p;
-    cmd->argvlen[NGX_HTTP_IDEM_CMD_ARGV0 + arg] = len;
+    cmd->argv[cmd->arg0 + arg] = (const char *) p;
+    cmd->argvlen[cmd->arg0 + arg] = len;
     cmd->pos += len;
 
     return p;
@@ -797,8 +839,26 @@ ngx_http_idem_cmd_set_num(ngx_http_idem_cmd_t *cmd, ngx_uint_t arg,
 
     p = cmd->pos;
     cmd->pos = ngx_sprintf(p, "%L", n);
-    cmd->argv[NGX_HTTP_IDEM_CMD_ARGV0 + arg] = (const char *) p;
-    cmd->argvlen[NGX_HTTP_IDEM_CMD_ARGV0 + arg] = cmd->pos - p;
+    cmd->argv[cmd->arg0 + arg] = (const char *) p;
+    cmd->argvlen[cmd->arg0 + arg] = cmd->pos - p;
+}
+
+
+/* an argument the caller writes at the returned place, then ends with _end */
+u_char *
+ngx_http_idem_cmd_start(ngx_http_idem_cmd_t *cmd, ngx_uint_t arg)
+{
+    cmd->argv[cmd->arg0 + arg] = (const char *) cmd->pos;
+
+    return cmd->pos;
+}
+
+
+void
+ngx_http_idem_cmd_end(ngx_http_idem_cmd_t *cmd, ngx_uint_t arg, u_char *end)
+{
+    cmd->argvlen[cmd->arg0 + arg] = end - cmd->pos;
+    cmd->pos = end;
 }
 
 
@@ -807,8 +867,8 @@ ngx_http_idem_cmd_get(ngx_http_idem_cmd_t *cmd, ngx_uint_t arg)
 {
     ngx_str_t  s;
 
-    s.data = (u_char *) cmd->argv[NGX_HTTP_IDEM_CMD_ARGV0 + arg];
-    s.len = cmd->argvlen[NGX_HTTP_IDEM_CMD_ARGV0 + arg];
+    s.data = (u_char *) cmd->argv[cmd->arg0 + arg];
+    s.len = cmd->argvlen[cmd->arg0 + arg];
 
     return s;
 }
@@ -819,8 +879,8 @@ ngx_http_idem_cmd_key(ngx_http_idem_cmd_t *cmd)
 {
     ngx_str_t  s;
 
-    s.data = (u_char *) cmd->argv[3];
-    s.len = cmd->argvlen[3];
+    s.data = cmd->key;
+    s.len = IDEM_RECORD_KEY_LEN;
 
     return s;
 }
@@ -1059,7 +1119,9 @@ ngx_http_idem_redis_reply(redisAsyncContext *ac, void *r, void *privdata)
     redisReply           *reply = r;
     ngx_http_idem_cmd_t  *cmd = privdata;
 
-    if (reply && !cmd->eval && ngx_http_idem_is_noscript(reply)) {
+    if (reply && !cmd->eval && cmd->script != NGX_HTTP_IDEM_NSCRIPTS
+        && ngx_http_idem_is_noscript(reply))
+    {
         if (ngx_http_idem_cmd_eval(ac, cmd) == NGX_OK) {
             return;
         }

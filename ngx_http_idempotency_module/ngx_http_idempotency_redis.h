@@ -19,6 +19,7 @@
 #include <hiredis/async.h>
 
 #include "idem_record.h"
+#include "idem_reply.h"
 #include "ngx_http_idempotency_script.h"
 
 
@@ -108,7 +109,7 @@ typedef void (*ngx_http_idem_reply_pt)(ngx_http_idem_cmd_t *cmd,
  */
 struct ngx_http_idem_cmd_s {
     ngx_http_idem_redis_t       *redis;
-    ngx_http_idem_script_e       script;
+    ngx_http_idem_script_e       script;    /* NSCRIPTS: a native one */
     ngx_http_idem_reply_pt       handler;
     void                        *data;
     ngx_event_t                  timer;
@@ -118,6 +119,8 @@ struct ngx_http_idem_cmd_s {
     const char                 **argv;
     size_t                      *argvlen;
     u_char                      *pos;       /* next free byte for args */
+    u_char                      *key;       /* IDEM_RECORD_KEY_LEN */
+    ngx_uint_t                   arg0;      /* argv index of argument 0 */
     unsigned                     durable:1; /* sent again after a loss */
     unsigned                     eval:1;    /* resent as EVAL (NOSCRIPT) */
     unsigned                     told:1;    /* the handler has run */
@@ -141,14 +144,22 @@ ngx_int_t ngx_http_idem_redis_init_process(ngx_cycle_t *cycle,
 void ngx_http_idem_redis_exit_process(ngx_array_t *servers);
 
 /*
- * A script command: EVALSHA <sha1> 1 <key> followed by the script's
- * arguments, set by name with ngx_http_idem_cmd_set() into "size" bytes.
+ * A script command, EVALSHA <sha1> 1 <key> followed by the script's
+ * arguments, or a native one, <name> <key> followed by nargs arguments;
+ * the arguments are set by name with ngx_http_idem_cmd_set() and the like
+ * into "size" bytes.
  */
 ngx_http_idem_cmd_t *ngx_http_idem_cmd_create(ngx_http_idem_redis_t *rd,
     ngx_http_idem_script_e script, const u_char *key, size_t size,
     ngx_log_t *log);
+ngx_http_idem_cmd_t *ngx_http_idem_cmd_native(ngx_http_idem_redis_t *rd,
+    ngx_str_t *name, ngx_uint_t nargs, const u_char *key, size_t size,
+    ngx_log_t *log);
 void ngx_http_idem_cmd_set(ngx_http_idem_cmd_t *cmd, ngx_uint_t arg,
     const void *data, size_t len);
+u_char *ngx_http_idem_cmd_start(ngx_http_idem_cmd_t *cmd, ngx_uint_t arg);
+void ngx_http_idem_cmd_end(ngx_http_idem_cmd_t *cmd, ngx_uint_t arg,
+    u_char *end);
 u_char *ngx_http_idem_cmd_reserve(ngx_http_idem_cmd_t *cmd, ngx_uint_t arg,
     size_t len);
 void ngx_http_idem_cmd_set_num(ngx_http_idem_cmd_t *cmd, ngx_uint_t arg,

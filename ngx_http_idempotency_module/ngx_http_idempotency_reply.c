@@ -20,6 +20,8 @@ typedef struct {
     ngx_uint_t   status;
     unsigned     retry_after:1;
     unsigned     stored:1;       /* carries response_status and location */
+    unsigned     upstream:1;     /* status and Retry-After are the upstream's
+                                    answer to the attempt waited on */
     const char  *detail;
 } ngx_http_idem_problem_t;
 
@@ -27,56 +29,63 @@ typedef struct {
 static ngx_http_idem_problem_t  ngx_http_idem_problems[] = {
 
     { "key-missing", "Idempotency key required",
-      NGX_HTTP_BAD_REQUEST, 0, 0,
+      NGX_HTTP_BAD_REQUEST, 0, 0, 0,
       "this endpoint requires an idempotency key header" },
 
     { "key-malformed", "Malformed idempotency key",
-      NGX_HTTP_BAD_REQUEST, 0, 0,
+      NGX_HTTP_BAD_REQUEST, 0, 0, 0,
       "the idempotency key header is malformed" },
 
     { "fingerprint-mismatch", "Idempotency key reused for another request",
-      0, 0, 0,
+      0, 0, 0, 0,
       "this idempotency key was used for a different request; "
       "use a new key for a new request" },
 
     { "in-progress", "Request with this idempotency key is in progress",
-      NGX_HTTP_CONFLICT, 1, 0,
+      NGX_HTTP_CONFLICT, 1, 0, 0,
       "a request with this idempotency key is being processed; "
       "retry later with the same key" },
 
     { "outcome-unknown", "Outcome of the original request is unknown",
-      NGX_HTTP_CONFLICT, 0, 0,
+      NGX_HTTP_CONFLICT, 0, 0, 0,
       "the original request may or may not have been executed; "
       "it is not retried automatically: check the operation's "
       "status before acting" },
 
     { "response-not-stored", "Original response was too large to store",
-      NGX_HTTP_CONFLICT, 0, 1,
+      NGX_HTTP_CONFLICT, 0, 1, 0,
       "the request was executed, but its response was larger "
       "than idempotency_store_max and cannot be replayed" },
 
     { "store-unavailable", "Idempotency store unavailable",
-      NGX_HTTP_SERVICE_UNAVAILABLE, 1, 0,
+      NGX_HTTP_SERVICE_UNAVAILABLE, 1, 0, 0,
       "the idempotency store cannot be reached; nothing was "
       "done, retry with the same key" },
 
     { "store-error", "Idempotency store returned an unexpected record",
-      NGX_HTTP_INTERNAL_SERVER_ERROR, 0, 0,
+      NGX_HTTP_INTERNAL_SERVER_ERROR, 0, 0, 0,
       "the idempotency store holds a record this module cannot "
       "read; nothing was executed" },
 
     { "not-found", "No record for this idempotency key",
-      NGX_HTTP_NOT_FOUND, 0, 0,
+      NGX_HTTP_NOT_FOUND, 0, 0, 0,
       "no request with this idempotency key is known in this scope" },
 
     { "not-resolvable", "Record is not unknown",
-      NGX_HTTP_CONFLICT, 0, 0,
+      NGX_HTTP_CONFLICT, 0, 0, 0,
       "only a record whose outcome is unknown, or whose "
       "owner's lease lapsed, can be resolved" },
 
     { "bad-admin-request", "Unknown admin action",
-      NGX_HTTP_BAD_REQUEST, 0, 0,
-      "use ?action=release or ?action=complete&status=NNN" }
+      NGX_HTTP_BAD_REQUEST, 0, 0, 0,
+      "use ?action=release, or ?action=complete&status=NNN, each "
+      "parameter once" },
+
+    { "retry-later", "The upstream asked to retry later",
+      0, 1, 0, 1,
+      "the attempt this request waited for was answered by the upstream "
+      "with a status meaning \"not done, try later\" and was not "
+      "recorded; retry with the same key after Retry-After" }
 };
 
 
@@ -120,7 +129,29 @@ ngx_http_idem_send_body(ngx_http_request_t *r, u_char *data, size_t len)
     ngx_buf_t    *b;
     ngx_chain_t   out;
 
-    r->headers_out.content_length_n = len;
+    /*
+     * A 204 or 304 has no body and was sent without Content-Length: a
+     * replay must not add one (the header filter writes one for any
+     * length it is given).  A status line of its own keeps the header
+     * filter from dropping the stored Content-Type of a 204, which it
+     * does not do for the proxied original either.
+     */
+    if (r->headers_out.status == NGX_HTTP_NO_CONTENT
+        || r->headers_out.status == NGX_HTTP_NOT_MODIFIED)
+    {
+        if (r->headers_out.status == NGX_HTTP_NO_CONTENT) {
+            ngx_str_set(&r->headers_out.status_line, "204 No Content");
+
+        } else {
+            ngx_str_set(&r->headers_out.status_line, "304 Not Modified");
+        }
+
+        r->header_only = 1;
+        r->headers_out.content_length_n = -1;
+
+    } else {
+        r->headers_out.content_length_n = len;
+    }
 
     rc = ngx_http_send_header(r);
 
@@ -206,6 +237,24 @@ ngx_http_idem_stored_location(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
 }
 
 
+/* Retry-After: seconds, 1 when the upstream gave none (< 0) */
+static ngx_int_t
+ngx_http_idem_retry_header(ngx_http_request_t *r, ngx_int_t seconds)
+{
+    u_char  *p;
+
+    p = ngx_pnalloc(r->pool, NGX_INT_T_LEN);
+    if (p == NULL) {
+        return NGX_ERROR;
+    }
+
+    return ngx_http_idem_add_header(r, "Retry-After", 11, p,
+                                    ngx_sprintf(p, "%i", seconds < 0 ? 1
+                                                         : seconds) - p)
+           ? NGX_OK : NGX_ERROR;
+}
+
+
 /* the members of a problem after type, title, status and detail */
 static u_char *
 ngx_http_idem_problem_members(u_char *p, u_char *end,
@@ -223,7 +272,7 @@ ngx_http_idem_problem_members(u_char *p, u_char *end,
         p = ngx_slprintf(p, end, ",\"state\":\"%V\"", &ctx->state);
     }
 
-    if (pt->stored) {
+    if (pt->stored || pt->upstream) {
         p = ngx_slprintf(p, end, ",\"response_status\":%ui",
                          ctx->stored_status);
 
@@ -249,7 +298,8 @@ ngx_http_idem_send_problem(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
     ngx_http_idem_problem_t  *pt;
 
     pt = &ngx_http_idem_problems[problem];
-    status = pt->status ? pt->status : ctx->conf->conflict_status;
+    status = pt->upstream ? ctx->stored_status
+             : pt->status ? pt->status : ctx->conf->conflict_status;
     detail = detail ? detail : pt->detail;
     location = pt->stored ? ngx_http_idem_stored_location(r, ctx) : NULL;
 
@@ -271,8 +321,8 @@ ngx_http_idem_send_problem(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
     p = ngx_http_idem_problem_members(p, end, ctx, pt, location);
 
     if (pt->retry_after
-        && ngx_http_idem_add_header(r, "Retry-After", 11,
-                                    (u_char *) "1", 1) == NULL)
+        && ngx_http_idem_retry_header(r, pt->upstream ? ctx->retry_after : 1)
+           != NGX_OK)
     {
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
     }
@@ -483,6 +533,11 @@ ngx_http_idem_send_answer(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
         problem = NGX_HTTP_IDEM_P_UNKNOWN;
         break;
 
+    case NGX_HTTP_IDEM_ANS_RELEASED:
+        ctx->outcome = NGX_HTTP_IDEM_OUT_REJECTED;
+        problem = NGX_HTTP_IDEM_P_RETRY_LATER;
+        break;
+
     case NGX_HTTP_IDEM_ANS_STORE_DOWN:
         ctx->outcome = NGX_HTTP_IDEM_OUT_REJECTED;
         problem = NGX_HTTP_IDEM_P_STORE_DOWN;
@@ -494,7 +549,9 @@ ngx_http_idem_send_answer(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
         break;
     }
 
-    if (ctx->outcome == NGX_HTTP_IDEM_OUT_REJECTED) {
+    if (ctx->answer == NGX_HTTP_IDEM_ANS_STORE_DOWN
+        || ctx->answer == NGX_HTTP_IDEM_ANS_STORE_ERROR)
+    {
         /* the operation id drawn for the claim never reached a record */
         ngx_str_null(&ctx->op_id);
     }

@@ -3,45 +3,61 @@
 -- status learned out of band.  Completed records and live claims are left
 -- alone.
 --
+--: needs fields layout1
 --: args action status ttl
 --
 -- KEYS[1]  record key
 -- action   "release" or "complete"
 -- status   status (complete only)
--- ttl      retention TTL in seconds (complete only)
+-- ttl      retention TTL in ms (complete only)
 --
 -- Replies: {"released"} | {"completed"} | {"none"} | {"refused", state}
 
+local names = { i = 'in_progress', c = 'completed', u = 'unknown' }
 local now = now_ms()
+local v = redis.pcall('GET', KEYS[1])
+local state, stuck, head, created
 
-local r = redis.call('HMGET', KEYS[1], 'v', 'state', 'lease', 'waiters')
-
-if not r[2] then
-    return {'none'}
+if type(v) == 'table' then
+    local r = layout1_read(KEYS[1])
+    if not r then
+        return corrupt('layout')
+    end
+    v = layout1_value(r)
+    state = string.sub(v, 2, 2)
+    stuck = state == 'u' or layout1_lapsed(r, now)
+    created = r[6] or '0'
+else
+    if not v then
+        return {'none'}
+    end
+    local f = layout2(v)
+    if not f then
+        return corrupt('layout')
+    end
+    state = string.sub(v, 2, 2)
+    if state == 'r' then
+        return {'none'}
+    end
+    stuck = state == 'u' or (state == 'i' and lapsed(KEYS[1], f))
+    created = f[1]
 end
-
-if r[1] ~= '1' then
-    return corrupt('layout')
-end
-
-local stuck = r[2] == 'unknown'
-    or (r[2] == 'in_progress' and tonumber(r[3] or '0') <= now)
 
 if not stuck then
-    return {'refused', r[2]}
+    return {'refused', names[state]}
 end
 
-announce(KEYS[1], r[4])
+announce(KEYS[1], v)
+redis.call('DEL', KEYS[1])
 
 if action == 'release' then
-    redis.call('DEL', KEYS[1])
     return {'released'}
 end
 
-redis.call('HSET', KEYS[1],
-           'state', 'completed', 'status', status, 'hdr', '', 'body', '',
-           'stored', '1', 'completed', ms(now), 'resolved', '1')
-redis.call('HDEL', KEYS[1], 'owner', 'lease')
-redis.call('EXPIRE', KEYS[1], ttl)
+redis.call('SET', KEYS[1],
+           '2c0' .. string.sub(v, 4, 99) .. string.rep('-', 32)
+           .. ns(created) .. ns(ms(now)) .. ns(status) .. ns('1') .. ns('1')
+           .. ns('') .. ns(''),
+           'PX', ttl)
 
 return {'completed'}

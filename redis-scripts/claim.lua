@@ -1,73 +1,97 @@
--- Claim (scope, key) for one attempt, or report what already holds it.
--- One script, so the check and the claim are a single atomic step.
+-- The claim when the module's first look (SET key value NX PX ttl GET)
+-- is not the whole answer: the key holds a live claim (its lease must be
+-- checked against Redis's clock, and a duplicate that waits marks it), a
+-- marker of a released attempt, a record of layout 1, or the first look
+-- failed.  One script, so the check and the claim are one atomic step.
 --
---: args fp owner op lease ttl wait
+--: needs fields layout1
+--: args fp owner value ttl wait waited
 --
 -- KEYS[1]  record key
--- fp       request fingerprint (64 hex)
--- owner    owner token (fences complete/release/fail)
--- op       operation id for a new record
--- lease    lease in milliseconds
--- ttl      retention TTL in seconds
--- wait     "1" when the caller waits for an in-flight attempt to finish
+-- fp       the request's fingerprint
+-- owner    this attempt's owner token
+-- value    the in_progress record to create (layout 2)
+-- ttl      its TTL in ms
+-- wait     "1" when the caller waits for an attempt in flight
+-- waited   the operation id of the attempt this caller waited on, or ""
 --
--- Replies (all strings):
---   {"claimed", op}
---   {"completed", op, status, headers, body, stored}
---   {"mismatch", op, state}
---   {"in_progress", op, lease_left_ms}
---   {"unknown", op}
+-- Replies: {"claimed"} | {"record", value} | {"in_progress", value, left}
+--          | {"released", marker}
 
-local now = now_ms()
-
--- one read for every answer: a replay needs no second call for its response
-local r = redis.call('HMGET', KEYS[1], 'v', 'state', 'fp', 'op', 'lease',
-                     'status', 'hdr', 'body', 'stored')
-
-if not r[2] and redis.call('EXISTS', KEYS[1]) == 1 then
-    -- another application's hash under our name: never write into it
-    return corrupt('layout')
-end
-
-if not r[2] then
-    redis.call('HSET', KEYS[1],
-               'v', '1', 'state', 'in_progress', 'fp', fp,
-               'owner', owner, 'op', op,
-               'lease', ms(now + tonumber(lease)), 'created', ms(now))
-    redis.call('EXPIRE', KEYS[1], ttl)
-    return {'claimed', op}
-end
-
-if r[1] ~= '1' or not r[3] or not r[4] then
-    return corrupt('layout')
-end
-
-if r[3] ~= fp then
-    return {'mismatch', r[4], r[2]}
-end
-
-if r[2] == 'completed' then
-    return {'completed', r[4], r[6] or '', r[7] or '', r[8] or '', r[9] or '0'}
-end
-
-if r[2] == 'in_progress' then
-    local left = tonumber(r[5] or '0') - now
-    if left > 0 then
-        if wait == '1' then
-            -- whoever closes this record announces it (idempotency_wait)
-            redis.call('HSET', KEYS[1], 'waiters', '1')
-        end
-        return {'in_progress', r[4], ms(left)}
+local function layout1_claim(key)
+    local r = layout1_read(key)
+    if not r then
+        return corrupt('layout')
     end
-    -- The owner stopped renewing its lease: it may or may not have reached
-    -- the upstream, so the outcome is unknown, never free.
-    redis.call('HSET', KEYS[1], 'state', 'unknown', 'unknown_at', ms(now))
-    redis.call('HDEL', KEYS[1], 'owner')
-    return {'unknown', r[4]}
+    if r[3] ~= fp or r[2] ~= 'in_progress' then
+        return {'record', layout1_value(r)}
+    end
+    local now = now_ms()
+    if not layout1_lapsed(r, now) then
+        if wait == '1' then
+            -- whoever closes this record announces it
+            redis.call('HSET', key, 'waiters', '1')
+            r[14] = '1'
+        end
+        local left = tonumber(r[5]) - now
+        return {'in_progress', layout1_value(r, left), ms(left)}
+    end
+    redis.call('HSET', key, 'state', 'unknown', 'unknown_at', ms(now))
+    redis.call('HDEL', key, 'owner')
+    r[2], r[12] = 'unknown', ms(now)
+    return {'record', layout1_value(r)}
 end
 
-if r[2] == 'unknown' then
-    return {'unknown', r[4]}
+local v = redis.pcall('GET', KEYS[1])
+
+if type(v) == 'table' then
+    return layout1_claim(KEYS[1])
 end
 
-return corrupt('state')
+if not v then
+    redis.call('SET', KEYS[1], value, 'PX', ttl)
+    return {'claimed'}
+end
+
+local f = layout2(v)
+
+if not f then
+    return corrupt('layout')
+end
+
+local state = string.sub(v, 2, 2)
+
+if state == 'r' then
+    -- A claim from a connection its worker gave up on must not take the
+    -- key: that worker answered its client already.  A duplicate that
+    -- waited on the released attempt gets the upstream's "retry later".
+    if string.sub(v, 100, 131) == owner
+       or (waited ~= '' and string.sub(v, 4, 35) == waited and f[1] ~= '')
+    then
+        return {'released', v}
+    end
+    redis.call('SET', KEYS[1], value, 'PX', ttl)
+    return {'claimed'}
+end
+
+if state ~= 'i' or string.sub(v, 36, 99) ~= fp then
+    return {'record', v}
+end
+
+local left = tonumber(f[2]) - (tonumber(f[3]) - redis.call('PTTL', KEYS[1]))
+
+if left > 0 then
+    if wait == '1' and string.sub(v, 3, 3) ~= '1' then
+        v = '2i1' .. string.sub(v, 4)
+        redis.call('SET', KEYS[1], v, 'KEEPTTL')
+    end
+    return {'in_progress', v, ms(left)}
+end
+
+-- The owner stopped renewing its lease: it may or may not have reached
+-- the upstream, so the outcome is unknown, never free.
+local u = '2u' .. string.sub(v, 3, 99) .. string.rep('-', 32)
+          .. ns(f[1]) .. ns(ms(now_ms()))
+redis.call('SET', KEYS[1], u, 'KEEPTTL')
+announce(KEYS[1], v)
+return {'record', u}

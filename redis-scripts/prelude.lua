@@ -1,16 +1,17 @@
--- Shared by every script: prepended to each at build time, followed by a
--- line that names the script's ARGV (its "--: args" line) as locals.
+-- Shared by every script: prepended to each at build time, then the files
+-- it names in its "--: needs" line, then a line that names its ARGV (its
+-- "--: args" line) as locals.
 --
--- Times are milliseconds of Redis's clock written with string.format('%d'):
--- tostring() of a Lua number goes through '%.14g', glibc's float printer, a
--- measurable part of a script's time in Redis (bench/RESULTS.md).  Numbers
--- from ARGV stay strings for the same reason.  '%d' is a C long: Redis must
--- be a 64-bit build (docs/redis.md).
-
-local function now_ms()
-    local t = redis.call('TIME')
-    return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
+-- The record is one string, layout 2 (docs/states.md): a 131-byte head,
+-- '2', the state (i, c, u, r), the waiters flag, the operation id (32 hex),
+-- the fingerprint (64 hex) and the owner token (32 hex or 32 '-'), then
+-- netstring fields.  Lua reads the head at fixed offsets.
+--
+-- Numbers are written with string.format('%d'): tostring() of a Lua number
+-- goes through '%.14g', glibc's float printer, a measurable part of a
+-- script's time in Redis (bench/RESULTS.md).  Numbers from ARGV stay
+-- strings for the same reason.  '%d' is a C long: Redis must be a 64-bit
+-- build (docs/redis.md).
 
 local function ms(n)
     return string.format('%d', n)
@@ -18,17 +19,14 @@ end
 
 -- The record is a live claim held by this attempt's owner token: only then
 -- may a closing script (complete, release, fail) or a renewal touch it.
-local function owned(state, owner, token)
-    return state == 'in_progress' and owner == token
+local function owned(v, token)
+    return v and string.sub(v, 1, 2) == '2i'
+           and string.sub(v, 100, 131) == token
 end
 
 -- Somebody waits for this record (idempotency_wait): tell them it changed.
-local function announce(key, waiters)
-    if waiters then
+local function announce(key, v)
+    if string.sub(v, 3, 3) == '1' then
         redis.call('PUBLISH', '@IDEM_CHANNEL@', key)
     end
-end
-
-local function corrupt(what)
-    return redis.error_reply('IDEMCORRUPT record has an unknown ' .. what)
 end

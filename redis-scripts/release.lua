@@ -1,21 +1,40 @@
--- Forget a claim whose request never reached the upstream, so that a retry
--- executes.  Fenced by the owner token.
+-- Give the key back: the upstream never received the request, or answered
+-- "not done, try later" (idempotency_release_statuses), or the claim was
+-- sent on a connection the worker gave up on.  Fenced by the owner token.
 --
---: args owner
+--: args owner marker ttl absent
 --
 -- KEYS[1]  record key
 -- owner    owner token
+-- marker   what stays for ttl ms (layout 2, state r), or "" for nothing
+-- ttl      the marker's TTL in ms
+-- absent   "1": the claim may not have run yet; then the marker is left
+--          even when there is no record, so that it cannot take the key
+--          when it runs
 --
--- Reply: 1 when released, 0 when the claim was not ours any more.
+-- Reply: 1 when released, 0 when the claim was not ours any more, 2 when
+-- a marker was left for a claim that has not run.
 
-local r = redis.call('HMGET', KEYS[1], 'state', 'owner', 'waiters')
+local v = redis.call('GET', KEYS[1])
 
-if not owned(r[1], r[2], owner) then
+if not v then
+    if absent == '1' then
+        redis.call('SET', KEYS[1], marker, 'PX', ttl)
+        return 2
+    end
     return 0
 end
 
-announce(KEYS[1], r[3])
+if not owned(v, owner) then
+    return 0
+end
 
-redis.call('DEL', KEYS[1])
+announce(KEYS[1], v)
+
+if marker == '' then
+    redis.call('DEL', KEYS[1])
+else
+    redis.call('SET', KEYS[1], marker, 'PX', ttl)
+end
 
 return 1

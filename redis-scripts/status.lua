@@ -1,30 +1,44 @@
 -- Read one record for the status endpoint.  Read-only: a lapsed lease is
--- reported as "unknown" here and converted by the next claim.
+-- reported here and converted by the next claim.  The stored response is
+-- left out: the endpoint never shows it.
 --
+--: needs fields layout1
 --: args
 --
 -- KEYS[1]  record key
 --
--- Replies: {} when there is no record, else
---   {state, fingerprint, op, created, completed, status}
+-- Replies: {} when there is no record, else {value, lapsed "0" | "1"}
 
-local now = now_ms()
+local v = redis.pcall('GET', KEYS[1])
 
-local r = redis.call('HMGET', KEYS[1], 'v', 'state', 'fp', 'op', 'created',
-                     'completed', 'status', 'lease')
+if type(v) == 'table' then
+    local r = layout1_read(KEYS[1])
+    if not r then
+        return corrupt('layout')
+    end
+    r[9], r[10] = '', ''
+    return {layout1_value(r), layout1_lapsed(r, now_ms()) and '1' or '0'}
+end
 
-if not r[2] then
+if not v then
     return {}
 end
 
-if r[1] ~= '1' or not r[3] or not r[4] then
+local f = layout2(v)
+
+if not f then
     return corrupt('layout')
 end
 
-local state = r[2]
+local state = string.sub(v, 2, 2)
 
-if state == 'in_progress' and tonumber(r[8] or '0') <= now then
-    state = 'unknown'
+if state == 'r' then
+    return {}
 end
 
-return {state, r[3], r[4], r[5] or '', r[6] or '', r[7] or ''}
+if state == 'c' then
+    v = string.sub(v, 1, 131) .. ns(f[1]) .. ns(f[2]) .. ns(f[3]) .. ns(f[4])
+        .. ns(f[5]) .. ns('') .. ns('')
+end
+
+return {v, (state == 'i' and lapsed(KEYS[1], f)) and '1' or '0'}

@@ -83,9 +83,12 @@ if ($rec) {
     my $ttl = $t->redis('TTL', $rec);
     ok(!ref $ttl && $ttl > 23 * 3600 && $ttl <= 24 * 3600, 'record TTL is the 24h default')
         or diag("TTL $ttl");
-    my $h = $t->redis('HGETALL', $rec);
-    my %h = ref $h eq 'ARRAY' ? @$h : ();
-    is($h{state}, 'completed', 'record state completed');
+    is($t->redis('TYPE', $rec), 'string', 'the record is one string (layout 2)');
+    my $h = $t->decode_record($t->redis('GET', $rec)) // {};
+    is($h->{state}, 'completed', 'record state completed');
+    is($h->{status}, 201, 'the record holds the status');
+    is($h->{body}, $first->{content}, 'the record holds the body');
+    ok(!defined $h->{owner}, 'a completed record names no owner');
 }
 
 # A second, unrelated key executes on its own.

@@ -200,8 +200,15 @@ for my $st (429, 503) {
     my $r1 = $t->http(POST => '/pay', @req, headers => [ Authorization => $AUTH, 'X-Status' => $st ]);
     is($r1->{status}, $st, "$st: passed to the client");
     ok(!exists $r1->{headers}{'idempotent-replayed'}, "$st: not a replay");
-    # the release is sent as the answer goes out; its reply may come later
-    ok($t->wait_for(sub { !defined $t->record($k, $AUTH) }, 5), "$st: released (no record)");
+    # the release is sent as the answer goes out; its reply may come later.
+    # What stays is a marker for the duplicates that waited: no claim, and
+    # the upstream's status.
+    my $m;
+    ok($t->wait_for(sub { $m = $t->record($k, $AUTH); $m && $m->{state} eq 'released' }, 5),
+        "$st: released (a marker, no live record)") or diag(explain $m);
+    is($m && $m->{status}, $st, "$st: the marker keeps the upstream's status");
+    ok($m && $m->{pttl} > 0 && $m->{pttl} <= 60_000 + 1000,
+        "$st: the marker lives about a lease") or diag($m && $m->{pttl});
     my $r2 = $t->http(POST => '/pay', @req, headers => [ Authorization => $AUTH, 'X-Status' => $st ]);
     is($r2->{status}, $st, "$st: the retry executes again");
     ok(!exists $r2->{headers}{'idempotent-replayed'}, "$st: the retry is not a replay");
@@ -213,6 +220,30 @@ for my $st (429, 503) {
     is($r4->{status}, 201, "$st: after the success, replay (the upstream is not asked)");
     is($r4->{headers}{'idempotent-replayed'}, 'true', "$st: replay marked");
     is($t->effects(key => $k), 3, "$st: still 3 effects");
+}
+
+# ---- 204 and 304 come without a body and without Content-Length: the
+# replay adds none (the headers are the original's)
+for my $st (204, 304) {
+    my $k = $t->key("nobody$st");
+    my @req = (key => $k, json => { case => "bodiless $st" });
+    my @h = (headers => [ Authorization => $AUTH, 'X-Status' => $st ]);
+    my $r1 = $t->http(POST => '/pay', @req, @h);
+    is($r1->{status}, $st, "$st: passed to the client");
+    ok(!exists $r1->{headers}{'content-length'}, "$st: the original has no Content-Length")
+        or diag($t->show($r1));
+    ok($t->wait_state($k, $AUTH, 'completed'), "$st: recorded");
+    my $r2 = $t->http(POST => '/pay', @req, @h);
+    is($r2->{status}, $st, "$st: the retry gets the stored $st");
+    is($r2->{headers}{'idempotent-replayed'}, 'true', "$st: replayed");
+    ok(!exists $r2->{headers}{'content-length'}, "$st: the replay has no Content-Length either")
+        or diag($t->show($r2));
+    is($r2->{content}, '', "$st: and no body");
+    my %skip = map { $_ => 1 } qw(date idempotent-replayed);
+    is_deeply([ grep { !$skip{$_} } sort keys %{ $r2->{headers} } ],
+              [ grep { !$skip{$_} } sort keys %{ $r1->{headers} } ],
+        "$st: the replay has the original's header names");
+    is($t->effects(key => $k), 1, "$st: one effect");
 }
 
 # ---- other final statuses are stored and replayed

@@ -88,14 +88,18 @@ sub sleep_until { my $d = $_[0] - time; sleep $d if $d > 0 }
         name => 'claim while Redis sleeps -> 503 store-unavailable');
     waitpid($pid, 0);
     is($t->effects(key => $k), 0, 'asleep: nothing executed');
-    # The claim ran in Redis after the timeout; its owner removes it.
+    # The claim ran in Redis after the timeout; its owner gives it back,
+    # leaving a tombstone of its token (a released marker with no status)
+    # that no late copy of that claim may take.
     my $rec;
-    ok($t->wait_for(sub { $rec = $t->record($k); !$rec }, 5),
-        'the claim whose reply was lost is released by its worker')
+    ok($t->wait_for(sub { $rec = $t->record($k);
+                          $rec && $rec->{state} eq 'released' && $rec->{status} eq ''
+                          && $rec->{owner} }, 5),
+        'the claim whose reply was lost is given back by its worker: a tombstone')
         or diag(explain $rec);
     my $after = cmdstats();
-    note(sprintf('while asleep + after: %d HSET and %d DEL calls in Redis (the late claim and its release)',
-        map { ($after->{$_} // 0) - ($before->{$_} // 0) } qw(hset del)));
+    note(sprintf('while asleep + after: %d SET and %d EVALSHA calls in Redis (the late claim and its give-back)',
+        map { ($after->{$_} // 0) - ($before->{$_} // 0) } qw(set evalsha)));
     my ($r, @seen) = $t->retry_until_final('/pay', 10, @req);
     note('answers after the sleep: ' . join(', ', @seen));
     is($r->{status}, 201, 'after the sleep: the retry executes') or diag($t->show($r));

@@ -101,38 +101,48 @@ sub evals { my $c = shift; ($c->{evalsha} // 0) + ($c->{eval} // 0) }
     is($t->effects(key => $k), 1, 'wait ran out: one effect');
 }
 
-# ---- the first attempt is released (upstream 429): a waiter executes
+# ---- the first attempt is released (upstream 429): the waiter gets the
+#      upstream's "retry later" with its Retry-After, and only the client's
+#      own later retry executes again
 {
     my $k = $t->key('waitrel');
     my @req = (key => $k, json => { rel => 1 });
-    my $bg = $t->http_bg(POST => '/x', @req, headers => [ 'X-Delay' => 1, 'X-Status' => 429 ], timeout => 10);
+    my $bg = $t->http_bg(POST => '/x', @req, headers => [ 'X-Delay' => 1, 'X-Status' => 429,
+        'X-Reply-Header' => 'Retry-After: 7' ], timeout => 10);
     ok($t->wait_for(sub { $t->effects(key => $k) == 1 }, 5), 'first attempt reached the upstream');
     my $r = $t->http(POST => '/x', @req, timeout => 10);
-    is($r->{status}, 201, 'the waiter executes itself after the release') or diag($t->show($r));
-    ok(!exists $r->{headers}{'idempotent-replayed'}, 'the waiter\'s answer is not a replay');
+    $t->is_problem($r, 429, 'retry-later', key => $k, retry_after => 1,
+        name => 'the waiter gets 429 retry-later, not an execution of its own');
+    is($r->{headers}{'retry-after'}, 7, "the waiter gets the upstream's Retry-After");
+    is(($t->problem($r) // {})->{response_status}, 429, 'response_status is the upstream\'s');
     is(($bg->result(10) // {})->{status}, 429, 'the first attempt got the 429');
-    is($t->effects(key => $k), 2, 'released then executed: 2 effects');
-    is($r->{headers}{'x-upstream-seq'}, ($t->effect_list(key => $k))[1]{n}, 'the second effect is the waiter\'s');
+    is($t->effects(key => $k), 1, 'released, the waiter answered: still one effect');
+    my $again = $t->http(POST => '/x', @req);
+    is($again->{status}, 201, "the client's own retry executes");
+    ok(!exists $again->{headers}{'idempotent-replayed'}, 'and is not a replay');
+    is($t->effects(key => $k), 2, 'released, then retried: 2 effects');
+    is($again->{headers}{'x-upstream-seq'}, ($t->effect_list(key => $k))[1]{n}, 'the second effect is the retry\'s');
 }
 
-# ---- several waiters, the first attempt released: exactly one of them executes
+# ---- 50 waiters, the upstream answers 503 every time: one effect, every
+#      waiter gets 503 with Retry-After (no waiter executes in turn)
 {
     my $k = $t->key('waitrelmany');
     my @req = (key => $k, json => { rel => 'many' });
-    my $bg = $t->http_bg(POST => '/x', @req, headers => [ 'X-Delay' => 1, 'X-Status' => 503 ], timeout => 10);
+    my $bg = $t->http_bg(POST => '/x', @req, headers => [ 'X-Delay' => 4, 'X-Status' => 503 ], timeout => 20);
     ok($t->wait_for(sub { $t->effects(key => $k) == 1 }, 5), 'first attempt reached the upstream');
-    my $res = $t->parallel(6, sub {
-        my $r = $t->http(POST => '/x', @req, headers => [ 'X-Delay' => 0.5 ], timeout => 15);
-        return { status => $r->{status}, replayed => $r->{headers}{'idempotent-replayed'}, type => $t->ptype($r),
-                 sha => $t->sha256($r->{content}) };
+    my $res = $t->parallel(50, sub {
+        my $r = $t->http(POST => '/x', @req, headers => [ 'X-Status' => 503 ], timeout => 20);
+        return { status => $r->{status}, type => $t->ptype($r), ra => $r->{headers}{'retry-after'} };
     });
-    is(($bg->result(10) // {})->{status}, 503, 'the first attempt got the 503');
-    is($t->effects(key => $k), 2, '6 waiters after a release: exactly one more effect');
-    is(scalar(grep { $_ && $_->{status} == 201 && !$_->{replayed} } @$res), 1, 'one waiter executed');
-    is(scalar(grep { $_ && $_->{status} == 201 && ($_->{replayed} // '') eq 'true' } @$res), 5,
-        'the others got its replay') or diag(explain $res);
-    my $sha = (produced($k) // {})->{sha} // 'none';
-    is(scalar(grep { $_ && $_->{sha} eq $sha } @$res), 6, 'all six have the executed body');
+    is(($bg->result(20) // {})->{status}, 503, 'the first attempt got the 503');
+    is($t->effects(key => $k), 1, '50 waiters on a 503: exactly one effect');
+    my @ok = grep { $_ && $_->{status} == 503 && $_->{type} eq 'retry-later' && ($_->{ra} // '') =~ /^\d+$/ } @$res;
+    is(scalar @ok, 50, 'every waiter got 503 retry-later with Retry-After')
+        or diag(explain [ grep { !$_ || $_->{type} ne 'retry-later' } @$res ]);
+    my $again = $t->http(POST => '/x', @req);
+    is($again->{status}, 201, 'a later retry of the client executes');
+    is($t->effects(key => $k), 2, 'and is the second effect');
 }
 
 # ---- the first attempt's outcome is lost: the waiter gets outcome-unknown

@@ -164,8 +164,13 @@ my @requ = (key => $ku, json => { pay => 2 }, headers => [ Authorization => $ALI
     $t->is_problem(admin('action=release', $ku, $BOB), 404, 'not-found',
         name => 'admin in another scope -> 404');
     for my $q ('action=delete', 'action=complete', 'action=complete&status=99', 'action=complete&status=600',
-               'action=complete&status=abc', '') {
-        $t->is_problem(admin($q, $ku, $ALICE), 400, 'bad-admin-request', name => "admin '?$q' -> 400 bad-admin-request");
+               'action=complete&status=abc', '',
+               # a repeated parameter is refused, never read as its first value
+               'action=complete&status=201&status=500', 'action=complete&status=500&status=201',
+               'action=release&action=complete&status=201', 'action=release&action=release') {
+        # the problem names the key that was sent (it is valid), not null
+        $t->is_problem(admin($q, $ku, $ALICE), 400, 'bad-admin-request', key => $ku,
+            name => "admin '?$q' -> 400 bad-admin-request naming the key");
     }
     is(admin('action=release', $ku, $ALICE, 'GET')->{status}, 405, 'GET on the admin endpoint -> 405');
     is(status_of($ku, $ALICE)->{status}, 200, 'the refused/bad admin calls left the unknown record alone');

@@ -5,7 +5,8 @@
 # client timeout, and the client retries by the documented rule (same key on
 # 502/503/504/timeouts/in-progress, stop on a 201 or outcome-unknown).
 # Meanwhile the test kills nginx workers (-9), pauses Redis (CLIENT PAUSE),
-# restarts the upstream and restarts Redis (appendonly). At the end, after
+# stalls Redis (a busy script, SIGSTOP) while clients retry, restarts the
+# upstream and restarts Redis (appendonly). At the end, after
 # one clean retry per key:
 #   - every key has at most one upstream effect;
 #   - every 201 any client got, executed or replayed, is the response the
@@ -87,7 +88,7 @@ sub attempt {
 }
 
 # ---- the trials, with faults injected by the parent meanwhile
-my %faults = (kill => 0, pause => 0, upstream_restart => 0, redis_restart => 0);
+my %faults = (kill => 0, pause => 0, stall => 0, upstream_restart => 0, redis_restart => 0);
 # the fault sequence follows the seed too (its own generator: the parent's
 # rand() is also used by the modules it calls)
 my $fn = 0;
@@ -95,19 +96,29 @@ sub frand { hex(substr($t->sha256("$SEED:fault:" . $fn++), 0, 8)) / 4294967296 *
 my $t0 = time;
 my $next_fault = $t0 + 0.5;
 my @fault_log;
+my $stall_until = 0;
 my $inject = sub {
-    return if time < $next_fault;
+    return if time < $next_fault || time < $stall_until;
     my $x = frand();
-    if ($x < 0.40) {
+    if ($x < 0.35) {
         my @w = $t->worker_pids;
         my $pid = $w[int frand(scalar @w)];
         if ($pid && $t->kill_worker($pid)) { $faults{kill}++; push @fault_log, sprintf('%.1f kill', time - $t0) }
-    } elsif ($x < 0.80) {
+    } elsif ($x < 0.65) {
         my $ms = 300 + int frand(700);
         $t->redis_pause($ms);
         $faults{pause}++;
         push @fault_log, sprintf('%.1f pause %dms', time - $t0, $ms);
-    } elsif ($x < 0.92) {
+    } elsif ($x < 0.80) {
+        # Redis stops answering (a busy script, or the process stopped)
+        # while clients time out and retry: claims given up on run late
+        my $secs = 1 + frand(1.5);
+        my $how = frand() < 0.5 ? 'script' : 'stop';
+        $t->redis_stall($secs, how => $how);
+        $stall_until = time + $secs + 0.2;
+        $faults{stall}++;
+        push @fault_log, sprintf('%.1f stall %s %.1fs', time - $t0, $how, $secs);
+    } elsif ($x < 0.90) {
         $t->stop_upstream;
         sleep 0.1;
         $t->start_upstream;
@@ -223,6 +234,8 @@ ok(!@unexpected, 'only documented answers') or diag(join "\n", @unexpected[0 .. 
 ok(!grep({ $RETRY{$_} } keys %final), 'after the chaos every key is settled (replay, execution or outcome-unknown)')
     or diag(explain \%final);
 ok($checked201 > 0 && ($answers{replayed} // 0) > 0, 'the run produced executions and replays to check');
+ok($faults{stall} > 0 && $faults{kill} > 0 && $faults{pause} > 0, 'the run stalled, paused Redis and killed workers')
+    or diag(explain \%faults);
 
 # harness invariants: the upstream numbers its effects uniquely (the check
 # on bodies above keys on that number), and every effect belongs to a trial

@@ -3,7 +3,8 @@
 # module does, docs/states.md: "idem:{" + hex of the first 16 bytes of
 # SHA-256("idem-record-v1\0" . u64be(len scope) . scope . key) + "}:r"):
 # a plain string, a list, a hash of another application, a record whose
-# layout version, state, status or stored headers are wrong. Each is a clear
+# layout, state, owner, status, netstrings or stored headers are wrong, in
+# layout 2 (one string) and in layout 1 (a hash, as earlier versions wrote). Each is a clear
 # 500 store-error problem, never an execution (no upstream effect), never a
 # crash, and the foreign value is left as it was. The status endpoint says
 # store-error too, never another record's data.
@@ -90,19 +91,20 @@ foreign_case('v=1, unknown state, other fingerprint', [ 'HSET', 'NAME', 'v', '1'
 foreign_case('v=1, operation id not hex', [ 'HSET', 'NAME', 'v', '1', 'state', 'completed',
     'fp', 'f' x 64, 'op', 'foreign-payload' ]);
 
-# ---- a real record, then damaged field by field: same fingerprint now
+# ---- a real record (layout 2, one string), then damaged field by field:
+# same fingerprint now. $damage gets the decoded record and returns the new
+# value, written with the record's TTL kept.
 sub damaged_case {
-    my ($what, $hset, %o) = @_;
+    my ($what, $damage, %o) = @_;
     my $k = $t->key('damaged');
     my $uri = '/damaged/' . ++$n;
     my $a = $t->http(POST => $uri, key => $k, json => { a => 1 }, @A);
     is($a->{status}, 201, "$what: first request executes");
     my $name = $t->record_name($k, $AUTH);
     # the record is completed right after the answer went out: wait for it
-    ok($t->wait_for(sub { ($t->redis('HGET', $name, 'state') // '') eq 'completed' }, 5),
-        "$what: record completed");
-    $t->redis('HSET', $name, @$hset);
-    $t->redis('HDEL', $name, @{ $o{hdel} }) if $o{hdel};
+    ok($t->wait_state($k, $AUTH, 'completed'), "$what: record completed");
+    my $rec = $t->record($k, $AUTH);
+    $t->redis('SET', $name, $damage->({ %$rec }), 'KEEPTTL');
     my $before = dump_key($name);
     my $r = $t->http(POST => $uri, key => $k, json => { a => 1 }, @A);
     if ($o{ok}) {
@@ -128,20 +130,43 @@ sub damaged_case {
     is(dump_key($name), $before, "$what: the status endpoint left the record alone");
 }
 
-damaged_case('state rewritten to garbage', [ 'state', 'exploded' ]);
-damaged_case('layout version 0', [ 'v', '0' ]);
-damaged_case('layout version missing', [], hdel => [ 'v' ]);
-damaged_case('operation id missing', [], hdel => [ 'op' ]);
-damaged_case('status not a number', [ 'status', 'foreign-payload' ]);
-damaged_case('status out of range', [ 'status', '999' ]);
-damaged_case('status missing', [], hdel => [ 'status' ]);
-damaged_case('headers blob malformed', [ 'hdr', '12:Content-Type,99:foreign-payload,' ], status_endpoint => 200);
-damaged_case('headers blob with a leading zero', [ 'hdr', '012:Content-Type,1:x,' ], status_endpoint => 200);
-damaged_case('headers blob with a huge length', [ 'hdr', '99999999999999999999:x,1:y,' ], status_endpoint => 200);
-damaged_case('headers blob with an empty name', [ 'hdr', '0:,3:abc,' ], status_endpoint => 200);
-# header injection through a stored value: never a new header line on the wire
+sub enc { $t->encode_record($_[0]) }
+sub with { my %o = @_; sub { enc({ %{ $_[0] }, %o }) } }
+sub raw { my ($code) = @_; sub { local $_ = enc($_[0]); $code->(); $_ } }
+
+damaged_case('state byte rewritten to garbage', with(raw_state => 'x'));
+damaged_case('state byte says in_progress without an owner', with(raw_state => 'i'));
+damaged_case('layout byte 0', raw(sub { substr($_, 0, 1) = '0' }));
+damaged_case('layout byte 1 in a string', raw(sub { substr($_, 0, 1) = '1' }));
+damaged_case('head cut short', raw(sub { $_ = substr($_, 0, 100) }));
+damaged_case('waiters byte not 0 or 1', with(waiters => '7'));
+damaged_case('operation id not hex', with(op => 'foreign-payload-' . 'z' x 16));
+damaged_case('owner on a completed record', with(owner => 'a' x 32));
+damaged_case('owner half dashes', with(owner => 'a' x 16 . '-' x 16));
+damaged_case('status not a number', with(status => 'foreign-payload'));
+damaged_case('status out of range', with(status => '999'));
+damaged_case('status empty', with(status => ''));
+damaged_case('status missing', with(drop => ['status']));
+damaged_case('status with a leading zero', with(status => '0201'));
+damaged_case('stored flag 2', with(stored => '2'));
+damaged_case('body field missing', with(drop => ['body']));
+damaged_case('creation time after year 9999', with(created => '253402300800000'));
+damaged_case('completion time not a number', with(completed => 'foreign-payload'));
+damaged_case('a netstring length with a leading zero', raw(sub { s/,(\d+):/",0$1:"/e }));
+damaged_case('a netstring length beyond the value', raw(sub { s/,(\d+):/",99$1:"/e }));
+damaged_case('a netstring without its comma', raw(sub { s/,$/;/ }));
+damaged_case('trailing bytes after the fields', raw(sub { $_ .= '3:foreign-payload,' }));
+damaged_case('fingerprint not hex', with(fp => 'g' x 64));
+
+# the stored headers are a netstring blob inside one field: the record
+# decodes, the replay refuses the blob, the status endpoint still answers
 sub ns { join '', map { length($_) . ":$_," } @_ }
-damaged_case('header value with CRLF', [ 'hdr', ns('X-Stuff', "a\r\nSet-Cookie: injected=foreign") ],
+damaged_case('headers blob malformed', with(hdr => '12:Content-Type,99:foreign-payload,'), status_endpoint => 200);
+damaged_case('headers blob with a leading zero', with(hdr => '012:Content-Type,1:x,'), status_endpoint => 200);
+damaged_case('headers blob with a huge length', with(hdr => '99999999999999999999:x,1:y,'), status_endpoint => 200);
+damaged_case('headers blob with an empty name', with(hdr => '0:,3:abc,'), status_endpoint => 200);
+# header injection through a stored value: never a new header line on the wire
+damaged_case('header value with CRLF', with(hdr => ns('X-Stuff', "a\r\nSet-Cookie: injected=foreign")),
     status_endpoint => 200,
     ok => sub {
         my ($r) = @_;
@@ -150,36 +175,53 @@ damaged_case('header value with CRLF', [ 'hdr', ns('X-Stuff', "a\r\nSet-Cookie: 
         ok($r->{status} == 500 || ($r->{headers}{'idempotent-replayed'} // '') eq 'true',
             "header value with CRLF: refused (500) or replayed without the injection ($r->{status})");
     });
-damaged_case('header name with CRLF', [ 'hdr', ns("X-A\r\nSet-Cookie: injected=1", 'x') ],
+damaged_case('header name with CRLF', with(hdr => ns("X-A\r\nSet-Cookie: injected=1", 'x')),
     status_endpoint => 200,
     ok => sub {
         my ($r) = @_;
         ok(!exists $r->{headers}{'set-cookie'}, 'header name with CRLF: no injected Set-Cookie')
             or diag($t->show($r));
     });
-damaged_case('body field missing, stored=1', [ 'stored', '1' ], hdel => [ 'body' ],
+# another operation's fingerprint under this key: the request changed
+damaged_case('fingerprint of another request', with(fp => 'f' x 64),
     status_endpoint => 200,
-    ok => sub {
-        my ($r) = @_;
-        ok($r->{status} == 500 || ($r->{headers}{'idempotent-replayed'} // '') eq 'true',
-            "body field missing: refused or replayed ($r->{status}), no crash");
-    });
+    ok => sub { $t->is_problem($_[0], 409, 'fingerprint-mismatch', name => 'other fingerprint: 409 mismatch') });
 
-# status written with a leading zero: the claim reads 201, the status
-# endpoint prints a JSON number (not "0201", which is not JSON)
-damaged_case('status with a leading zero', [ 'status', '0201' ], status_endpoint => 200,
-    status_json => sub { is($_[0]{response_status}, 201, 'status with a leading zero: response_status 201') },
-    ok => sub {
-        is($_[0]{headers}{'idempotent-replayed'}, 'true', 'status with a leading zero: replayed');
-        is($_[0]{status}, 201, 'status with a leading zero: as 201');
-    });
-# times the claim never reads, but the status endpoint prints
-damaged_case('creation time after year 9999', [ 'created', '253402300800000' ],
-    ok => sub { is($_[0]{headers}{'idempotent-replayed'}, 'true', 'creation time after 9999: still replayed') });
-damaged_case('completion time not a number', [ 'completed', 'foreign-payload' ],
-    ok => sub { is($_[0]{headers}{'idempotent-replayed'}, 'true', 'completion time garbage: still replayed') });
-damaged_case('fingerprint shortened', [ 'fp', 'f' x 63 ],
-    ok => sub { $t->is_problem($_[0], 409, 'fingerprint-mismatch', name => 'fingerprint shortened: 409 mismatch') });
+# ---- records of layout 1 (a hash, as earlier module versions wrote them)
+# go through the layout-1 reader: damaged ones are store-error as well
+sub v1_case {
+    my ($what, %h) = @_;
+    my $k = $t->key('v1');
+    my $uri = '/v1/' . ++$n;
+    my $a = $t->http(POST => $uri, key => $k, json => { a => 1 }, @A);
+    is($a->{status}, 201, "v1 $what: first request executes");
+    ok($t->wait_state($k, $AUTH, 'completed'), "v1 $what: record completed");
+    my $rec = $t->record($k, $AUTH);
+    my $name = $t->record_name($k, $AUTH);
+    my %v1 = (v => 1, state => 'completed', fp => $rec->{fp}, op => $rec->{op},
+        created => $rec->{created}, completed => $rec->{completed}, status => $rec->{status},
+        stored => $rec->{stored}, hdr => $rec->{hdr}, body => $rec->{body}, %h);
+    $t->redis('DEL', $name);
+    $t->redis('HSET', $name, map { ($_ => $v1{$_}) } grep { defined $v1{$_} } sort keys %v1);
+    $t->redis('PEXPIRE', $name, 600000);
+    my $before = dump_key($name);
+    my $r = $t->http(POST => $uri, key => $k, json => { a => 1 }, @A);
+    if ($h{expect_replay}) {
+        is($r->{headers}{'idempotent-replayed'}, 'true', "v1 $what: replayed") or diag($t->show($r));
+        is($r->{content}, $a->{content}, "v1 $what: the same body");
+    } else {
+        $t->is_problem($r, 500, 'store-error', key => $k, name => "v1 $what: retry gets 500 store-error");
+    }
+    is($t->effects(uri => $uri), 1, "v1 $what: no second execution");
+    is(dump_key($name), $before, "v1 $what: the record is not rewritten");
+}
+v1_case('intact', expect_replay => 1);
+v1_case('state garbage', state => 'exploded');
+v1_case('version 0', v => 0);
+v1_case('version missing', v => undef);
+v1_case('operation id missing', op => undef);
+v1_case('status not a number', status => 'foreign-payload');
+v1_case('status out of range', status => '999');
 
 # ---- the module keeps working for clean keys afterwards
 {

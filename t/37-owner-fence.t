@@ -56,17 +56,22 @@ my $rec = $t->record($k) // {};
 is($rec->{state}, 'in_progress', 'claimed: in_progress');
 like($rec->{owner} // '', qr/^[0-9a-f]{32}$/, 'the claim names its owner token');
 my $wrong = 'f' x 32;
+my $forged = $t->encode_record({ %$rec, state => 'completed', owner => undef, completed => $rec->{created},
+    status => 200, stored => 1, resolved => 0, hdr => '', body => 'forged' });
+my $forged_u = $t->encode_record({ %$rec, state => 'unknown', owner => undef, unknown_at => $rec->{created} });
+my $marker = $t->encode_record({ %$rec, state => 'released', status => '', retry_after => '' });
 for my $c (
-    [ complete => [ 1, $rname, $wrong, 200, '', 'forged', 1, 60 ] ],
-    [ release  => [ 1, $rname, $wrong ] ],
-    [ fail     => [ 1, $rname, $wrong ] ],
-    [ renew    => [ 1, $rname, $wrong, 600000 ] ],
+    [ complete => [ 1, $rname, $wrong, $forged, 60000 ] ],
+    [ release  => [ 1, $rname, $wrong, '', 1000, '0' ] ],
+    [ release  => [ 1, $rname, $wrong, $marker, 1000, '1' ] ],
+    [ fail     => [ 1, $rname, $wrong, $forged_u ] ],
+    [ renew    => [ 1, $rname, $wrong, 1 ] ],     # would expire it at once
 ) {
     my ($name, $args) = @$c;
     is($t->redis('EVAL', $t->script_text($name), @$args), 0, "$name.lua with a wrong owner token -> 0");
 }
 my $after = $t->record($k) // {};
-is_deeply([ @$after{qw(state owner lease)} ], [ @$rec{qw(state owner lease)} ],
+is_deeply([ @$after{qw(state owner lease_ms ttl_ms)} ], [ @$rec{qw(state owner lease_ms ttl_ms)} ],
     'the record is as it was: same state, owner and lease');
 ok(!defined $after->{body}, 'no forged body stored');
 

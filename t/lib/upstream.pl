@@ -16,7 +16,8 @@
 # Request headers that steer the answer:
 #   X-Delay: SECONDS      sleep after recording the effect, before answering
 #   X-Drop: 1             record the effect (and sleep X-Delay), then close unanswered
-#   X-Status: N           answer status N (default 201)
+#   X-Status: N           answer status N (default 201); 204 and 304 without a body
+#                         and without Content-Length
 #   X-Body-Size: N        answer N deterministic bytes (Idem::Upstream::body_bytes),
 #                         Content-Type application/octet-stream
 #   X-Reply-Header: Name: value   add this header to the answer (repeatable)
@@ -210,13 +211,16 @@ sub handle {
             . ',"uri":' . $JSON->encode($uri) . ',"body_len":' . length($body)
             . ',"body_sha256":"' . $sha . '"}';
     }
+    # 204 and 304 have no body, and are sent without Content-Length
+    my $bodiless = $status == 204 || $status == 304;
+    $out = '' if $bodiless;
     my $chunked = ($h{'x-chunked'} // '') eq '1';
     my $resp = "HTTP/1.1 $status " . ($REASON{$status} // 'Whatever') . "\r\n"
         . "Location: /things/$n\r\n"
         . "Content-Type: $ctype\r\n"
         . "X-Upstream-Seq: $n\r\n"
         . join('', map { "$_\r\n" } @reply_headers)
-        . ($chunked ? "Transfer-Encoding: chunked\r\n" : "Content-Length: " . length($out) . "\r\n")
+        . ($bodiless ? '' : $chunked ? "Transfer-Encoding: chunked\r\n" : "Content-Length: " . length($out) . "\r\n")
         . "Connection: close\r\n\r\n";
     my $trunc = ($h{'x-truncate'} // '') =~ /^[0-9]+$/ && $h{'x-truncate'} < length($out)
         ? $h{'x-truncate'} : undef;

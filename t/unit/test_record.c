@@ -1,15 +1,88 @@
 /*
- * Unit tests of idem_record.c: the Redis record key derived from (scope,
- * key), the netstring encoding of stored response headers, and the
- * decoders of the claim, status and admin scripts' replies.
+ * Unit tests of idem_record.c and idem_reply.c: the Redis record key
+ * derived from (scope, key), the netstring encoding of stored response
+ * headers, the layout-2 record value (what the encoder writes, what the
+ * decoder gives back, and every way the decoder refuses a value), and the
+ * decoders of the replies of SET and of the claim, status and admin
+ * scripts.
+ *
+ * Expected encodings are written out by hand from the layout in
+ * idem_record.h, not computed with the code under test.  Every refusal
+ * has an accepted value next to it that differs only in what is tested,
+ * so that a decoder refusing everything fails too.
  */
 
-#include <stdarg.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "tap.h"
 #include "idem_record.h"
+#include "idem_reply.h"
 
+
+#define OP      "0123456789abcdef0123456789abcdef"
+#define FP      "00112233445566778899aabbccddeeff" \
+                "fedcba9876543210fedcba9876543210"
+#define OWNER   "a0b1c2d3e4f5a6b7c8d9e0f1a2b3c4d5"
+#define DASHES  "--------------------------------"
+
+/* the fields of one valid record of each state */
+#define I_F     "13:1796222500440,4:5000,8:86400000,"
+#define HDRS    "12:Content-Type,16:application/json,"
+#define C_F     "13:1796222500440,13:1796222501000,3:201,1:1,1:0," \
+                "36:" HDRS ",9:{\"id\":42},"
+#define U_F     "13:1796222500440,13:1796222560000,"
+#define R_F     "3:503,2:30,"
+
+
+/* every buffer the tests make, freed at the end (ASan leak checks) */
+#define KEEP_MAX  2048
+
+static void    *kept[KEEP_MAX];
+static size_t   nkept;
+
+
+static void *
+keep_alloc(size_t size)
+{
+    void  *p;
+
+    p = malloc(size ? size : 1);
+
+    if (p == NULL || nkept == KEEP_MAX) {
+        printf("Bail out! out of memory\n");
+        exit(255);
+    }
+
+    kept[nkept++] = p;
+
+    return p;
+}
+
+
+/* an exact-size copy: under ASan, any read past the end is reported */
+static char *
+keep(const char *p, size_t len)
+{
+    char  *c;
+
+    c = keep_alloc(len);
+    memcpy(c, p, len);
+
+    return c;
+}
+
+
+static void
+free_all(void)
+{
+    while (nkept) {
+        free(kept[--nkept]);
+    }
+}
+
+
+/* ---------------------------------------------------------- record key */
 
 static void
 test_record_key(void)
@@ -35,6 +108,8 @@ test_record_key(void)
 }
 
 
+/* ------------------------------------------------------ stored headers */
+
 static void
 test_hdrs_roundtrip(void)
 {
@@ -48,8 +123,9 @@ test_hdrs_roundtrip(void)
     p = idem_hdrs_put(p, "X-Empty!", 8, "", 0);
 
     ok((size_t) (p - buf) == len, "encoded length matches pair_len");
-    ok(memcmp(buf, "12:Content-Type,16:application/json,8:X-Empty!,0:,", len)
-       == 0, "encoding is netstrings, name then value");
+    ok(len == 50
+       && memcmp(buf, "12:Content-Type,16:application/json,8:X-Empty!,0:,",
+                 len) == 0, "encoding is netstrings, name then value");
 
     it.pos = buf;
     it.end = p;
@@ -58,9 +134,10 @@ test_hdrs_roundtrip(void)
        && nl == 12 && memcmp(n, "Content-Type", 12) == 0
        && vl == 16 && memcmp(v, "application/json", 16) == 0,
        "first pair decodes");
-    ok(idem_hdrs_next(&it, &n, &nl, &v, &vl) == 1 && nl == 8 && vl == 0,
-       "empty value decodes");
+    ok(idem_hdrs_next(&it, &n, &nl, &v, &vl) == 1 && nl == 8 && vl == 0
+       && memcmp(n, "X-Empty!", 8) == 0, "empty value decodes");
     ok(idem_hdrs_next(&it, &n, &nl, &v, &vl) == 0, "end of blob");
+    ok(idem_hdrs_next(&it, &n, &nl, &v, &vl) == 0, "still the end");
 }
 
 
@@ -90,7 +167,9 @@ test_hdrs_malformed(void)
 
     ok(decode_all("") == 0, "empty blob is no headers");
     ok(decode_all("1:a,1:b,") == 0, "minimal pair");
+    ok(decode_all("10:abcdefghij,0:,") == 0, "two-digit length");
     ok(decode_all("01:a,1:b,") == -1, "leading zero refused");
+    ok(decode_all("1:a,01:b,") == -1, "leading zero in a value refused");
     ok(decode_all("1:a,1:b") == -1, "missing comma refused");
     ok(decode_all("1:a,") == -1, "name without value refused");
     ok(decode_all("0:,1:b,") == -1, "empty name refused");
@@ -98,146 +177,954 @@ test_hdrs_malformed(void)
     ok(decode_all(":a,1:b,") == -1, "missing length refused");
     ok(decode_all("1a,1:b,") == -1, "missing colon refused");
     ok(decode_all("99999999999999999999:a,") == -1, "huge length refused");
+    ok(decode_all("18446744073709551617:a,1:b,") == -1,
+       "length 2^64 + 1 refused (not read as 1)");
 
-    big = malloc(IDEM_HDRS_FIELD_MAX + 32);
-    if (big) {
-        sprintf(big, "%d:", IDEM_HDRS_FIELD_MAX + 1);
-        ok(decode_all(big) == -1, "field over IDEM_HDRS_FIELD_MAX refused");
-        free(big);
-    }
+    big = keep_alloc(IDEM_HDRS_FIELD_MAX + 32);
+    sprintf(big, "%d:", IDEM_HDRS_FIELD_MAX + 1);
+    ok(decode_all(big) == -1, "field over IDEM_HDRS_FIELD_MAX refused");
+}
+
+
+/* ------------------------------------------------------- record values */
+
+typedef struct {
+    const char  *p;
+    size_t       len;
+} rec_t;
+
+
+/* the value head3 op fp owner fields, in an exact-size buffer */
+static rec_t
+mk(const char *head3, const char *op, const char *fp, const char *owner,
+    const char *fields)
+{
+    char    buf[4096];
+    size_t  len, n;
+    rec_t   r;
+
+    len = 0;
+
+#define mk_add(s)                                                            \
+    n = strlen(s);                                                           \
+    memcpy(buf + len, s, n);                                                 \
+    len += n
+
+    mk_add(head3);
+    mk_add(op);
+    mk_add(fp);
+    mk_add(owner);
+    mk_add(fields);
+
+#undef mk_add
+
+    r.p = keep(buf, len);
+    r.len = len;
+
+    return r;
+}
+
+
+/* the first len bytes of r, in an exact-size buffer */
+static rec_t
+cut(rec_t r, size_t len)
+{
+    r.p = keep(r.p, len);
+    r.len = len;
+
+    return r;
+}
+
+
+static void
+accepts(rec_t r, const char *name)
+{
+    idem_value_t  v;
+
+    is_int(idem_value_decode(r.p, r.len, &v), 0, "accepted: %s", name);
+}
+
+
+static void
+refuses(rec_t r, const char *name)
+{
+    idem_value_t  v;
+
+    is_int(idem_value_decode(r.p, r.len, &v), -1, "refused: %s", name);
+}
+
+
+static int
+bytes_at(const char *got, size_t got_len, const char *want, size_t want_len)
+{
+    return got != NULL && got_len == want_len
+           && (want_len == 0 || memcmp(got, want, want_len) == 0);
+}
+
+
+/* pointer p..p+n lies within base..base+len */
+static int
+inside(const char *p, size_t n, const char *base, size_t len)
+{
+    return p != NULL && p >= base && n <= len && p <= base + len - n;
 }
 
 
 /*
- * A reply of n string elements; "~" stands for a nil (not a string).  Only
- * the first six are read (no decoder reads more), so n may claim more.
+ * The first field of out that is not what in says (decoded from base,
+ * len bytes), or NULL: the head, and the fields of in's state.
  */
-static const idem_rv_t *
-reply(size_t n, ...)
+static const char *
+value_diff(const idem_value_t *in, const idem_value_t *out, const char *base,
+    size_t len)
 {
-    static idem_rv_t   el[IDEM_CLAIM_ELEMS];
-    size_t             i;
-    va_list            ap;
-    const char        *s;
-
-    va_start(ap, n);
-
-    for (i = 0; i < n && i < IDEM_CLAIM_ELEMS; i++) {
-        s = va_arg(ap, const char *);
-        el[i].is_str = strcmp(s, "~") != 0;
-        el[i].data = el[i].is_str ? s : NULL;
-        el[i].len = el[i].is_str ? strlen(s) : 0;
+    if (out->state != in->state) {
+        return "state";
     }
 
-    va_end(ap);
+    if (out->waiters != (in->waiters ? 1 : 0)) {
+        return "waiters";
+    }
+
+    if (out->op != base + IDEM_OP_OFF
+        || memcmp(out->op, in->op, IDEM_TOKEN_LEN) != 0)
+    {
+        return "op";
+    }
+
+    if (out->fp != base + IDEM_FP_OFF
+        || memcmp(out->fp, in->fp, IDEM_FP_LEN) != 0)
+    {
+        return "fp";
+    }
+
+    if (in->owner == NULL ? out->owner != NULL
+        : (out->owner != base + IDEM_OWNER_OFF
+           || memcmp(out->owner, in->owner, IDEM_TOKEN_LEN) != 0))
+    {
+        return "owner";
+    }
+
+    switch (in->state) {
+
+    case 'i':
+        if (out->created != in->created) {
+            return "created";
+        }
+        if (out->lease_ms != in->lease_ms) {
+            return "lease_ms";
+        }
+        if (out->ttl_ms != in->ttl_ms) {
+            return "ttl_ms";
+        }
+        break;
+
+    case 'c':
+        if (out->created != in->created) {
+            return "created";
+        }
+        if (out->completed != in->completed) {
+            return "completed";
+        }
+        if (out->status != in->status) {
+            return "status";
+        }
+        if (out->stored != (in->stored ? 1 : 0)) {
+            return "stored";
+        }
+        if (out->resolved != (in->resolved ? 1 : 0)) {
+            return "resolved";
+        }
+        if (!inside(out->hdr, out->hdr_len, base, len)
+            || !bytes_at(out->hdr, out->hdr_len, in->hdr, in->hdr_len))
+        {
+            return "hdr";
+        }
+        if (!inside(out->body, out->body_len, base, len)
+            || !bytes_at(out->body, out->body_len, in->body, in->body_len))
+        {
+            return "body";
+        }
+        break;
+
+    case 'u':
+        if (out->created != in->created) {
+            return "created";
+        }
+        if (out->unknown_at != in->unknown_at) {
+            return "unknown_at";
+        }
+        break;
+
+    default:
+        if (out->status != in->status) {
+            return "status";
+        }
+        if (out->retry_after != in->retry_after) {
+            return "retry_after";
+        }
+        break;
+    }
+
+    return NULL;
+}
+
+
+/* encode in, compare with the bytes want, decode them back: 4 tests */
+static void
+roundtrip(const char *name, const idem_value_t *in, const char *want,
+    size_t want_len)
+{
+    char          *buf, *end, *copy;
+    size_t         len;
+    const char    *diff;
+    idem_value_t   out;
+
+    len = idem_value_len(in);
+    is_int((long) len, (long) want_len, "%s: idem_value_len", name);
+
+    /* room to spare, to see a write past idem_value_len */
+    buf = keep_alloc(len + 16);
+    memset(buf, '#', len + 16);
+    end = idem_value_encode(buf, in);
+
+    is_int((long) (end - buf), (long) len,
+           "%s: idem_value_encode writes idem_value_len bytes", name);
+
+    if (!ok(bytes_at(buf, (size_t) (end - buf), want, want_len)
+            && buf[len] == '#', "%s: the bytes of layout 2", name))
+    {
+        diag("       got: '%.*s'", (int) (end - buf), buf);
+        diag("  expected: '%.*s'", (int) want_len, want);
+    }
+
+    copy = keep(want, want_len);
+    diff = "(not decoded)";
+
+    if (idem_value_decode(copy, want_len, &out) == 0) {
+        diff = value_diff(in, &out, copy, want_len);
+    }
+
+    if (!ok(diff == NULL, "%s: decodes to every field", name)) {
+        diag("  field: %s", diff);
+    }
+}
+
+
+#define ROUNDTRIP(name, v, lit)  roundtrip(name, v, lit, sizeof(lit) - 1)
+
+
+static idem_value_t
+value(char state, int waiters, const char *owner)
+{
+    idem_value_t  v;
+
+    memset(&v, 0, sizeof(v));
+    v.state = state;
+    v.waiters = waiters;
+    v.op = OP;
+    v.fp = FP;
+    v.owner = owner;
+    v.created = v.completed = v.unknown_at = v.retry_after = -1;
+
+    return v;
+}
+
+
+static void
+test_value_roundtrip(void)
+{
+    idem_value_t  v;
+
+    v = value('i', 0, OWNER);
+    v.created = 1796222500440LL;
+    v.lease_ms = 5000;
+    v.ttl_ms = 86400000;
+    ROUNDTRIP("in_progress", &v, "2i0" OP FP OWNER I_F);
+
+    v = value('i', 1, OWNER);
+    v.created = 0;
+    v.lease_ms = 1;
+    v.ttl_ms = 1;
+    ROUNDTRIP("in_progress, waiters, smallest numbers", &v,
+              "2i1" OP FP OWNER "1:0,1:1,1:1,");
+
+    v = value('i', 0, OWNER);
+    v.created = IDEM_TIME_MS_MAX;
+    v.lease_ms = IDEM_TIME_MS_MAX;
+    v.ttl_ms = IDEM_TIME_MS_MAX;
+    ROUNDTRIP("in_progress, largest numbers", &v, "2i0" OP FP OWNER
+              "15:253402300799999,15:253402300799999,15:253402300799999,");
+
+    v = value('c', 0, NULL);
+    v.created = 1796222500440LL;
+    v.completed = 1796222501000LL;
+    v.status = 201;
+    v.stored = 1;
+    v.resolved = 0;
+    v.hdr = HDRS;
+    v.hdr_len = sizeof(HDRS) - 1;
+    v.body = "{\"id\":42}";
+    v.body_len = 9;
+    ROUNDTRIP("completed", &v, "2c0" OP FP DASHES C_F);
+
+    v = value('c', 1, NULL);
+    v.created = 5;
+    v.completed = 6;
+    v.status = 599;
+    v.stored = 0;
+    v.resolved = 1;
+    v.hdr = "";
+    v.hdr_len = 0;
+    v.body = "";
+    v.body_len = 0;
+    ROUNDTRIP("completed, empty headers and body", &v,
+              "2c1" OP FP DASHES "1:5,1:6,3:599,1:0,1:1,0:,0:,");
+
+    /* netstring syntax inside the body: only the length counts */
+    v = value('c', 0, NULL);
+    v.created = 10;
+    v.completed = 10;
+    v.status = 200;
+    v.stored = 1;
+    v.resolved = 1;
+    v.hdr = "1:a,0:,";
+    v.hdr_len = 7;
+    v.body = "1:\0,\xff,";
+    v.body_len = 6;
+    ROUNDTRIP("completed, binary body", &v,
+              "2c0" OP FP DASHES "2:10,2:10,3:200,1:1,1:1,7:1:a,0:,,"
+              "6:1:\0,\xff,,");
+
+    v = value('u', 0, NULL);
+    v.created = 1796222500440LL;
+    v.unknown_at = 1796222560000LL;
+    ROUNDTRIP("unknown", &v, "2u0" OP FP DASHES U_F);
+
+    v = value('r', 1, OWNER);
+    v.status = 503;
+    v.retry_after = 30;
+    ROUNDTRIP("released, with owner, status and Retry-After", &v,
+              "2r1" OP FP OWNER R_F);
+
+    v = value('r', 0, NULL);
+    v.status = 0;
+    v.retry_after = -1;
+    ROUNDTRIP("released, no owner, empty status and Retry-After", &v,
+              "2r0" OP FP DASHES "0:,0:,");
+
+    v = value('r', 0, OWNER);
+    v.status = 429;
+    v.retry_after = -1;
+    ROUNDTRIP("released, status without Retry-After", &v,
+              "2r0" OP FP OWNER "3:429,0:,");
+
+    v = value('r', 0, NULL);
+    v.status = 0;
+    v.retry_after = 0;
+    ROUNDTRIP("released, Retry-After 0 without status", &v,
+              "2r0" OP FP DASHES "0:,1:0,");
+}
+
+
+/* a completed record whose body the caller writes into its place */
+static void
+test_value_body_null(void)
+{
+    static const char  want[] = "2c0" OP FP DASHES C_F;
+    static const char  want0[] = "2c0" OP FP DASHES "13:1796222500440,"
+                                 "13:1796222501000,3:201,1:1,1:0,36:" HDRS
+                                 ",0:,";
+    char              *buf, *end, *hole;
+    size_t             len, i;
+    int                untouched;
+    idem_value_t       v, out;
+
+    v = value('c', 0, NULL);
+    v.created = 1796222500440LL;
+    v.completed = 1796222501000LL;
+    v.status = 201;
+    v.stored = 1;
+    v.hdr = HDRS;
+    v.hdr_len = sizeof(HDRS) - 1;
+    v.body = NULL;
+    v.body_len = 9;
+
+    len = idem_value_len(&v);
+    is_int((long) len, (long) sizeof(want) - 1,
+           "body NULL: the same idem_value_len as with the body");
+
+    buf = keep_alloc(len);
+    memset(buf, '#', len);
+    end = idem_value_encode(buf, &v);
+
+    is_int((long) (end - buf), (long) len,
+           "body NULL: idem_value_encode writes idem_value_len bytes");
+
+    hole = buf + len - 1 - 9;
+    untouched = 1;
+
+    for (i = 0; i < 9; i++) {
+        untouched &= (hole[i] == '#');
+    }
+
+    ok(untouched, "body NULL: the body_len bytes before the last are left");
+    ok(memcmp(buf, want, len - 1 - 9) == 0 && buf[len - 1] == ',',
+       "body NULL: every other byte is written");
+
+    memcpy(hole, "{\"id\":42}", 9);
+
+    ok(memcmp(buf, want, len) == 0,
+       "body NULL: with the body copied in, the same value");
+    ok(idem_value_decode(buf, len, &out) == 0
+       && bytes_at(out.body, out.body_len, "{\"id\":42}", 9)
+       && out.body == hole, "body NULL: decodes with the caller's body");
+
+    /* an empty body, NULL: "0:," */
+    v.body_len = 0;
+    len = idem_value_len(&v);
+    buf = keep_alloc(len);
+    end = idem_value_encode(buf, &v);
+    ok(bytes_at(buf, (size_t) (end - buf), want0, sizeof(want0) - 1)
+       && len == sizeof(want0) - 1,
+       "body NULL with body_len 0: an empty netstring");
+}
+
+
+static void
+test_state_name(void)
+{
+    is_str(idem_state_name('i'), "in_progress", "state name i");
+    is_str(idem_state_name('c'), "completed", "state name c");
+    is_str(idem_state_name('u'), "unknown", "state name u");
+    is_str(idem_state_name('r'), "released", "state name r");
+    ok(idem_state_name('x') == NULL, "no state name for x");
+    ok(idem_state_name('I') == NULL, "no state name for I");
+    ok(idem_state_name('\0') == NULL, "no state name for NUL");
+}
+
+
+static void
+test_is_hex(void)
+{
+    ok(idem_is_hex("0123456789abcdef", 16), "is_hex: lowercase hex");
+    ok(idem_is_hex(FP, 64), "is_hex: 64 digits");
+    ok(!idem_is_hex(FP "0", 65), "is_hex: not 65 digits");
+    ok(!idem_is_hex("", 0), "is_hex: not empty");
+    ok(!idem_is_hex("0123456789ABCDEF", 16), "is_hex: not uppercase");
+    ok(!idem_is_hex("012g", 4), "is_hex: not g");
+}
+
+
+static void
+test_value_head(void)
+{
+    rec_t  r;
+
+    accepts(mk("2i0", OP, FP, OWNER, I_F), "in_progress");
+    accepts(mk("2i1", OP, FP, OWNER, I_F), "in_progress, waiters 1");
+    accepts(mk("2c0", OP, FP, DASHES, C_F), "completed");
+    accepts(mk("2u0", OP, FP, DASHES, U_F), "unknown");
+    accepts(mk("2r0", OP, FP, OWNER, R_F), "released, with an owner");
+    accepts(mk("2r0", OP, FP, DASHES, R_F), "released, without one");
+
+    /* the head */
+    r = mk("2r0", OP, FP, DASHES, "0:,0:,");
+    accepts(r, "the shortest value (137 bytes)");
+    refuses(cut(r, 0), "empty");
+    refuses(cut(r, 1), "the layout byte only");
+    refuses(cut(r, IDEM_HEAD_LEN - 1), "a head of 130 bytes");
+    refuses(cut(r, IDEM_HEAD_LEN), "the head without fields");
+
+    refuses(mk("1i0", OP, FP, OWNER, I_F), "layout 1");
+    refuses(mk("3i0", OP, FP, OWNER, I_F), "layout 3");
+    refuses(mk("2x0", OP, FP, OWNER, I_F), "state x");
+    refuses(mk("2I0", OP, FP, OWNER, I_F), "state I (uppercase)");
+    refuses(mk("2R0", OP, FP, DASHES, R_F), "state R (uppercase)");
+    refuses(mk("2d0", OP, FP, DASHES, U_F), "state d");
+    refuses(mk("2i2", OP, FP, OWNER, I_F), "waiters 2");
+    refuses(mk("2ix", OP, FP, OWNER, I_F), "waiters x");
+    refuses(mk("2c-", OP, FP, DASHES, C_F), "waiters -");
+
+    refuses(mk("2i0", "0123456789Abcdef0123456789abcdef", FP, OWNER, I_F),
+            "op with an uppercase digit");
+    refuses(mk("2i0", "0123456789ABCDEF0123456789ABCDEF", FP, OWNER, I_F),
+            "op all uppercase");
+    refuses(mk("2i0", "0123456789abcdeg0123456789abcdef", FP, OWNER, I_F),
+            "op with g");
+    refuses(mk("2u0", "0123456789abcdef0123456789abcde-", FP, DASHES, U_F),
+            "op with a dash");
+    refuses(mk("2u0", DASHES, FP, DASHES, U_F), "op all dashes");
+    refuses(mk("2i0", OP, "00112233445566778899aabbccddeeff"
+                          "fedcba9876543210fedcba987654321F", OWNER, I_F),
+            "fp with an uppercase digit");
+    refuses(mk("2c0", OP, "00112233445566778899AABBCCDDEEFF"
+                          "FEDCBA9876543210FEDCBA9876543210", DASHES, C_F),
+            "fp all uppercase");
+    refuses(mk("2c0", OP, "00112233445566778899aabbccddeeff"
+                          "fedcba9876543210 edcba9876543210", DASHES, C_F),
+            "fp with a space");
+
+    refuses(mk("2i0", OP, FP, "----------------a0b1c2d3e4f5a6b7", I_F),
+            "owner half dashes");
+    refuses(mk("2r0", OP, FP, "a0b1c2d3e4f5a6b7----------------", R_F),
+            "owner half dashes (released)");
+    refuses(mk("2r0", OP, FP, "-------------------------------0", R_F),
+            "owner of 31 dashes");
+    refuses(mk("2i0", OP, FP, "A0B1C2D3E4F5A6B7C8D9E0F1A2B3C4D5", I_F),
+            "owner in uppercase");
+    refuses(mk("2c0", OP, FP, OWNER, C_F), "owner on a completed record");
+    refuses(mk("2u0", OP, FP, OWNER, U_F), "owner on an unknown record");
+    refuses(mk("2i0", OP, FP, DASHES, I_F), "in_progress without an owner");
+}
+
+
+static void
+test_value_netstrings(void)
+{
+    accepts(mk("2r0", OP, FP, DASHES, "0:,0:,"), "r: two empty fields");
+    refuses(mk("2r0", OP, FP, DASHES, "00:,0:,"), "length 00");
+    refuses(mk("2i0", OP, FP, OWNER, "013:1796222500440,4:5000,8:86400000,"),
+            "length 013");
+    refuses(mk("2i0", OP, FP, OWNER, "13:1796222500440,04:5000,8:86400000,"),
+            "length 04");
+    refuses(mk("2c0", OP, FP, DASHES,
+               "13:1796222500440,13:1796222501000,3:201,1:1,1:0,"
+               "036:" HDRS ",9:{\"id\":42},"), "headers' length 036");
+
+    refuses(mk("2i0", OP, FP, OWNER, "13:1796222500440,4:5000,9:86400000,"),
+            "length beyond the end");
+    refuses(mk("2i0", OP, FP, OWNER, "13:1796222500440,4:5000,7:86400000,"),
+            "length short of the comma");
+    refuses(mk("2c0", OP, FP, DASHES,
+               "13:1796222500440,13:1796222501000,3:201,1:1,1:0,"
+               "36:" HDRS ",99999999999999999999:x,"), "a huge length");
+    refuses(mk("2c0", OP, FP, DASHES,
+               "13:1796222500440,13:1796222501000,3:201,1:1,1:0,"
+               "36:" HDRS ",10:{\"id\":42},"), "body length past the end");
+    refuses(mk("2c0", OP, FP, DASHES,
+               "13:1796222500440,13:1796222501000,3:201,1:1,1:0,"
+               "36:" HDRS ",18446744073709551625:{\"id\":42},"),
+            "body length 2^64 + 9 (not read as 9)");
+
+    refuses(mk("2i0", OP, FP, OWNER, "13:1796222500440,4:5000,8:86400000"),
+            "no comma after the last field");
+    refuses(mk("2i0", OP, FP, OWNER, "13:1796222500440;4:5000,8:86400000,"),
+            "a semicolon for a comma");
+    refuses(mk("2i0", OP, FP, OWNER, "13:1796222500440,4;5000,8:86400000,"),
+            "a semicolon for a colon");
+    refuses(mk("2i0", OP, FP, OWNER, "13:1796222500440,45000,8:86400000,"),
+            "no colon");
+    refuses(mk("2i0", OP, FP, OWNER, "13:1796222500440,:5000,8:86400000,"),
+            "no length");
+    refuses(mk("2i0", OP, FP, OWNER, "13:1796222500440,4x:5000,8:86400000,"),
+            "a letter in the length");
+    refuses(mk("2i0", OP, FP, OWNER, "13:1796222500440,+4:5000,8:86400000,"),
+            "a signed length");
+
+    refuses(mk("2i0", OP, FP, OWNER, I_F "x"), "a trailing byte");
+    refuses(mk("2i0", OP, FP, OWNER, I_F ","), "a trailing comma");
+    refuses(mk("2u0", OP, FP, DASHES, U_F "\n"), "a trailing newline");
+
+    refuses(mk("2i0", OP, FP, OWNER, "13:1796222500440,4:5000,"),
+            "in_progress without its ttl");
+    refuses(mk("2c0", OP, FP, DASHES,
+               "13:1796222500440,13:1796222501000,3:201,1:1,1:0,36:" HDRS ","),
+            "completed without its body");
+    refuses(mk("2u0", OP, FP, DASHES, "13:1796222500440,"),
+            "unknown without its time");
+    refuses(mk("2r0", OP, FP, DASHES, "3:503,"),
+            "released without Retry-After");
+    refuses(mk("2i0", OP, FP, OWNER, I_F "0:,"), "in_progress, a 4th field");
+    refuses(mk("2i0", OP, FP, OWNER, I_F "1:1,"),
+            "in_progress, a 4th number");
+    refuses(mk("2c0", OP, FP, DASHES, C_F "0:,"), "completed, an 8th field");
+    refuses(mk("2u0", OP, FP, DASHES, U_F "1:1,"), "unknown, a 3rd field");
+    refuses(mk("2r0", OP, FP, DASHES, R_F "0:,"), "released, a 3rd field");
+}
+
+
+static void
+test_value_numbers(void)
+{
+#define C_HEAD  "13:1796222500440,13:1796222501000,"
+#define C_TAIL  "1:1,1:0,0:,0:,"
+
+    accepts(mk("2c0", OP, FP, DASHES, C_HEAD "3:200," C_TAIL), "status 200");
+    accepts(mk("2c0", OP, FP, DASHES, C_HEAD "3:599," C_TAIL), "status 599");
+    refuses(mk("2c0", OP, FP, DASHES, C_HEAD "3:199," C_TAIL), "status 199");
+    refuses(mk("2c0", OP, FP, DASHES, C_HEAD "3:600," C_TAIL), "status 600");
+    refuses(mk("2c0", OP, FP, DASHES, C_HEAD "1:0," C_TAIL), "status 0");
+    refuses(mk("2c0", OP, FP, DASHES, C_HEAD "0:," C_TAIL),
+            "completed without a status");
+    refuses(mk("2c0", OP, FP, DASHES, C_HEAD "4:0201," C_TAIL),
+            "status 0201");
+    refuses(mk("2c0", OP, FP, DASHES, C_HEAD "3:20x," C_TAIL), "status 20x");
+    refuses(mk("2c0", OP, FP, DASHES, C_HEAD "3:201,1:2,1:0,0:,0:,"),
+            "stored 2");
+    refuses(mk("2c0", OP, FP, DASHES, C_HEAD "3:201,1:1,1:2,0:,0:,"),
+            "resolved 2");
+    refuses(mk("2c0", OP, FP, DASHES, C_HEAD "3:201,0:,1:0,0:,0:,"),
+            "stored empty");
+    refuses(mk("2c0", OP, FP, DASHES, C_HEAD "3:201,1:1,2:00,0:,0:,"),
+            "resolved 00");
+
+    accepts(mk("2r0", OP, FP, DASHES, "3:200,0:,"), "released, status 200");
+    refuses(mk("2r0", OP, FP, DASHES, "3:199,0:,"), "released, status 199");
+    refuses(mk("2r0", OP, FP, DASHES, "3:600,0:,"), "released, status 600");
+    refuses(mk("2r0", OP, FP, DASHES, "1:0,0:,"), "released, status 0");
+
+    /* times: up to the last millisecond of year 9999 */
+    accepts(mk("2u0", OP, FP, DASHES, "15:253402300799999,1:0,"),
+            "created at the last millisecond of year 9999");
+    refuses(mk("2u0", OP, FP, DASHES, "15:253402300800000,1:0,"),
+            "created after year 9999");
+    refuses(mk("2u0", OP, FP, DASHES, "1:0,15:253402300800000,"),
+            "unknown_at after year 9999");
+    refuses(mk("2c0", OP, FP, DASHES,
+               "1:0,15:253402300800000,3:201," C_TAIL),
+            "completed after year 9999");
+    refuses(mk("2i0", OP, FP, OWNER, "1:0,15:253402300800000,1:1,"),
+            "lease_ms after year 9999");
+    refuses(mk("2i0", OP, FP, OWNER, "1:0,1:1,15:253402300800000,"),
+            "ttl_ms after year 9999");
+    accepts(mk("2r0", OP, FP, DASHES, "0:,15:253402300799999,"),
+            "Retry-After at the limit");
+    refuses(mk("2r0", OP, FP, DASHES, "0:,15:253402300800000,"),
+            "Retry-After past the limit");
+
+    refuses(mk("2i0", OP, FP, OWNER, "1:0,1:0,1:1,"), "lease_ms 0");
+    refuses(mk("2i0", OP, FP, OWNER, "1:0,1:1,1:0,"), "ttl_ms 0");
+    refuses(mk("2i0", OP, FP, OWNER, "1:0,0:,1:1,"), "lease_ms empty");
+    refuses(mk("2i0", OP, FP, OWNER, "0:,1:1,1:1,"), "created empty");
+    refuses(mk("2u0", OP, FP, DASHES, "1:0,0:,"), "unknown_at empty");
+
+    refuses(mk("2i0", OP, FP, OWNER, "13:1796222500440,4:50a0,8:86400000,"),
+            "a letter in a number");
+    refuses(mk("2i0", OP, FP, OWNER, "13:1796222500440,2:-1,8:86400000,"),
+            "a negative number");
+    refuses(mk("2i0", OP, FP, OWNER, "13:1796222500440,5:+5000,8:86400000,"),
+            "a signed number");
+    refuses(mk("2i0", OP, FP, OWNER, "13:1796222500440,5: 5000,8:86400000,"),
+            "a number after a space");
+    refuses(mk("2i0", OP, FP, OWNER, "13:1796222500440,6:5000.0,8:86400000,"),
+            "a decimal point");
+    refuses(mk("2i0", OP, FP, OWNER, "13:1796222500440,5:05000,8:86400000,"),
+            "a number with a leading zero");
+    refuses(mk("2u0", OP, FP, DASHES, "2:00,1:0,"), "the number 00");
+
+    refuses(mk("2r0", OP, FP, DASHES, "0:,18:100000000000000000,"),
+            "18 digits, past the limit");
+    refuses(mk("2r0", OP, FP, DASHES, "0:,19:1000000000000000000,"),
+            "19 digits");
+    refuses(mk("2r0", OP, FP, DASHES, "0:,19:9999999999999999999,"),
+            "19 digits, more than a long long");
+    refuses(mk("2u0", OP, FP, DASHES, "1:0,20:00000000000000000001,"),
+            "20 digits");
+
+#undef C_HEAD
+#undef C_TAIL
+}
+
+
+/* ------------------------------------------------------------- replies */
+
+static const idem_rv_t  NIL = { NULL, 0, 0 };
+
+
+static idem_rv_t
+S(const char *s)
+{
+    idem_rv_t  v = { s, strlen(s), 1 };
+
+    return v;
+}
+
+
+/* a value as a bulk string */
+static idem_rv_t
+V(rec_t r)
+{
+    idem_rv_t  v = { r.p, r.len, 1 };
+
+    return v;
+}
+
+
+/*
+ * Not a string (an integer or an array), though with the bytes of s: no
+ * decoder may read them as a string.
+ */
+static idem_rv_t
+T(const char *s)
+{
+    idem_rv_t  v = { s, strlen(s), 0 };
+
+    return v;
+}
+
+
+/* a value, but not as a string */
+static idem_rv_t
+TV(rec_t r)
+{
+    idem_rv_t  v = { r.p, r.len, 0 };
+
+    return v;
+}
+
+
+/*
+ * The elements a decoder is given for a reply of n: the first min(n, max)
+ * (the ones given, then nils), in an exact-size array.
+ */
+static const idem_rv_t *
+elems(const idem_rv_t *given, size_t ngiven, size_t n, size_t max)
+{
+    size_t      i, m;
+    idem_rv_t  *el;
+
+    m = n < max ? n : max;
+    el = keep_alloc(m * sizeof(idem_rv_t));
+
+    for (i = 0; i < m; i++) {
+        el[i] = i < ngiven ? given[i] : NIL;
+    }
 
     return el;
 }
 
-#define claim(c, n, ...)   idem_claim_decode(reply(n, ##__VA_ARGS__), n, c)
-#define status(s, n, ...)  idem_status_decode(reply(n, ##__VA_ARGS__), n, s)
-#define admin(s, n, ...)   idem_admin_decode(reply(n, ##__VA_ARGS__), n, s)
+#define RV(...)                                                              \
+    (const idem_rv_t []) { __VA_ARGS__ },                                    \
+    sizeof((const idem_rv_t []) { __VA_ARGS__ }) / sizeof(idem_rv_t)
+
+#define CLAIM(c, n, ...)                                                     \
+    idem_claim_decode(elems(RV(__VA_ARGS__), n, IDEM_CLAIM_ELEMS), n, c)
+#define STATUS(s, n, ...)                                                    \
+    idem_status_decode(elems(RV(__VA_ARGS__), n, IDEM_STATUS_ELEMS), n, s)
+#define ADMIN(st, n, ...)                                                    \
+    idem_admin_decode(elems(RV(__VA_ARGS__), n, IDEM_ADMIN_ELEMS), n, st)
+
+
+static void
+test_claim_set_decode(void)
+{
+    rec_t         ri, rc, rr;
+    idem_claim_t  c;
+
+    ri = mk("2i0", OP, FP, OWNER, I_F);
+    rc = mk("2c0", OP, FP, DASHES, C_F);
+    rr = mk("2r0", OP, FP, OWNER, R_F);
+
+    ok(idem_claim_set_decode(NULL, 0, &c) == IDEM_CLAIM_CLAIMED
+       && c.kind == IDEM_CLAIM_CLAIMED, "SET: nil is the claim made");
+    ok(idem_claim_set_decode(ri.p, ri.len, &c) == IDEM_CLAIM_RECORD
+       && c.kind == IDEM_CLAIM_RECORD && c.rec.state == 'i'
+       && c.rec.op == ri.p + IDEM_OP_OFF && c.rec.owner == ri.p + IDEM_OWNER_OFF
+       && c.rec.lease_ms == 5000 && c.rec.ttl_ms == 86400000,
+       "SET: another attempt's claim");
+    ok(idem_claim_set_decode(rc.p, rc.len, &c) == IDEM_CLAIM_RECORD
+       && c.rec.state == 'c' && c.rec.status == 201 && c.rec.stored == 1
+       && c.rec.body == rc.p + rc.len - 10
+       && bytes_at(c.rec.body, c.rec.body_len, "{\"id\":42}", 9)
+       && inside(c.rec.hdr, c.rec.hdr_len, rc.p, rc.len)
+       && bytes_at(c.rec.hdr, c.rec.hdr_len, HDRS, sizeof(HDRS) - 1),
+       "SET: a completed record, body and headers inside the value");
+    ok(idem_claim_set_decode(rr.p, rr.len, &c) == IDEM_CLAIM_RECORD
+       && c.rec.state == 'r' && c.rec.status == 503 && c.rec.retry_after == 30,
+       "SET: a marker is the value that holds the key");
+    ok(idem_claim_set_decode("", 0, &c) == IDEM_CLAIM_CORRUPT
+       && c.kind == IDEM_CLAIM_CORRUPT, "SET: an empty string is corrupt");
+    ok(idem_claim_set_decode("x", 1, &c) == IDEM_CLAIM_CORRUPT,
+       "SET: a foreign value is corrupt");
+    rc = mk("2c0", OP, FP, OWNER, C_F);
+    ok(idem_claim_set_decode(rc.p, rc.len, &c) == IDEM_CLAIM_CORRUPT,
+       "SET: a completed record with an owner is corrupt");
+    ri = cut(ri, ri.len - 1);
+    ok(idem_claim_set_decode(ri.p, ri.len, &c) == IDEM_CLAIM_CORRUPT,
+       "SET: a truncated record is corrupt");
+}
 
 
 static void
 test_claim_decode(void)
 {
+    rec_t         ri, rc, ru, rr, r0, bad;
     idem_claim_t  c;
-    const char   *op = "0123456789abcdef0123456789abcdef";
 
-    ok(claim(&c, 2, "claimed", op) == IDEM_CLAIM_CLAIMED
-       && strcmp(c.state, "in_progress") == 0 && c.op.len == 32,
-       "claimed: in_progress with its operation id");
-    ok(claim(&c, 6, "completed", op, "201", "1:a,1:b,", "{}", "1")
-       == IDEM_CLAIM_COMPLETED && c.status == 201 && c.body_stored
-       && c.hdr.len == 8 && c.body.len == 2 && strcmp(c.state, "completed") == 0,
-       "completed: status, headers, body, stored");
-    ok(claim(&c, 6, "completed", op, "599", "", "", "0") == IDEM_CLAIM_COMPLETED
-       && !c.body_stored, "completed without a stored body");
-    ok(claim(&c, 6, "completed", op, "199", "", "", "1") == IDEM_CLAIM_CORRUPT
-       && c.op.len == 32 && c.state == NULL,
-       "status below 200: corrupt record, operation id kept");
-    ok(claim(&c, 6, "completed", op, "600", "", "", "1") == IDEM_CLAIM_CORRUPT,
-       "status 600: corrupt");
-    ok(claim(&c, 6, "completed", op, "+201", "", "", "1") == IDEM_CLAIM_CORRUPT,
-       "signed status: corrupt");
-    ok(claim(&c, 6, "completed", op, "201", "~", "", "1") == IDEM_CLAIM_CORRUPT,
-       "nil headers: corrupt");
-    ok(claim(&c, 5, "completed", op, "201", "", "") == IDEM_CLAIM_CORRUPT,
-       "five elements: corrupt");
-    ok(claim(&c, 3, "in_progress", op, "1500") == IDEM_CLAIM_IN_PROGRESS
-       && c.lease_left == 1500, "in_progress with the lease left");
-    ok(claim(&c, 3, "in_progress", op, "-1") == IDEM_CLAIM_INVALID,
-       "negative lease: invalid");
-    ok(claim(&c, 3, "in_progress", op, "1234567890123456789")
-       == IDEM_CLAIM_INVALID, "19-digit lease: invalid");
-    ok(claim(&c, 2, "unknown", op) == IDEM_CLAIM_UNKNOWN
-       && strcmp(c.state, "unknown") == 0, "unknown");
-    ok(claim(&c, 3, "mismatch", op, "completed") == IDEM_CLAIM_MISMATCH
-       && strcmp(c.state, "completed") == 0, "mismatch with the record's state");
-    ok(claim(&c, 3, "mismatch", op, "gone") == IDEM_CLAIM_INVALID,
-       "mismatch with a foreign state: invalid");
-    ok(claim(&c, 2, "claimed", "0123ABCD") == IDEM_CLAIM_INVALID
-       && c.op.data == NULL && c.state == NULL,
-       "uppercase operation id: invalid, nothing set");
-    ok(claim(&c, 2, "claimed", "") == IDEM_CLAIM_INVALID, "empty operation id");
-    ok(claim(&c, 1, "claimed") == IDEM_CLAIM_INVALID, "one element: invalid");
-    ok(claim(&c, 2, "~", op) == IDEM_CLAIM_INVALID, "nil kind: invalid");
-    ok(claim(&c, 2, "claimedx", op) == IDEM_CLAIM_INVALID, "unknown kind");
-    ok(claim(&c, 9, "claimed", op, "x", "x", "x", "x") == IDEM_CLAIM_CLAIMED,
-       "extra elements after a claim are ignored");
+    ri = mk("2i0", OP, FP, OWNER, I_F);
+    rc = mk("2c0", OP, FP, DASHES, C_F);
+    ru = mk("2u0", OP, FP, DASHES, U_F);
+    rr = mk("2r1", OP, FP, OWNER, R_F);
+    r0 = mk("2r0", OP, FP, DASHES, "0:,0:,");
+    bad = mk("2u0", OP, FP, OWNER, U_F);
+
+    /* {"claimed"} */
+    ok(CLAIM(&c, 1, S("claimed")) == IDEM_CLAIM_CLAIMED
+       && c.kind == IDEM_CLAIM_CLAIMED, "claimed");
+    ok(CLAIM(&c, 1, T("claimed")) == IDEM_CLAIM_INVALID
+       && c.kind == IDEM_CLAIM_INVALID, "claimed, not a string: invalid");
+    ok(CLAIM(&c, 1, S("Claimed")) == IDEM_CLAIM_INVALID,
+       "Claimed: invalid");
+    ok(CLAIM(&c, 1, S("claimed ")) == IDEM_CLAIM_INVALID,
+       "claimed with a space: invalid");
+    ok(CLAIM(&c, 2, S("claimed"), V(ri)) == IDEM_CLAIM_INVALID,
+       "claimed with a second element: invalid");
+    ok(CLAIM(&c, 0, NIL) == IDEM_CLAIM_INVALID, "no elements: invalid");
+    ok(CLAIM(&c, 1, NIL) == IDEM_CLAIM_INVALID, "one nil: invalid");
+
+    /* {"record", value} */
+    ok(CLAIM(&c, 2, S("record"), V(rc)) == IDEM_CLAIM_RECORD
+       && c.kind == IDEM_CLAIM_RECORD && c.rec.state == 'c'
+       && c.rec.status == 201 && c.rec.completed == 1796222501000LL
+       && c.rec.op == rc.p + IDEM_OP_OFF && c.rec.fp == rc.p + IDEM_FP_OFF
+       && c.rec.owner == NULL && c.rec.body == rc.p + rc.len - 10
+       && c.rec.body_len == 9, "record: completed, fields into the value");
+    ok(CLAIM(&c, 2, S("record"), V(ru)) == IDEM_CLAIM_RECORD
+       && c.rec.state == 'u' && c.rec.unknown_at == 1796222560000LL,
+       "record: unknown");
+    ok(CLAIM(&c, 2, S("record"), V(ri)) == IDEM_CLAIM_RECORD
+       && c.rec.state == 'i' && c.rec.owner == ri.p + IDEM_OWNER_OFF,
+       "record: a claim of another fingerprint");
+    ok(CLAIM(&c, 2, S("record"), V(rr)) == IDEM_CLAIM_INVALID,
+       "record holding a marker: invalid (markers come as released)");
+    ok(CLAIM(&c, 2, S("record"), V(bad)) == IDEM_CLAIM_INVALID
+       && c.kind == IDEM_CLAIM_INVALID,
+       "record with a value that does not decode: invalid");
+    ok(CLAIM(&c, 2, S("record"), S("")) == IDEM_CLAIM_INVALID,
+       "record with an empty value: invalid");
+    ok(CLAIM(&c, 2, S("record"), NIL) == IDEM_CLAIM_INVALID,
+       "record with nil: invalid");
+    ok(CLAIM(&c, 2, S("record"), TV(rc)) == IDEM_CLAIM_INVALID,
+       "record with a value that is not a string: invalid");
+    ok(CLAIM(&c, 2, T("record"), V(rc)) == IDEM_CLAIM_INVALID,
+       "record, the kind not a string: invalid");
+    ok(CLAIM(&c, 1, S("record")) == IDEM_CLAIM_INVALID,
+       "record without a value: invalid");
+    ok(CLAIM(&c, 3, S("record"), V(rc), S("1")) == IDEM_CLAIM_INVALID,
+       "record with a third element: invalid");
+    ok(CLAIM(&c, 2, S("completed"), V(rc)) == IDEM_CLAIM_INVALID,
+       "an unknown kind (completed): invalid");
+    ok(CLAIM(&c, 2, S("records"), V(rc)) == IDEM_CLAIM_INVALID,
+       "an unknown kind (records): invalid");
+    ok(CLAIM(&c, 2, NIL, V(rc)) == IDEM_CLAIM_INVALID, "a nil kind: invalid");
+
+    /* {"in_progress", value, lease ms left} */
+    ok(CLAIM(&c, 3, S("in_progress"), V(ri), S("1500"))
+       == IDEM_CLAIM_IN_PROGRESS && c.kind == IDEM_CLAIM_IN_PROGRESS
+       && c.lease_left == 1500 && c.rec.state == 'i' && c.rec.lease_ms == 5000
+       && c.rec.owner == ri.p + IDEM_OWNER_OFF, "in_progress, 1500 ms left");
+    ok(CLAIM(&c, 3, S("in_progress"), V(ri), S("1")) == IDEM_CLAIM_IN_PROGRESS
+       && c.lease_left == 1, "in_progress, 1 ms left");
+    ok(CLAIM(&c, 3, S("in_progress"), V(ri), S("5000"))
+       == IDEM_CLAIM_IN_PROGRESS && c.lease_left == 5000,
+       "in_progress, the whole lease left");
+    ok(CLAIM(&c, 3, S("in_progress"), V(ri), S("5001")) == IDEM_CLAIM_INVALID,
+       "in_progress, more left than the lease: invalid");
+    ok(CLAIM(&c, 3, S("in_progress"), V(ri), S("0")) == IDEM_CLAIM_INVALID,
+       "in_progress, nothing left: invalid");
+    ok(CLAIM(&c, 3, S("in_progress"), V(ri), S("-1")) == IDEM_CLAIM_INVALID,
+       "in_progress, -1 left: invalid");
+    ok(CLAIM(&c, 3, S("in_progress"), V(ri), S("")) == IDEM_CLAIM_INVALID,
+       "in_progress, empty lease: invalid");
+    ok(CLAIM(&c, 3, S("in_progress"), V(ri), S("15x0")) == IDEM_CLAIM_INVALID,
+       "in_progress, lease not a number: invalid");
+    ok(CLAIM(&c, 3, S("in_progress"), V(ri), S("1234567890123456789"))
+       == IDEM_CLAIM_INVALID, "in_progress, 19-digit lease: invalid");
+    ok(CLAIM(&c, 3, S("in_progress"), V(ri), S("18446744073709553116"))
+       == IDEM_CLAIM_INVALID,
+       "in_progress, lease 2^64 + 1500 (not read as 1500): invalid");
+    ok(CLAIM(&c, 3, S("in_progress"), V(ri), NIL) == IDEM_CLAIM_INVALID,
+       "in_progress, nil lease: invalid");
+    ok(CLAIM(&c, 3, S("in_progress"), V(ri), T("1500")) == IDEM_CLAIM_INVALID,
+       "in_progress, lease not a string: invalid");
+    ok(CLAIM(&c, 3, S("in_progress"), V(rc), S("1500")) == IDEM_CLAIM_INVALID,
+       "in_progress with a completed record: invalid");
+    ok(CLAIM(&c, 3, S("in_progress"), V(rr), S("1")) == IDEM_CLAIM_INVALID,
+       "in_progress with a marker: invalid");
+    ok(CLAIM(&c, 3, S("in_progress"), V(bad), S("1")) == IDEM_CLAIM_INVALID,
+       "in_progress with a value that does not decode: invalid");
+    ok(CLAIM(&c, 2, S("in_progress"), V(ri)) == IDEM_CLAIM_INVALID,
+       "in_progress without the lease: invalid");
+    ok(CLAIM(&c, 4, S("in_progress"), V(ri), S("1500")) == IDEM_CLAIM_INVALID,
+       "in_progress in a reply of 4: invalid");
+
+    /* {"released", marker} */
+    ok(CLAIM(&c, 2, S("released"), V(rr)) == IDEM_CLAIM_RELEASED
+       && c.kind == IDEM_CLAIM_RELEASED && c.rec.state == 'r'
+       && c.rec.status == 503 && c.rec.retry_after == 30 && c.rec.waiters == 1
+       && c.rec.op == rr.p + IDEM_OP_OFF,
+       "released: the marker's status and Retry-After");
+    ok(CLAIM(&c, 2, S("released"), V(r0)) == IDEM_CLAIM_RELEASED
+       && c.rec.status == 0 && c.rec.retry_after == -1 && c.rec.owner == NULL,
+       "released: a marker without status");
+    ok(CLAIM(&c, 2, S("released"), V(rc)) == IDEM_CLAIM_INVALID,
+       "released with a completed record: invalid");
+    ok(CLAIM(&c, 1, S("released")) == IDEM_CLAIM_INVALID,
+       "released without a marker: invalid");
+    ok(CLAIM(&c, 3, S("released"), V(rr), S("x")) == IDEM_CLAIM_INVALID,
+       "released with a third element: invalid");
+    ok(CLAIM(&c, 2, S("released"), TV(rr)) == IDEM_CLAIM_INVALID,
+       "released, the marker not a string: invalid");
 }
 
 
 static void
 test_status_decode(void)
 {
-    idem_status_t  st;
-    const char    *op = "0123456789abcdef0123456789abcdef";
-    const char    *fp = "00112233445566778899aabbccddeeff"
-                        "00112233445566778899aabbccddeeff";
+    rec_t          ri, rc, ru, rr;
+    idem_status_t  s;
 
-    ok(status(&st, 0) == IDEM_STATUS_NONE && st.state == NULL,
-       "no elements: no record");
-    ok(status(&st, 6, "completed", fp, op, "1796222500440", "1796222501000",
-              "201") == IDEM_STATUS_RECORD
-       && strcmp(st.state, "completed") == 0 && st.fp.len == 64
-       && st.op.len == 32 && st.created == 1796222500440LL
-       && st.completed == 1796222501000LL && st.status == 201,
-       "completed record: every field");
-    ok(status(&st, 6, "in_progress", fp, op, "1796222500440", "", "")
-       == IDEM_STATUS_RECORD && st.completed == -1 && st.status == 0,
-       "in progress: no completion time, no status");
-    ok(status(&st, 6, "unknown", fp, op, "", "", "") == IDEM_STATUS_RECORD
-       && st.created == -1, "no creation time: absent, not invalid");
-    ok(status(&st, 6, "completed", fp, op, "1", "2", "0201")
-       == IDEM_STATUS_RECORD && st.status == 201,
-       "status with a leading zero is read as a number (and printed as one)");
-    ok(status(&st, 6, "completed", fp, op, "1", "2", "") == IDEM_STATUS_INVALID,
-       "completed without a status: invalid, as the claim finds it corrupt");
-    ok(status(&st, 6, "completed", fp, op, "1", "2", "999")
-       == IDEM_STATUS_INVALID && st.state == NULL && st.op.data == NULL,
-       "status 999: invalid, nothing set");
-    ok(status(&st, 6, "completed", fp, op, "1", "2", "20x") == IDEM_STATUS_INVALID,
-       "status not a number: invalid");
-    ok(status(&st, 6, "completed", fp, op, "253402300799999", "", "201")
-       == IDEM_STATUS_RECORD, "the last millisecond of year 9999");
-    ok(status(&st, 6, "completed", fp, op, "253402300800000", "", "201")
-       == IDEM_STATUS_INVALID, "a time after year 9999: invalid");
-    ok(status(&st, 6, "completed", fp, op, "-5", "", "201")
-       == IDEM_STATUS_INVALID, "negative time: invalid");
-    ok(status(&st, 6, "exploded", fp, op, "", "", "") == IDEM_STATUS_INVALID,
-       "foreign state: invalid");
-    ok(status(&st, 6, "unknown", "abc", op, "", "", "") == IDEM_STATUS_INVALID,
-       "short fingerprint: invalid");
-    ok(status(&st, 6, "unknown", fp, "XYZ", "", "", "") == IDEM_STATUS_INVALID,
-       "operation id not hex: invalid");
-    ok(status(&st, 6, "unknown", fp, op, "~", "", "") == IDEM_STATUS_INVALID,
-       "nil time: invalid");
-    ok(status(&st, 5, "unknown", fp, op, "", "") == IDEM_STATUS_INVALID,
-       "five elements: invalid");
-    ok(status(&st, 7, "unknown", fp, op, "", "", "") == IDEM_STATUS_INVALID,
-       "seven elements: invalid");
+    ri = mk("2i0", OP, FP, OWNER, I_F);
+    rc = mk("2c0", OP, FP, DASHES,
+            "13:1796222500440,13:1796222501000,3:201,1:1,1:0,0:,0:,");
+    ru = mk("2u0", OP, FP, DASHES, U_F);
+    rr = mk("2r0", OP, FP, DASHES, R_F);
+
+    ok(STATUS(&s, 0, NIL) == IDEM_STATUS_NONE && s.kind == IDEM_STATUS_NONE
+       && s.state == NULL, "no elements: no record");
+    ok(STATUS(&s, 2, V(ri), S("0")) == IDEM_STATUS_RECORD
+       && s.kind == IDEM_STATUS_RECORD && s.rec.state == 'i'
+       && s.rec.op == ri.p + IDEM_OP_OFF && s.rec.created == 1796222500440LL,
+       "a live claim: decoded");
+    is_str(s.state, "in_progress", "a live claim is in_progress");
+    ok(STATUS(&s, 2, V(ri), S("1")) == IDEM_STATUS_RECORD
+       && s.rec.state == 'i', "a lapsed claim: decoded");
+    is_str(s.state, "unknown", "a lapsed claim is shown as unknown");
+    ok(STATUS(&s, 2, V(rc), S("0")) == IDEM_STATUS_RECORD
+       && s.rec.state == 'c' && s.rec.status == 201
+       && s.rec.completed == 1796222501000LL, "a completed record: decoded");
+    is_str(s.state, "completed", "a completed record is completed");
+    ok(STATUS(&s, 2, V(ru), S("0")) == IDEM_STATUS_RECORD
+       && s.rec.unknown_at == 1796222560000LL, "an unknown record: decoded");
+    is_str(s.state, "unknown", "an unknown record is unknown");
+
+    ok(STATUS(&s, 2, V(rc), S("1")) == IDEM_STATUS_INVALID
+       && s.kind == IDEM_STATUS_INVALID && s.state == NULL,
+       "a lapsed completed record: invalid (only a claim lapses)");
+    ok(STATUS(&s, 2, V(ru), S("1")) == IDEM_STATUS_INVALID,
+       "a lapsed unknown record: invalid");
+    ok(STATUS(&s, 2, V(rr), S("0")) == IDEM_STATUS_INVALID,
+       "a marker: invalid (status.lua answers {} for it)");
+    ok(STATUS(&s, 2, S("2u0"), S("0")) == IDEM_STATUS_INVALID,
+       "a value that does not decode: invalid");
+    ok(STATUS(&s, 2, V(ri), S("2")) == IDEM_STATUS_INVALID,
+       "lapsed 2: invalid");
+    ok(STATUS(&s, 2, V(ri), S("")) == IDEM_STATUS_INVALID,
+       "lapsed empty: invalid");
+    ok(STATUS(&s, 2, V(ri), S("00")) == IDEM_STATUS_INVALID,
+       "lapsed 00: invalid");
+    ok(STATUS(&s, 2, V(ri), NIL) == IDEM_STATUS_INVALID,
+       "lapsed nil: invalid");
+    ok(STATUS(&s, 2, V(ri), T("0")) == IDEM_STATUS_INVALID,
+       "lapsed not a string: invalid");
+    ok(STATUS(&s, 2, NIL, S("0")) == IDEM_STATUS_INVALID,
+       "a nil value: invalid");
+    ok(STATUS(&s, 2, TV(ri), S("0")) == IDEM_STATUS_INVALID,
+       "a value that is not a string: invalid");
+    ok(STATUS(&s, 1, V(ri)) == IDEM_STATUS_INVALID, "one element: invalid");
+    ok(STATUS(&s, 3, V(ri), S("0"), S("0")) == IDEM_STATUS_INVALID,
+       "three elements: invalid");
 }
 
 
@@ -246,20 +1133,51 @@ test_admin_decode(void)
 {
     const char  *state;
 
-    ok(admin(&state, 1, "none") == IDEM_ADMIN_NONE && state == NULL, "none");
-    ok(admin(&state, 1, "released") == IDEM_ADMIN_RELEASED, "released");
-    ok(admin(&state, 1, "completed") == IDEM_ADMIN_COMPLETED, "completed");
-    ok(admin(&state, 2, "refused", "in_progress") == IDEM_ADMIN_REFUSED
-       && strcmp(state, "in_progress") == 0, "refused, in progress");
-    ok(admin(&state, 2, "refused", "completed") == IDEM_ADMIN_REFUSED
-       && strcmp(state, "completed") == 0, "refused, completed");
-    ok(admin(&state, 2, "refused", "unknown") == IDEM_ADMIN_INVALID
-       && state == NULL, "refused an unknown record: not an answer admin.lua gives");
-    ok(admin(&state, 1, "refused") == IDEM_ADMIN_INVALID, "refused without a state");
-    ok(admin(&state, 2, "released", "x") == IDEM_ADMIN_INVALID,
+    ok(ADMIN(&state, 1, S("none")) == IDEM_ADMIN_NONE && state == NULL,
+       "none");
+    ok(ADMIN(&state, 1, S("released")) == IDEM_ADMIN_RELEASED
+       && state == NULL, "released");
+    ok(ADMIN(&state, 1, S("completed")) == IDEM_ADMIN_COMPLETED
+       && state == NULL, "completed");
+    ok(ADMIN(&state, 2, S("refused"), S("in_progress")) == IDEM_ADMIN_REFUSED
+       && state != NULL && strcmp(state, "in_progress") == 0,
+       "refused, in progress");
+    ok(ADMIN(&state, 2, S("refused"), S("completed")) == IDEM_ADMIN_REFUSED
+       && state != NULL && strcmp(state, "completed") == 0,
+       "refused, completed");
+    ok(ADMIN(&state, 2, S("refused"), S("unknown")) == IDEM_ADMIN_INVALID
+       && state == NULL,
+       "refused an unknown record: not an answer admin.lua gives");
+    ok(ADMIN(&state, 2, S("refused"), S("released")) == IDEM_ADMIN_INVALID,
+       "refused a marker: invalid");
+    ok(ADMIN(&state, 2, S("refused"), T("completed")) == IDEM_ADMIN_INVALID
+       && state == NULL, "refused, the state not a string: invalid");
+    ok(ADMIN(&state, 2, S("refused"), NIL) == IDEM_ADMIN_INVALID,
+       "refused, a nil state: invalid");
+    ok(ADMIN(&state, 1, S("refused")) == IDEM_ADMIN_INVALID,
+       "refused without a state");
+    ok(ADMIN(&state, 3, S("refused"), S("completed")) == IDEM_ADMIN_INVALID,
+       "refused in a reply of 3: invalid");
+    ok(ADMIN(&state, 2, S("released"), S("x")) == IDEM_ADMIN_INVALID,
        "released with an extra element: invalid");
-    ok(admin(&state, 0) == IDEM_ADMIN_INVALID, "no elements: invalid");
-    ok(admin(&state, 1, "~") == IDEM_ADMIN_INVALID, "nil: invalid");
+    ok(ADMIN(&state, 2, S("none"), NIL) == IDEM_ADMIN_INVALID,
+       "none with an extra element: invalid");
+    ok(ADMIN(&state, 1, T("none")) == IDEM_ADMIN_INVALID,
+       "none, not a string: invalid");
+    ok(ADMIN(&state, 1, S("nonE")) == IDEM_ADMIN_INVALID, "nonE: invalid");
+    ok(ADMIN(&state, 0, NIL) == IDEM_ADMIN_INVALID, "no elements: invalid");
+    ok(ADMIN(&state, 1, NIL) == IDEM_ADMIN_INVALID, "nil: invalid");
+}
+
+
+static void
+test_close_decode(void)
+{
+    is_int(idem_close_decode(0), IDEM_CLOSE_NOT_HELD, "close: 0 not held");
+    is_int(idem_close_decode(1), IDEM_CLOSE_DONE, "close: 1 done");
+    is_int(idem_close_decode(2), IDEM_CLOSE_MARKED, "close: 2 marked");
+    is_int(idem_close_decode(3), IDEM_CLOSE_INVALID, "close: 3 invalid");
+    is_int(idem_close_decode(-1), IDEM_CLOSE_INVALID, "close: -1 invalid");
 }
 
 
@@ -269,9 +1187,20 @@ main(void)
     test_record_key();
     test_hdrs_roundtrip();
     test_hdrs_malformed();
+    test_state_name();
+    test_is_hex();
+    test_value_roundtrip();
+    test_value_body_null();
+    test_value_head();
+    test_value_netstrings();
+    test_value_numbers();
+    test_claim_set_decode();
     test_claim_decode();
     test_status_decode();
     test_admin_decode();
+    test_close_decode();
+
+    free_all();
 
     return done_testing();
 }

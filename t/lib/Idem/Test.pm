@@ -526,6 +526,54 @@ sub redis_pause {
     return $self->redis('CLIENT', 'PAUSE', $ms, $mode // 'ALL');
 }
 
+# redis_stall($secs, how => 'script' | 'stop'): Redis stops answering for
+# $secs without closing a connection, in the background: a script that
+# busy-loops for $secs (below busy-reply-threshold, so nobody gets BUSY),
+# or SIGSTOP and SIGCONT of redis-server. Returns at once with a pid to
+# give to redis_stall_end, which waits until Redis answers again.
+my $BUSY_LUA = "local t0 = redis.call('TIME') "
+    . "local s = t0[1] * 1000000 + t0[2] "
+    . "while true do local t = redis.call('TIME') "
+    . "if t[1] * 1000000 + t[2] - s >= tonumber(ARGV[1]) then return 1 end end";
+sub redis_stall {
+    my ($self, $secs, %o) = @_;
+    my $how = $o{how} // 'script';
+    my $rpid = $self->{redis_pid} or die 'redis_stall: no redis';
+    kill 'STOP', $rpid if $how eq 'stop';
+    my $pid = fork;
+    die "fork: $!" unless defined $pid;
+    if ($pid == 0) {
+        if ($how eq 'stop') {
+            sleep $secs;
+            kill 'CONT', $rpid;
+        } else {
+            $self->redis('EVAL', $BUSY_LUA, 0, int($secs * 1e6));
+        }
+        POSIX::_exit(0);
+    }
+    # the script has started once a PING stops being answered at once
+    if ($how eq 'script') {
+        $self->wait_for(sub { !_port_answers_ping($self->{redis_port}) }, 2);
+    }
+    return $pid;
+}
+
+sub redis_stall_end {
+    my ($self, $pid) = @_;
+    waitpid($pid, 0);
+    return $self->wait_for(sub { ($self->redis('PING') // '') eq 'PONG' }, 10);
+}
+
+sub _port_answers_ping {
+    my ($port) = @_;
+    my $s = IO::Socket::INET->new(PeerAddr => "127.0.0.1:$port", Timeout => 0.2) or return 0;
+    $s->syswrite("PING\r\n");
+    my $in = IO::Select->new($s);
+    my $ok = $in->can_read(0.1) ? 1 : 0;
+    close $s;
+    return $ok;
+}
+
 # The Redis key of the record of ($key, $scope) (docs/states.md).
 sub record_name {
     my ($self, $key, $scope) = @_;
@@ -535,12 +583,79 @@ sub record_name {
         . pack('Q>', length $scope) . $scope . $key), 0, 32) . '}:r';
 }
 
-# The record of ($key, $scope) as a hashref (HGETALL), undef when there is none.
+# decode_record($value): a record of layout 2 (docs/states.md) as a hashref
+# with the names layout 1 used (v, state, fp, op, owner, created, completed,
+# status, stored, resolved, hdr, body, unknown_at, waiters) plus lease_ms,
+# ttl_ms and, for a released marker, retry_after; undef when $value is not
+# such a record. Written from the documented layout, not from the C code,
+# so it checks what the module writes.
+my %STATE = (i => 'in_progress', c => 'completed', u => 'unknown', r => 'released');
+my %FIELDS = (
+    i => [qw(created lease_ms ttl_ms)],
+    c => [qw(created completed status stored resolved hdr body)],
+    u => [qw(created unknown_at)],
+    r => [qw(status retry_after)],
+);
+sub decode_record {
+    my ($self, $v) = @_;
+    return undef unless defined $v && length($v) >= 131
+        && $v =~ /\A2([icur])([01])([0-9a-f]{32})([0-9a-f]{64})([0-9a-f]{32}|-{32})/;
+    my %r = (v => 2, state => $STATE{$1}, waiters => $2, op => $3, fp => $4);
+    $r{owner} = $5 unless $5 eq '-' x 32;
+    my $pos = 131;
+    for my $f (@{ $FIELDS{$1} }) {
+        return undef unless substr($v, $pos) =~ /\A(0|[1-9][0-9]*):/;
+        my ($n, $hl) = ($1, length($1) + 1);
+        return undef unless length($v) >= $pos + $hl + $n + 1
+            && substr($v, $pos + $hl + $n, 1) eq ',';
+        $r{$f} = substr($v, $pos + $hl, $n);
+        $pos += $hl + $n + 1;
+    }
+    return undef unless $pos == length $v;
+    return \%r;
+}
+
+# encode_record($hashref): the layout-2 value of a record as decode_record
+# returns it; fields may be any bytes, so tests can damage one (a field
+# named in %$r{drop} is left out, $r->{raw_state} replaces the state byte).
+my %CODE = reverse %STATE;
+sub encode_record {
+    my ($self, $r) = @_;
+    my $st = $CODE{ $r->{state} } // die "state $r->{state}";
+    my %drop = map { $_ => 1 } @{ $r->{drop} // [] };
+    my $v = ($r->{v} // 2) . ($r->{raw_state} // $st) . ($r->{waiters} // 0) . $r->{op} . $r->{fp}
+        . ($r->{owner} // '-' x 32);
+    $v .= length($r->{$_} // '') . ':' . ($r->{$_} // '') . ','
+        for grep { !$drop{$_} } @{ $FIELDS{$st} };
+    return $v;
+}
+
+# The record of ($key, $scope) as a hashref, undef when there is none: a
+# layout-2 string decoded (decode_record), with pttl, its TTL in ms; a
+# hash of layout 1 as its fields (HGETALL). A string that does not decode
+# is {corrupt => value}.
 sub record {
     my ($self, $key, $scope) = @_;
-    my $h = $self->redis('HGETALL', $self->record_name($key, $scope));
+    my $name = $self->record_name($key, $scope);
+    my $type = $self->redis('TYPE', $name);
+    if ($type eq 'string') {
+        my ($v, $pttl) = $self->redis_multi([ 'GET', $name ], [ 'PTTL', $name ]);
+        my $r = $self->decode_record($v) // return { corrupt => $v };
+        $r->{pttl} = $pttl;
+        return $r;
+    }
+    return undef unless $type eq 'hash';
+    my $h = $self->redis('HGETALL', $name);
     return undef unless ref $h eq 'ARRAY' && @$h;
     return { @$h };
+}
+
+# The lease left of an in_progress record of layout 2, in ms (its ttl_ms
+# minus its age, the time since its TTL was last set), or undef.
+sub lease_left {
+    my ($self, $rec) = @_;
+    return undef unless $rec && ($rec->{state} // '') eq 'in_progress' && defined $rec->{pttl};
+    return $rec->{lease_ms} - ($rec->{ttl_ms} - $rec->{pttl});
 }
 
 # restart_nginx(%opts): stops nginx (QUIT) and starts it again with the same

@@ -1,0 +1,64 @@
+-- Reading whole records: their fields, Redis's clock, and what a claim's
+-- age is (for the scripts that decide about leases or rewrite a record).
+
+local function now_ms()
+    local t = redis.call('TIME')
+    return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local function ns(s)
+    return string.format('%d:', #s) .. s .. ','
+end
+
+-- the netstring fields after the head, as strings, or nil unless they are
+-- exactly as the module writes them (decimal lengths without leading
+-- zeros, each field closed by its comma, nothing after the last)
+local function fields(v)
+    local out, pos = {}, 132
+    while pos <= #v do
+        local len = string.match(v, '^(0):', pos) or string.match(v, '^([1-9]%d*):', pos)
+        if not len or #len > 18 then
+            return nil
+        end
+        local n = tonumber(len)
+        local at = pos + #len + 1
+        if string.sub(v, at + n, at + n) ~= ',' then
+            return nil
+        end
+        out[#out + 1] = string.sub(v, at, at + n - 1)
+        pos = at + n + 1
+    end
+    return out
+end
+
+local function corrupt(what)
+    return redis.error_reply('IDEMCORRUPT record has an unknown ' .. what)
+end
+
+-- the number of fields each state has (see idem_record.h)
+local field_count = { i = 3, c = 7, u = 2, r = 2 }
+
+-- A string record of layout 2, or nil: anything else under our key is
+-- somebody else's (or damaged), and never written into.
+local function layout2(v)
+    if string.sub(v, 1, 1) ~= '2' or #v < 131 then
+        return nil
+    end
+    local f = fields(v)
+    local state = string.sub(v, 2, 2)
+    if not f or #f ~= field_count[state] then
+        return nil
+    end
+    -- the lease arithmetic of the scripts reads these two
+    if state == 'i' and not (string.match(f[2], '^[1-9]%d*$')
+                             and string.match(f[3], '^[1-9]%d*$')) then
+        return nil
+    end
+    return f
+end
+
+-- How long ago the owner of a claim last spoke, by Redis's clock: the
+-- claim and each renewal set its TTL to its "ttl ms" field (the third).
+local function lapsed(key, f)
+    return tonumber(f[3]) - redis.call('PTTL', key) >= tonumber(f[2])
+end

@@ -1,0 +1,112 @@
+#!/usr/bin/perl
+# Redis stalls for about 3 s (a busy script, then the process stopped with
+# SIGSTOP) while 40 clients each send a new key, get 503 store-unavailable,
+# retry once during the stall and again after it. A claim the worker gave
+# up on may still run when Redis wakes, after the give-back the worker sent
+# on its next connection (docs/states.md, "A claim nobody waits for"): it
+# must never create a live record. So, in every trial:
+#   - every key executes exactly once;
+#   - after the stall, the retries end in 201, and the next retry replays;
+#   - no answer is outcome-unknown, and no record stays in progress.
+# A retry just after the stall may still be told in-progress (with
+# Retry-After) by a claim that ran late, until the worker, connected again,
+# gives it back; the diagnostics count those answers.
+
+use strict;
+use warnings;
+use FindBin;
+use lib "$FindBin::Bin/lib";
+use Test::More;
+use Time::HiRes qw(time sleep);
+use Idem::Test;
+
+my $CLIENTS = 40;
+my $STALL   = 3;
+my $TRIALS  = $ENV{IDEM_STALL_TRIALS} // 3;
+
+my $t = Idem::Test->new;
+$t->start_redis;
+$t->start_upstream;
+$t->start_nginx(<<'EOF', workers => 2);
+server {
+    listen 127.0.0.1:%%PORT%%;
+    idempotency_redis %%REDIS%% connect_timeout=500ms timeout=500ms;
+    location / {
+        idempotency on;
+        proxy_pass http://%%UPSTREAM%%;
+    }
+}
+EOF
+
+sub answer {
+    my ($r) = @_;
+    my $p = $t->ptype($r);
+    return "$r->{status}" . ($p ? " $p" : '')
+        . (($r->{headers}{'idempotent-replayed'} // '') eq 'true' ? ' replayed' : '');
+}
+
+sub trial {
+    my ($how, $n) = @_;
+    my $name = "$how, trial $n";
+    my $start = time + 2.5;     # the clients are forked and waiting by then
+    my ($stall, $stalled);
+    my $res = $t->parallel($CLIENTS, sub {
+        my $c = shift;
+        my $k = "stall-$how-$n-$$-$c";
+        my @req = (key => $k, json => { client => $c, trial => "$how-$n" });
+        my $d = $start + 0.2 - time;
+        sleep $d if $d > 0;
+        my @during;
+        for (1 .. 2) {
+            my $r = $t->http(POST => "/stall/$how/$n", @req, timeout => 5);
+            push @during, answer($r);
+            last unless $r->{status} == 503;
+            sleep($r->{headers}{'retry-after'} // 1);
+        }
+        my $d2 = $start + $STALL + 0.3 - time;
+        sleep $d2 if $d2 > 0;
+        my ($final, @after) = $t->retry_until_final("/stall/$how/$n", 20, @req);
+        # the record is completed just after the answer went out (a retry
+        # in between is told in-progress): let it land, then retry once more
+        $t->wait_state($k, undef, 'completed', 5);
+        my $check = $t->http(POST => "/stall/$how/$n", @req, timeout => 5);
+        return { key => $k, during => \@during, after => \@after,
+                 final => answer($final), check => answer($check) };
+    }, timeout => 60, tick => sub {
+        return if $stall || time < $start;
+        $stall = $t->redis_stall($STALL, how => $how);
+        $stalled = time;
+    });
+    ok($stall && $t->redis_stall_end($stall), "$name: Redis stalled and answers again");
+
+    my (%during, %after, @bad);
+    for my $x (@$res) {
+        if (!$x) { push @bad, 'a client died'; next }
+        $during{$_}++ for @{ $x->{during} };
+        $after{$_}++ for @{ $x->{after} };
+        my $effects = $t->effects(key => $x->{key});
+        push @bad, "$x->{key}: $effects effects" unless $effects == 1;
+        push @bad, "$x->{key}: final $x->{final}" unless $x->{final} =~ /^201\b/;
+        push @bad, "$x->{key}: check $x->{check}" unless $x->{check} eq '201 replayed';
+        my $rec = $t->record($x->{key}) // {};
+        push @bad, "$x->{key}: record " . ($rec->{state} // 'none')
+            unless ($rec->{state} // '') eq 'completed';
+        push @bad, "$x->{key}: answered outcome-unknown"
+            if grep { /outcome-unknown/ } @{ $x->{during} }, @{ $x->{after} };
+    }
+    is(scalar(@bad), 0, "$name: every key executed once, ended 201, replays, is completed")
+        or diag(join "\n", @bad[0 .. ($#bad < 15 ? $#bad : 15)]);
+    ok(($during{'503 store-unavailable'} // 0) >= $CLIENTS,
+        "$name: the stall was seen: store-unavailable during it")
+        or diag(explain \%during);
+    diag(sprintf '%s: during %s; after %s', $name,
+        join(', ', map { "$_ x$during{$_}" } sort keys %during),
+        join(', ', map { "$_ x$after{$_}" } sort keys %after));
+}
+
+for my $how (qw(script stop)) {
+    trial($how, $_) for 1 .. $TRIALS;
+}
+
+$t->check_logs;
+done_testing;
