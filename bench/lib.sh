@@ -318,9 +318,10 @@ wrk_run() {
     echo "$line"
 }
 
-# pin_cpus REDIS_CPU OTHERS_CPU | pin_cpus off: Redis on one CPU, the nginx
-# processes (all threads) on the other, and wrk (through PIN_CLIENTS) there
-# too; "off" gives every process every CPU again.
+# pin_cpus REDIS_CPU OTHERS_CPU [CLIENTS_CPU] | pin_cpus off: Redis on one
+# CPU, the nginx processes (all threads) on another (or the same), and wrk
+# (through PIN_CLIENTS) on CLIENTS_CPU, by default with the nginx processes;
+# "off" gives every process every CPU again.
 pin_cpus() {
     local r=$1 o=${2:-} all p
     all=$(( $(nproc) - 1 ))
@@ -328,7 +329,7 @@ pin_cpus() {
         r=0-$all o=0-$all
         PIN_CLIENTS=''
     else
-        PIN_CLIENTS=$o
+        PIN_CLIENTS=${3:-$o}
     fi
     taskset -a -p -c "$r" "$REDIS_PID" >/dev/null || return 1
     for p in "$UPSTREAM_PID" $(ps -o pid= --ppid "$UPSTREAM_PID") \
