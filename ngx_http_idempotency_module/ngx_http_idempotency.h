@@ -189,6 +189,17 @@ struct ngx_http_idem_ctx_s {
 extern ngx_module_t  ngx_http_idempotency_module;
 
 
+/* the worker's cached clock in ms since the epoch: what records stamp */
+static ngx_inline int64_t
+ngx_http_idem_now_ms(void)
+{
+    ngx_time_t  *tp;
+
+    tp = ngx_timeofday();
+
+    return (int64_t) tp->sec * 1000 + tp->msec;
+}
+
 /* ngx_http_idempotency_ctx.c: the request context */
 ngx_http_idem_ctx_t *ngx_http_idem_get_ctx(ngx_http_request_t *r);
 ngx_http_idem_ctx_t *ngx_http_idem_create_ctx(ngx_http_request_t *r);
@@ -228,7 +239,6 @@ void ngx_http_idem_finish(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
 void ngx_http_idem_abandon(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx);
 void ngx_http_idem_give_back(ngx_http_idem_redis_t *rd, ngx_str_t *key,
     ngx_str_t *claim);
-int64_t ngx_http_idem_now_ms(void);
 
 /* ngx_http_idempotency_filter.c: capture of the upstream's response */
 ngx_int_t ngx_http_idem_filter_init(ngx_conf_t *cf);

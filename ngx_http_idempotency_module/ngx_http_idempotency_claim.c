@@ -93,17 +93,6 @@ ngx_http_idem_tokens(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
 }
 
 
-int64_t
-ngx_http_idem_now_ms(void)
-{
-    ngx_time_t  *tp;
-
-    tp = ngx_timeofday();
-
-    return (int64_t) tp->sec * 1000 + tp->msec;
-}
-
-
 /* the in_progress record of this attempt, written at p */
 static u_char *
 ngx_http_idem_claim_value(u_char *p, ngx_http_idem_ctx_t *ctx)

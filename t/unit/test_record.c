@@ -271,40 +271,13 @@ inside(const char *p, size_t n, const char *base, size_t len)
 
 
 /*
- * The first field of out that is not what in says (decoded from base,
- * len bytes), or NULL: the head, and the fields of in's state.
+ * The first field of in's state that out gets wrong, or NULL: only the
+ * head is common to all states, the rest depends on the state.
  */
 static const char *
-value_diff(const idem_value_t *in, const idem_value_t *out, const char *base,
+state_diff(const idem_value_t *in, const idem_value_t *out, const char *base,
     size_t len)
 {
-    if (out->state != in->state) {
-        return "state";
-    }
-
-    if (out->waiters != (in->waiters ? 1 : 0)) {
-        return "waiters";
-    }
-
-    if (out->op != base + IDEM_OP_OFF
-        || memcmp(out->op, in->op, IDEM_TOKEN_LEN) != 0)
-    {
-        return "op";
-    }
-
-    if (out->fp != base + IDEM_FP_OFF
-        || memcmp(out->fp, in->fp, IDEM_FP_LEN) != 0)
-    {
-        return "fp";
-    }
-
-    if (in->owner == NULL ? out->owner != NULL
-        : (out->owner != base + IDEM_OWNER_OFF
-           || memcmp(out->owner, in->owner, IDEM_TOKEN_LEN) != 0))
-    {
-        return "owner";
-    }
-
     switch (in->state) {
 
     case 'i':
@@ -370,6 +343,45 @@ value_diff(const idem_value_t *in, const idem_value_t *out, const char *base,
 }
 
 
+/*
+ * The first field of out that is not what in says (decoded from base,
+ * len bytes), or NULL: the head, and the fields of in's state.
+ */
+static const char *
+value_diff(const idem_value_t *in, const idem_value_t *out, const char *base,
+    size_t len)
+{
+    if (out->state != in->state) {
+        return "state";
+    }
+
+    if (out->waiters != (in->waiters ? 1 : 0)) {
+        return "waiters";
+    }
+
+    if (out->op != base + IDEM_OP_OFF
+        || memcmp(out->op, in->op, IDEM_TOKEN_LEN) != 0)
+    {
+        return "op";
+    }
+
+    if (out->fp != base + IDEM_FP_OFF
+        || memcmp(out->fp, in->fp, IDEM_FP_LEN) != 0)
+    {
+        return "fp";
+    }
+
+    if (in->owner == NULL ? out->owner != NULL
+        : (out->owner != base + IDEM_OWNER_OFF
+           || memcmp(out->owner, in->owner, IDEM_TOKEN_LEN) != 0))
+    {
+        return "owner";
+    }
+
+    return state_diff(in, out, base, len);
+}
+
+
 /* encode in, compare with the bytes want, decode them back: 4 tests */
 static void
 roundtrip(const char *name, const idem_value_t *in, const char *want,
@@ -432,7 +444,7 @@ value(char state, int waiters, const char *owner)
 
 
 static void
-test_value_roundtrip(void)
+test_roundtrip_in_progress(void)
 {
     idem_value_t  v;
 
@@ -455,6 +467,13 @@ test_value_roundtrip(void)
     v.ttl_ms = IDEM_TIME_MS_MAX;
     ROUNDTRIP("in_progress, largest numbers", &v, "2i0" OP FP OWNER
               "15:253402300799999,15:253402300799999,15:253402300799999,");
+}
+
+
+static void
+test_roundtrip_completed(void)
+{
+    idem_value_t  v;
 
     v = value('c', 0, NULL);
     v.created = 1796222500440LL;
@@ -495,6 +514,13 @@ test_value_roundtrip(void)
     ROUNDTRIP("completed, binary body", &v,
               "2c0" OP FP DASHES "2:10,2:10,3:200,1:1,1:1,7:1:a,0:,,"
               "6:1:\0,\xff,,");
+}
+
+
+static void
+test_roundtrip_unknown_released(void)
+{
+    idem_value_t  v;
 
     v = value('u', 0, NULL);
     v.created = 1796222500440LL;
@@ -524,6 +550,15 @@ test_value_roundtrip(void)
     v.retry_after = 0;
     ROUNDTRIP("released, Retry-After 0 without status", &v,
               "2r0" OP FP DASHES "0:,1:0,");
+}
+
+
+static void
+test_value_roundtrip(void)
+{
+    test_roundtrip_in_progress();
+    test_roundtrip_completed();
+    test_roundtrip_unknown_released();
 }
 
 
@@ -946,20 +981,12 @@ test_claim_set_decode(void)
 }
 
 
+/* {"claimed"} */
 static void
-test_claim_decode(void)
+test_claim_claimed(rec_t ri)
 {
-    rec_t         ri, rc, ru, rr, r0, bad;
     idem_claim_t  c;
 
-    ri = mk("2i0", OP, FP, OWNER, I_F);
-    rc = mk("2c0", OP, FP, DASHES, C_F);
-    ru = mk("2u0", OP, FP, DASHES, U_F);
-    rr = mk("2r1", OP, FP, OWNER, R_F);
-    r0 = mk("2r0", OP, FP, DASHES, "0:,0:,");
-    bad = mk("2u0", OP, FP, OWNER, U_F);
-
-    /* {"claimed"} */
     ok(CLAIM(&c, 1, S("claimed")) == IDEM_CLAIM_CLAIMED
        && c.kind == IDEM_CLAIM_CLAIMED, "claimed");
     ok(CLAIM(&c, 1, T("claimed")) == IDEM_CLAIM_INVALID
@@ -972,8 +999,15 @@ test_claim_decode(void)
        "claimed with a second element: invalid");
     ok(CLAIM(&c, 0, NIL) == IDEM_CLAIM_INVALID, "no elements: invalid");
     ok(CLAIM(&c, 1, NIL) == IDEM_CLAIM_INVALID, "one nil: invalid");
+}
 
-    /* {"record", value} */
+
+/* {"record", value} */
+static void
+test_claim_record(rec_t ri, rec_t rc, rec_t ru, rec_t rr, rec_t bad)
+{
+    idem_claim_t  c;
+
     ok(CLAIM(&c, 2, S("record"), V(rc)) == IDEM_CLAIM_RECORD
        && c.kind == IDEM_CLAIM_RECORD && c.rec.state == 'c'
        && c.rec.status == 201 && c.rec.completed == 1796222501000LL
@@ -1008,8 +1042,15 @@ test_claim_decode(void)
     ok(CLAIM(&c, 2, S("records"), V(rc)) == IDEM_CLAIM_INVALID,
        "an unknown kind (records): invalid");
     ok(CLAIM(&c, 2, NIL, V(rc)) == IDEM_CLAIM_INVALID, "a nil kind: invalid");
+}
 
-    /* {"in_progress", value, lease ms left} */
+
+/* {"in_progress", value, lease ms left} */
+static void
+test_claim_in_progress(rec_t ri, rec_t rc, rec_t rr, rec_t bad)
+{
+    idem_claim_t  c;
+
     ok(CLAIM(&c, 3, S("in_progress"), V(ri), S("1500"))
        == IDEM_CLAIM_IN_PROGRESS && c.kind == IDEM_CLAIM_IN_PROGRESS
        && c.lease_left == 1500 && c.rec.state == 'i' && c.rec.lease_ms == 5000
@@ -1048,8 +1089,15 @@ test_claim_decode(void)
        "in_progress without the lease: invalid");
     ok(CLAIM(&c, 4, S("in_progress"), V(ri), S("1500")) == IDEM_CLAIM_INVALID,
        "in_progress in a reply of 4: invalid");
+}
 
-    /* {"released", marker} */
+
+/* {"released", marker} */
+static void
+test_claim_released(rec_t rc, rec_t rr, rec_t r0)
+{
+    idem_claim_t  c;
+
     ok(CLAIM(&c, 2, S("released"), V(rr)) == IDEM_CLAIM_RELEASED
        && c.kind == IDEM_CLAIM_RELEASED && c.rec.state == 'r'
        && c.rec.status == 503 && c.rec.retry_after == 30 && c.rec.waiters == 1
@@ -1066,6 +1114,26 @@ test_claim_decode(void)
        "released with a third element: invalid");
     ok(CLAIM(&c, 2, S("released"), TV(rr)) == IDEM_CLAIM_INVALID,
        "released, the marker not a string: invalid");
+}
+
+
+/* the values made once: each kind's tests see the same bytes */
+static void
+test_claim_decode(void)
+{
+    rec_t  ri, rc, ru, rr, r0, bad;
+
+    ri = mk("2i0", OP, FP, OWNER, I_F);
+    rc = mk("2c0", OP, FP, DASHES, C_F);
+    ru = mk("2u0", OP, FP, DASHES, U_F);
+    rr = mk("2r1", OP, FP, OWNER, R_F);
+    r0 = mk("2r0", OP, FP, DASHES, "0:,0:,");
+    bad = mk("2u0", OP, FP, OWNER, U_F);
+
+    test_claim_claimed(ri);
+    test_claim_record(ri, rc, ru, rr, bad);
+    test_claim_in_progress(ri, rc, rr, bad);
+    test_claim_released(rc, rr, r0);
 }
 
 
