@@ -463,7 +463,19 @@ ngx_http_idem_link_schedule(ngx_http_idem_link_t *lk)
                                         NGX_HTTP_IDEM_BACKOFF_MAX)
                               : NGX_HTTP_IDEM_BACKOFF_MIN;
 
-    ngx_add_timer(&lk->reconnect, lk->backoff);
+    /*
+     * A given-back claim that Redis runs late exists, as in_progress, until
+     * its give-back (queued here) reaches Redis: retrying soon keeps that
+     * window short after a stall.  One connection attempt per worker every
+     * 100-150 ms is little load for a Redis that is not there.
+     */
+    if (!lk->subscriber && lk->redis->resend_n) {
+        lk->backoff = NGX_HTTP_IDEM_BACKOFF_MIN;
+    }
+
+    /* jitter, so that the workers of a host do not reconnect in step */
+    ngx_add_timer(&lk->reconnect,
+                  lk->backoff + (ngx_msec_t) ngx_random() % (lk->backoff / 2 + 1));
 }
 
 
@@ -911,6 +923,15 @@ ngx_http_idem_resend_later(ngx_http_idem_cmd_t *cmd)
     rd->resend_n++;
     rd->resend_size += cmd->size;
     ngx_queue_insert_tail(&rd->resend, &cmd->queue);
+
+    /* a reconnect already scheduled with a long backoff comes sooner */
+    if (rd->cmd.reconnect.timer_set
+        && rd->cmd.backoff > NGX_HTTP_IDEM_BACKOFF_MIN)
+    {
+        ngx_del_timer(&rd->cmd.reconnect);
+        rd->cmd.backoff = 0;
+        ngx_http_idem_link_schedule(&rd->cmd);
+    }
 
     return NGX_OK;
 }
