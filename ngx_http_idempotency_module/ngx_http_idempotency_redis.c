@@ -467,7 +467,7 @@ ngx_http_idem_link_schedule(ngx_http_idem_link_t *lk)
      * A given-back claim that Redis runs late exists, as in_progress, until
      * its give-back (queued here) reaches Redis: retrying soon keeps that
      * window short after a stall.  One connection attempt per worker every
-     * 100-150 ms is little load for a Redis that is not there.
+     * 75-100 ms is little load for a Redis that is not there.
      */
     if (!lk->subscriber && lk->redis->resend_n) {
         lk->backoff = NGX_HTTP_IDEM_BACKOFF_MIN;
@@ -475,7 +475,7 @@ ngx_http_idem_link_schedule(ngx_http_idem_link_t *lk)
 
     /* jitter, so that the workers of a host do not reconnect in step */
     ngx_add_timer(&lk->reconnect,
-                  lk->backoff + (ngx_msec_t) ngx_random() % (lk->backoff / 2 + 1));
+                  lk->backoff - (ngx_msec_t) ngx_random() % (lk->backoff / 4 + 1));
 }
 
 

@@ -10,9 +10,7 @@ use Test::More;
 use Idem::Test;
 
 my $t = Idem::Test->new;
-$t->start_redis;
-$t->start_upstream;
-$t->start_nginx(<<'EOF');
+$t->start_stack(<<'EOF');
 server {
     listen 127.0.0.1:%%PORT%%;
     location / {

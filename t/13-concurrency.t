@@ -11,9 +11,7 @@ use Test::More;
 use Idem::Test;
 
 my $t = Idem::Test->new;
-$t->start_redis;
-$t->start_upstream;
-$t->start_nginx(<<'EOF', workers => 2);
+$t->start_stack(<<'EOF', workers => 2);
 server {
     listen 127.0.0.1:%%PORT%%;
     location / {

@@ -13,9 +13,7 @@ use Test::More;
 use Idem::Test;
 
 my $t = Idem::Test->new;
-$t->start_redis;
-$t->start_upstream;
-$t->start_nginx(<<'EOF', log_format => 'F|$request_uri|$idempotency_fingerprint|$idempotency_body_form');
+$t->start_stack(<<'EOF', log_format => 'F|$request_uri|$idempotency_fingerprint|$idempotency_body_form');
 client_body_buffer_size 16k;
 client_max_body_size 4m;
 server {

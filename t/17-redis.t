@@ -11,9 +11,7 @@ use Test::More;
 use Idem::Test;
 
 my $t = Idem::Test->new;
-$t->start_redis(unixsocket => 1);
-$t->start_upstream;
-$t->start_nginx(<<'EOF');
+$t->start_stack(<<'EOF', redis => { unixsocket => 1 });
 server {
     listen 127.0.0.1:%%PORT%%;
     location / {
@@ -64,17 +62,29 @@ sub once_and_replay {
     return $k;
 }
 
-# Polls (up to ~5 s) with fresh keys on /probe until the answer is not 503.
+# Polls (up to ~5 s) until every Redis link is back: each idempotency_redis
+# line has a link of its own, with its own reconnect backoff. Fresh keys on
+# the locations that fail closed (not 503 any more), and on the fail-open one
+# a retry that replays (it passes through unprotected while its link is down).
 sub wait_store_back {
     my ($what) = @_;
-    my $last;
+    for my $loc ('/probe', '/unix/probe', '/db3/probe') {
+        my $last;
+        my $ok = $t->wait_for(sub {
+            $last = $t->http(POST => $loc, key => $t->key('probe'), json => {});
+            $last->{status} != 503;
+        }, 5);
+        ok($ok, "$what: $loc reconnects (a non-503 answer within ~5 s)")
+            or diag($t->show($last));
+        is($last->{status}, 201, "$what: $loc probe executes");
+    }
     my $ok = $t->wait_for(sub {
-        $last = $t->http(POST => '/probe', key => $t->key('probe'), json => {});
-        $last->{status} != 503;
+        my $k = $t->key('probe');
+        $t->http(POST => '/open/probe', key => $k, json => {});
+        ($t->http(POST => '/open/probe', key => $k, json => {})->{headers}{'idempotent-replayed'} // '')
+            eq 'true';
     }, 5);
-    ok($ok, "$what: the module reconnects (a non-503 answer within ~5 s)")
-        or diag($t->show($last));
-    is($last->{status}, 201, "$what: probe executes");
+    ok($ok, "$what: the fail-open location is protected again");
 }
 
 once_and_replay('/tcp', 'TCP, Redis up');

@@ -13,9 +13,7 @@ use Test::More;
 use Idem::Test;
 
 my $t = Idem::Test->new;
-$t->start_redis;
-$t->start_upstream;
-$t->start_nginx(<<'EOF', log_format => 'V|$idempotency_outcome|$idempotency_key|$idempotency_fingerprint|$idempotency_operation_id|$idempotency_body_form|$request_method|$request_uri|$status');
+$t->start_stack(<<'EOF', log_format => 'V|$idempotency_outcome|$idempotency_key|$idempotency_fingerprint|$idempotency_operation_id|$idempotency_body_form|$request_method|$request_uri|$status');
 server {
     listen 127.0.0.1:%%PORT%%;
     idempotency_redis %%REDIS%%;

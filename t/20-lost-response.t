@@ -15,9 +15,7 @@ use Time::HiRes qw(time sleep);
 use Idem::Test;
 
 my $t = Idem::Test->new;
-$t->start_redis;
-$t->start_upstream;
-$t->start_nginx(<<'EOF');
+$t->start_stack(<<'EOF');
 server {
     listen 127.0.0.1:%%PORT%%;
     location / {

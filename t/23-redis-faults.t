@@ -17,9 +17,7 @@ use Idem::Test;
 
 my $t = Idem::Test->new;
 # DEBUG SLEEP: Redis stops reading for a while but then runs what was queued
-$t->start_redis(args => [ '--enable-debug-command', 'yes' ]);
-$t->start_upstream;
-$t->start_nginx(<<'EOF', workers => 2);
+$t->start_stack(<<'EOF', workers => 2, redis => { args => [ '--enable-debug-command', 'yes' ] });
 server {
     listen 127.0.0.1:%%PORT%%;
     location / {

@@ -14,9 +14,7 @@ use Time::HiRes qw(time sleep);
 use Idem::Test;
 
 my $t = Idem::Test->new;
-$t->start_redis;
-$t->start_upstream;
-$t->start_nginx(<<'EOF', workers => 2);
+$t->start_stack(<<'EOF', workers => 2);
 server {
     listen 127.0.0.1:%%PORT%%;
     idempotency_redis %%REDIS%%;

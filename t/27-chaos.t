@@ -29,9 +29,7 @@ my $BUDGET  = 60;    # seconds for the trial phase; trials left then are skipped
 diag("chaos seed $SEED (IDEM_CHAOS_SEED=$SEED to replay the same choices), $TRIALS trials");
 
 my $t = Idem::Test->new;
-$t->start_redis(appendonly => 1);
-$t->start_upstream;
-$t->start_nginx(<<'EOF', workers => 2);
+$t->start_stack(<<'EOF', workers => 2, redis => { appendonly => 1 });
 server {
     listen 127.0.0.1:%%PORT%%;
     idempotency_redis %%REDIS%% connect_timeout=300ms timeout=300ms;

@@ -14,9 +14,7 @@ use Test::More;
 use Idem::Test;
 
 my $t = Idem::Test->new;
-$t->start_redis;
-$t->start_upstream;
-$t->start_nginx(<<'EOF', log_format => 'F|$request_uri|$idempotency_fingerprint|$idempotency_body_form|$idempotency_outcome', error_log_level => 'debug', main => "thread_pool idem threads=2;\nthread_pool tiny threads=1 max_queue=1;");
+$t->start_stack(<<'EOF', log_format => 'F|$request_uri|$idempotency_fingerprint|$idempotency_body_form|$idempotency_outcome', error_log_level => 'debug', main => "thread_pool idem threads=2;\nthread_pool tiny threads=1 max_queue=1;");
 client_body_buffer_size 16k;
 client_max_body_size 8m;
 server {

@@ -15,9 +15,7 @@ use Test::More;
 use Idem::Test;
 
 my $t = Idem::Test->new;
-$t->start_redis;
-$t->start_upstream;
-$t->start_nginx(<<'EOF', log_format => 'outcome=$idempotency_outcome form=$idempotency_body_form key="$idempotency_key" status=$status');
+$t->start_stack(<<'EOF', log_format => 'outcome=$idempotency_outcome form=$idempotency_body_form key="$idempotency_key" status=$status');
 client_max_body_size 16m;
 client_body_buffer_size 64k;
 server {

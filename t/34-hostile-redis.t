@@ -18,9 +18,7 @@ use JSON::PP;
 use Idem::Test;
 
 my $t = Idem::Test->new;
-$t->start_redis;
-$t->start_upstream;
-$t->start_nginx(<<'EOF');
+$t->start_stack(<<'EOF');
 server {
     listen 127.0.0.1:%%PORT%%;
     idempotency_redis %%REDIS%%;

@@ -14,9 +14,7 @@ use Test::More;
 use Idem::Test;
 
 my $t = Idem::Test->new;
-$t->start_redis(args => [ '--maxmemory-policy', 'noeviction' ]);
-$t->start_upstream;
-$t->start_nginx(<<'EOF', workers => 1);
+$t->start_stack(<<'EOF', workers => 1, redis => { args => [ '--maxmemory-policy', 'noeviction' ] });
 server {
     listen 127.0.0.1:%%PORT%%;
     location / {

@@ -29,9 +29,7 @@ my $STALL   = 3;
 my $TRIALS  = $ENV{IDEM_STALL_TRIALS} // 3;
 
 my $t = Idem::Test->new;
-$t->start_redis;
-$t->start_upstream;
-$t->start_nginx(<<'EOF', workers => 2);
+$t->start_stack(<<'EOF', workers => 2);
 server {
     listen 127.0.0.1:%%PORT%%;
     idempotency_redis %%REDIS%% connect_timeout=500ms timeout=500ms;

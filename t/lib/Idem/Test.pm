@@ -6,8 +6,7 @@ package Idem::Test;
 #
 #   use lib 't/lib';  use Idem::Test;
 #   my $t = Idem::Test->new;            # fails loudly if the .so or redis-server is missing
-#   $t->start_redis; $t->start_upstream;
-#   $t->start_nginx(<<'EOF');
+#   $t->start_stack(<<'EOF');          # Redis, the upstream, then nginx
 #   server { listen 127.0.0.1:%%PORT%%;
 #            location / { idempotency on; idempotency_redis %%REDIS%%;
 #                         proxy_pass http://%%UPSTREAM%%; } }
@@ -731,6 +730,18 @@ sub _subst {
         defined $v{$1} ? $v{$1} : die "placeholder %%$1%% has no value (start that service first)\n"
     }ge;
     return $s;
+}
+
+# start_stack($http_snippet, redis => {start_redis options},
+#             upstream => {start_upstream options}, start_nginx options...):
+# what nearly every test starts with: Redis, the counting upstream, and nginx
+# with the snippet, in that order (the snippet's %%REDIS%% and %%UPSTREAM%%
+# need the first two). Returns what start_nginx returns.
+sub start_stack {
+    my ($self, $snippet, %o) = @_;
+    $self->start_redis(%{ delete $o{redis} // {} });
+    $self->start_upstream(%{ delete $o{upstream} // {} });
+    return $self->start_nginx($snippet, %o);
 }
 
 # start_nginx($http_snippet, workers => N, error_log_level => 'debug',
