@@ -307,11 +307,12 @@ build_fpbench() {   # build_fpbench OUT: bench/fpbench.c with the pure-C core an
 }
 
 wrk_run() {
-    local out=$1 port=$2 script=$3 conns=$4 dur=$5 line
+    local out=$1 port=$2 script=$3 conns=$4 dur=$5 line threads=2
     shift 5
+    [ "$conns" -ge 2 ] || threads=1   # wrk needs a connection per thread
     # shellcheck disable=SC2086
     line=$(${PIN_CLIENTS:+taskset -c $PIN_CLIENTS} \
-           wrk -t2 -c"$conns" -d"$dur" --timeout 10s -s "$BENCH/lua/$script.lua" \
+           wrk -t$threads -c"$conns" -d"$dur" --timeout 10s -s "$BENCH/lua/$script.lua" \
                "http://127.0.0.1:$port/v1/orders" -- "$@" 2>&1 | grep '^BENCH ' || true)
     [ -n "$line" ] || die "wrk ($script on port $port) printed no result"
     echo "$line" >>"$out"

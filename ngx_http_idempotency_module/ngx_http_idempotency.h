@@ -131,6 +131,25 @@ typedef enum {
 
 typedef struct ngx_http_idem_ctx_s  ngx_http_idem_ctx_t;
 
+/*
+ * The link from a complete script in flight to the request that holds its
+ * response's end for the answer.  The script may outlive the request, and
+ * the request may stop waiting first, so neither points into the other:
+ * the request clears "ctx" when it stops waiting, and the script's handler
+ * frees the link.
+ */
+typedef struct {
+    ngx_http_idem_ctx_t         *ctx;
+} ngx_http_idem_ack_t;
+
+
+/*
+ * r->buffered while the response's end is held: nginx then finalizes the
+ * request only once that is sent.  r->buffered has four bits and nginx's
+ * own filters use them all; this is the image filter's, which does not
+ * run on the JSON answers of a write endpoint (docs/directives.md).
+ */
+#define NGX_HTTP_IDEM_BUFFERED  0x08
 
 struct ngx_http_idem_ctx_s {
     ngx_http_request_t          *request;
@@ -168,6 +187,18 @@ struct ngx_http_idem_ctx_s {
     size_t                       body_size;
     off_t                        content_length;
     ngx_event_t                  renew;
+
+    /*
+     * The response's end waits for Redis to acknowledge its record, so
+     * that a client that has read it all and retries gets the replay.
+     * "closed" is called when the complete script answered.
+     */
+    ngx_chain_t                 *held;
+    ngx_chain_t                 *pending;   /* withheld until the next */
+    ngx_chain_t                 *tail;      /* the last stored copy */
+    ngx_event_t                  hold;
+    ngx_http_idem_ack_t         *ack;
+    void                       (*closed)(ngx_http_idem_ctx_t *ctx);
 
     /* waiting for an in-flight duplicate to finish (idempotency_wait) */
     ngx_http_idem_waiter_t       waiter;
@@ -234,8 +265,8 @@ void ngx_http_idem_wait_stop(ngx_http_idem_ctx_t *ctx);
 /* ngx_http_idempotency_close.c: closing the record, and its lease */
 void ngx_http_idem_start_lease(ngx_http_request_t *r,
     ngx_http_idem_ctx_t *ctx);
-void ngx_http_idem_finish(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
-    ngx_http_idem_end_e end);
+ngx_int_t ngx_http_idem_finish(ngx_http_request_t *r,
+    ngx_http_idem_ctx_t *ctx, ngx_http_idem_end_e end);
 void ngx_http_idem_abandon(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx);
 void ngx_http_idem_give_back(ngx_http_idem_redis_t *rd, ngx_str_t *key,
     ngx_str_t *claim);

@@ -39,7 +39,7 @@ ngx_http_idem_is_give_back(ngx_http_idem_cmd_t *cmd)
 
 
 static void
-ngx_http_idem_closed(ngx_http_idem_cmd_t *cmd, redisReply *reply)
+ngx_http_idem_closed_log(ngx_http_idem_cmd_t *cmd, redisReply *reply)
 {
     const char         *what;
     ngx_log_t          *log;
@@ -77,6 +77,32 @@ ngx_http_idem_closed(ngx_http_idem_cmd_t *cmd, redisReply *reply)
         ngx_log_error(NGX_LOG_WARN, log, 0,
                       "idempotency: %s script: the claim was no longer "
                       "held by this request", what);
+    }
+}
+
+
+/* a request that holds its response's end for this answer hears of it */
+static void
+ngx_http_idem_closed(ngx_http_idem_cmd_t *cmd, redisReply *reply)
+{
+    ngx_http_idem_ack_t  *ack;
+    ngx_http_idem_ctx_t  *ctx;
+
+    ngx_http_idem_closed_log(cmd, reply);
+
+    ack = cmd->data;
+
+    if (ack == NULL) {
+        return;
+    }
+
+    cmd->data = NULL;
+    ctx = ack->ctx;
+    ngx_free(ack);
+
+    if (ctx) {
+        ctx->ack = NULL;
+        ctx->closed(ctx);
     }
 }
 
@@ -262,10 +288,17 @@ ngx_http_idem_release_cmd(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
 }
 
 
-void
+/*
+ * NGX_OK: the script was sent and its answer will reach ctx->closed, when
+ * the caller set it; NGX_DECLINED: no answer is to be awaited (not sent
+ * now, or nobody asked).
+ */
+ngx_int_t
 ngx_http_idem_finish(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
     ngx_http_idem_end_e end)
 {
+    ngx_int_t             rc;
+    ngx_http_idem_ack_t  *ack;
     ngx_http_idem_cmd_t  *cmd;
 
     ctx->end = end;
@@ -289,13 +322,38 @@ ngx_http_idem_finish(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
         break;
     }
 
-    if (cmd == NULL
-        || ngx_http_idem_cmd_send(cmd, ngx_http_idem_closed, NULL) != NGX_OK)
-    {
+    ack = NULL;
+
+    if (cmd && end == NGX_HTTP_IDEM_END_COMPLETE && ctx->closed) {
+        ack = ngx_alloc(sizeof(ngx_http_idem_ack_t), r->connection->log);
+        if (ack) {
+            ack->ctx = ctx;
+        }
+    }
+
+    rc = (cmd == NULL) ? NGX_ERROR
+                       : ngx_http_idem_cmd_send(cmd, ngx_http_idem_closed, ack);
+
+    if (ack && rc == NGX_OK) {
+        ctx->ack = ack;
+        return NGX_OK;
+    }
+
+    if (ack && rc == NGX_AGAIN) {
+        /* kept for the next connection: nobody waits that long */
+        ack->ctx = NULL;
+
+    } else if (ack) {
+        ngx_free(ack);
+    }
+
+    if (rc == NGX_ERROR) {
         ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
                       "idempotency: cannot close the record of key \"%V\"; "
                       "it turns unknown when its lease lapses", &ctx->key);
     }
+
+    return NGX_DECLINED;
 }
 
 
@@ -373,7 +431,7 @@ ngx_http_idem_give_back(ngx_http_idem_redis_t *rd, ngx_str_t *key,
     }
 
     if (cmd == NULL
-        || ngx_http_idem_cmd_send(cmd, ngx_http_idem_closed, NULL) != NGX_OK)
+        || ngx_http_idem_cmd_send(cmd, ngx_http_idem_closed, NULL) == NGX_ERROR)
     {
         ngx_log_error(NGX_LOG_WARN, rd->log, 0,
                       "idempotency: an unanswered claim cannot be given "

@@ -18,6 +18,16 @@ ngx_http_idem_cleanup(void *data)
         ctx->cmd = NULL;
     }
 
+    if (ctx->ack) {
+        /* a response's end held for its record's answer goes unsent */
+        ctx->ack->ctx = NULL;
+        ctx->ack = NULL;
+    }
+
+    if (ctx->hold.timer_set) {
+        ngx_del_timer(&ctx->hold);
+    }
+
     ngx_http_idem_wait_stop(ctx);
     ngx_http_idem_abandon(ctx->request, ctx);
 }

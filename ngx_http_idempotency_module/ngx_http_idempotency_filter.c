@@ -10,6 +10,8 @@
 static ngx_http_output_header_filter_pt  ngx_http_next_header_filter;
 static ngx_http_output_body_filter_pt    ngx_http_next_body_filter;
 
+static void ngx_http_idem_hold_release(ngx_http_idem_ctx_t *ctx);
+
 
 /* not end-to-end, or meaningless to replay (RFC 9110 section 7.6.1) */
 static ngx_str_t  ngx_http_idem_never_stored[] = {
@@ -155,6 +157,16 @@ ngx_http_idem_releases(ngx_http_idem_loc_conf_t *lcf, ngx_uint_t status)
 }
 
 
+/* NGX_OK: the response's end is to wait for the answer */
+static ngx_int_t
+ngx_http_idem_complete(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
+{
+    ctx->closed = ngx_http_idem_hold_release;
+
+    return ngx_http_idem_finish(r, ctx, NGX_HTTP_IDEM_END_COMPLETE);
+}
+
+
 static ngx_int_t
 ngx_http_idem_header_filter(ngx_http_request_t *r)
 {
@@ -202,8 +214,8 @@ ngx_http_idem_header_filter(ngx_http_request_t *r)
     if (ctx->status == NGX_HTTP_NO_CONTENT
         || ctx->status == NGX_HTTP_NOT_MODIFIED || r->header_only)
     {
-        /* no body filter call will follow */
-        ngx_http_idem_finish(r, ctx, NGX_HTTP_IDEM_END_COMPLETE);
+        /* no body but the last buffer follows: that one is held */
+        (void) ngx_http_idem_complete(r, ctx);
         return ngx_http_next_header_filter(r);
     }
 
@@ -256,8 +268,212 @@ ngx_http_idem_capture_buf(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
 
     *ctx->last = cl;
     ctx->last = &cl->next;
+    ctx->tail = cl;
 
     return NGX_OK;
+}
+
+
+/*
+ * Holding the response's end until Redis has acknowledged the record: a
+ * client that has read the whole response and retries at once then finds
+ * it completed, never in progress.  What is held is the chain with the
+ * last buffer (for a proxied response, the empty one nginx sends at the
+ * end); everything before it has gone on.  The upstream's buffers in it
+ * stay unconsumed, so nothing reuses them meanwhile.
+ */
+
+static void
+ngx_http_idem_hold_release(ngx_http_idem_ctx_t *ctx)
+{
+    ngx_chain_t         *held;
+    ngx_http_request_t  *r;
+
+    r = ctx->request;
+
+    if (ctx->ack) {
+        ctx->ack->ctx = NULL;
+        ctx->ack = NULL;
+    }
+
+    if (ctx->hold.timer_set) {
+        ngx_del_timer(&ctx->hold);
+    }
+
+    held = ctx->held;
+
+    if (held == NULL) {
+        return;
+    }
+
+    ctx->held = NULL;
+    r->buffered &= ~NGX_HTTP_IDEM_BUFFERED;
+
+    (void) ngx_http_next_body_filter(r, held);
+
+    /* nginx's writer sends the rest and finalizes the request */
+    ngx_post_event(r->connection->write, &ngx_posted_events);
+}
+
+
+static void
+ngx_http_idem_hold_timeout(ngx_event_t *ev)
+{
+    ngx_http_idem_ctx_t  *ctx = ev->data;
+
+    ngx_log_error(NGX_LOG_WARN, ev->log, 0,
+                  "idempotency: the record of key \"%V\" was not "
+                  "acknowledged in time; the response is sent, and a retry "
+                  "may find the record in progress", &ctx->key);
+
+    ngx_http_idem_hold_release(ctx);
+}
+
+
+static ngx_uint_t
+ngx_http_idem_has_last(ngx_chain_t *in)
+{
+    for ( /* void */ ; in; in = in->next) {
+        if (in->buf->last_buf) {
+            return 1;
+        }
+    }
+
+    return 0;
+}
+
+
+static ngx_int_t
+ngx_http_idem_hold(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
+    ngx_chain_t *in)
+{
+    ngx_int_t     rc;
+    ngx_chain_t  *cl, **ll;
+
+    for (ll = &ctx->held; *ll; ll = &(*ll)->next) { /* void */ }
+
+    for ( /* void */ ; in; in = in->next) {
+        cl = ngx_alloc_chain_link(r->pool);
+        if (cl == NULL) {
+            return NGX_ERROR;
+        }
+
+        cl->buf = in->buf;
+        cl->next = NULL;
+        *ll = cl;
+        ll = &cl->next;
+    }
+
+    if (!ctx->hold.timer_set) {
+        ctx->hold.handler = ngx_http_idem_hold_timeout;
+        ctx->hold.data = ctx;
+        ctx->hold.log = r->connection->log;
+        ngx_add_timer(&ctx->hold, ctx->conf->redis->timeout);
+    }
+
+    r->buffered |= NGX_HTTP_IDEM_BUFFERED;
+
+    /* what went on before may still wait in the write filter */
+    rc = ngx_http_next_body_filter(r, NULL);
+
+    return rc == NGX_ERROR ? NGX_ERROR : NGX_AGAIN;
+}
+
+
+/*
+ * The response's last bytes must not reach the client before the record
+ * is stored, and with a Content-Length the client needs no last buffer to
+ * know it has them.  So the last data of each chain is withheld until the
+ * next chain comes (or the end, which is held): it is taken from the
+ * producer's buffer (consumed, so that the buffer is free again: holding
+ * on to it could stall a proxy_buffering off upstream) and sent from the
+ * copy the record stores.  A body over idempotency_store_max has no such
+ * copy; only its last buffer is held (docs/directives.md).
+ */
+static ngx_int_t
+ngx_http_idem_withhold(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
+    ngx_chain_t *in, ngx_uint_t last, ngx_chain_t **out)
+{
+    ngx_buf_t    *b;
+    ngx_chain_t  *cl, *hide, *ln, **ll;
+
+    hide = NULL;
+
+    for (cl = in; cl && !last && !ctx->too_large && ctx->tail; cl = cl->next) {
+        if (ngx_buf_in_memory(cl->buf) && ngx_buf_size(cl->buf) > 0) {
+            hide = cl;
+        }
+    }
+
+    ll = out;
+
+    if (ctx->pending) {
+        *ll = ctx->pending;
+        ll = &ctx->pending->next;
+        ctx->pending = NULL;
+    }
+
+    for (cl = in; cl; cl = cl->next) {
+        if (cl == hide) {
+            continue;
+        }
+
+        ln = ngx_alloc_chain_link(r->pool);
+        if (ln == NULL) {
+            return NGX_ERROR;
+        }
+
+        ln->buf = cl->buf;
+        *ll = ln;
+        ll = &ln->next;
+    }
+
+    *ll = NULL;
+
+    if (hide == NULL) {
+        return NGX_OK;
+    }
+
+    b = ngx_calloc_buf(r->pool);
+    ln = ngx_alloc_chain_link(r->pool);
+    if (b == NULL || ln == NULL) {
+        return NGX_ERROR;
+    }
+
+    b->pos = ctx->tail->buf->pos;
+    b->last = ctx->tail->buf->last;
+    b->memory = 1;
+    b->flush = hide->buf->flush;
+    b->tag = (ngx_buf_tag_t) &ngx_http_idempotency_module;
+
+    hide->buf->pos = hide->buf->last;
+
+    ln->buf = b;
+    ln->next = NULL;
+    ctx->pending = ln;
+
+    return NGX_OK;
+}
+
+
+/* while the record's answer is awaited or the end is held */
+static ngx_int_t
+ngx_http_idem_body_holding(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
+    ngx_chain_t *in)
+{
+    ngx_int_t  rc;
+
+    if (in && ngx_http_idem_has_last(in)) {
+        return ngx_http_idem_hold(r, ctx, in);
+    }
+
+    rc = ngx_http_next_body_filter(r, in);
+
+    if (ctx->held && rc != NGX_ERROR) {
+        return NGX_AGAIN;
+    }
+
+    return rc;
 }
 
 
@@ -265,16 +481,20 @@ static ngx_int_t
 ngx_http_idem_body_filter(ngx_http_request_t *r, ngx_chain_t *in)
 {
     ngx_uint_t            last;
-    ngx_chain_t          *cl;
+    ngx_chain_t          *cl, *out;
     ngx_http_idem_ctx_t  *ctx;
 
-    if (r != r->main || in == NULL) {
+    if (r != r->main) {
         return ngx_http_next_body_filter(r, in);
     }
 
     ctx = ngx_http_idem_get_ctx(r);
 
-    if (ctx == NULL || !ctx->capturing
+    if (ctx && (ctx->ack || ctx->held)) {
+        return ngx_http_idem_body_holding(r, ctx, in);
+    }
+
+    if (ctx == NULL || in == NULL || !ctx->capturing
         || ctx->end != NGX_HTTP_IDEM_END_NONE)
     {
         return ngx_http_next_body_filter(r, in);
@@ -293,6 +513,11 @@ ngx_http_idem_body_filter(ngx_http_request_t *r, ngx_chain_t *in)
         }
     }
 
+    if (ngx_http_idem_withhold(r, ctx, in, last, &out) != NGX_OK) {
+        ngx_http_idem_finish(r, ctx, NGX_HTTP_IDEM_END_FAIL);
+        return NGX_ERROR;
+    }
+
     if (last) {
         if (ctx->content_length >= 0
             && (off_t) ctx->body_size != ctx->content_length)
@@ -300,12 +525,12 @@ ngx_http_idem_body_filter(ngx_http_request_t *r, ngx_chain_t *in)
             /* a body shorter than announced is not a final response */
             ngx_http_idem_finish(r, ctx, NGX_HTTP_IDEM_END_FAIL);
 
-        } else {
-            ngx_http_idem_finish(r, ctx, NGX_HTTP_IDEM_END_COMPLETE);
+        } else if (ngx_http_idem_complete(r, ctx) == NGX_OK) {
+            return ngx_http_idem_hold(r, ctx, out);
         }
     }
 
-    return ngx_http_next_body_filter(r, in);
+    return ngx_http_next_body_filter(r, out);
 }
 
 

@@ -393,7 +393,7 @@ ngx_http_idem_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
 
     ngx_conf_merge_bitmask_value(conf->methods, prev->methods,
                                  NGX_CONF_BITMASK_SET
-                                 |NGX_HTTP_POST|NGX_HTTP_PATCH);
+                                 |NGX_HTTP_POST|NGX_HTTP_PUT|NGX_HTTP_PATCH);
 
     ngx_conf_merge_str_value(conf->key_header, prev->key_header,
                              "Idempotency-Key");

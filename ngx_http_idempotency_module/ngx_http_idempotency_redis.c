@@ -957,7 +957,8 @@ ngx_http_idem_resend(ngx_http_idem_redis_t *rd)
         rd->resend_n--;
         rd->resend_size -= cmd->size;
 
-        (void) ngx_http_idem_cmd_send(cmd, cmd->handler, NULL);
+        cmd->resent = 1;
+        (void) ngx_http_idem_cmd_send(cmd, cmd->handler, cmd->data);
     }
 }
 
@@ -1092,7 +1093,13 @@ ngx_http_idem_cmd_send(ngx_http_idem_cmd_t *cmd,
     {
         /* not written: no callback will ever come for this one */
         if (ngx_http_idem_resend_later(cmd) == NGX_OK) {
-            return NGX_OK;
+            return NGX_AGAIN;
+        }
+
+        if (cmd->resent && !cmd->told && cmd->handler) {
+            /* its sender is long gone: the handler is the one to know */
+            cmd->told = 1;
+            cmd->handler(cmd, NULL);
         }
 
         ngx_free(cmd);

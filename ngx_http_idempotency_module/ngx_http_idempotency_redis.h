@@ -124,6 +124,7 @@ struct ngx_http_idem_cmd_s {
     unsigned                     durable:1; /* sent again after a loss */
     unsigned                     eval:1;    /* resent as EVAL (NOSCRIPT) */
     unsigned                     told:1;    /* the handler has run */
+    unsigned                     resent:1;  /* from the resend queue */
 };
 
 
@@ -169,8 +170,9 @@ ngx_str_t ngx_http_idem_cmd_key(ngx_http_idem_cmd_t *cmd);
 
 /*
  * NGX_OK: the handler will be called once (or, with handler NULL, the
- * command is just sent).  NGX_ERROR: nothing was sent and the command is
- * freed; a durable command is then kept for later instead when it can be.
+ * command is just sent).  NGX_AGAIN: a durable command that could not be
+ * written now is kept and sent once Redis is back; its handler is called
+ * then.  NGX_ERROR: nothing was sent and the command is freed.
  */
 ngx_int_t ngx_http_idem_cmd_send(ngx_http_idem_cmd_t *cmd,
     ngx_http_idem_reply_pt handler, void *data);

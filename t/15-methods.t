@@ -48,8 +48,7 @@ sub untouched {
 
 untouched(GET => '/items', 'GET with a key');
 untouched(GET => '/items?x=1', 'GET with a query and a key');
-untouched(PUT => '/items/1', 'PUT (not in the default POST PATCH)', json => { a => 1 });
-untouched(DELETE => '/items/1', 'DELETE (not in the default POST PATCH)');
+untouched(DELETE => '/items/1', 'DELETE (not in the default POST PUT PATCH)');
 untouched(OPTIONS => '/items', 'OPTIONS');
 untouched(POST => '/put-delete/items', 'POST where methods are PUT DELETE', json => { a => 1 });
 untouched(PATCH => '/put-delete/items', 'PATCH where methods are PUT DELETE', json => { a => 1 });
@@ -57,6 +56,7 @@ untouched(POST => '/off/items', 'POST with idempotency off', json => { a => 1 })
 
 # the configured methods are handled
 for my $c ([ PATCH => '/items/2', 'PATCH (default)' ],
+           [ PUT => '/items/4', 'PUT (default)' ],
            [ POST => '/items', 'POST (default)' ],
            [ PUT => '/put-delete/items/3', 'PUT (configured)' ],
            [ DELETE => '/put-delete/items/3', 'DELETE (configured)' ]) {
@@ -66,6 +66,9 @@ for my $c ([ PATCH => '/items/2', 'PATCH (default)' ],
     is($a->{status}, 201, "$what: executes");
     my $b = $t->http($method => $path, key => $k, json => { a => 1 });
     is($b->{headers}{'idempotent-replayed'}, 'true', "$what: retry replays");
+    my $c = $t->http($method => $path, key => $k, json => { a => 2 });
+    is($c->{status}, 409, "$what: the key reused with a changed body is refused");
+    like($c->{headers}{'content-type'} // '', qr{^application/problem\+json}, "$what: as problem+json");
     is($t->effects(key => $k), 1, "$what: one effect");
 }
 
