@@ -30,7 +30,7 @@ TEST_HDRS := t/unit/jcs_tree.h t/unit/mem_sink.h t/unit/tap.h
 
 # the cross-check with a second parser (Debian's libjansson-dev)
 $(BUILD)/unit/test_jansson: UNIT_LIBS += -ljansson
-TOOLS     := $(BUILD)/idempotency-fingerprint
+TOOLS     := $(BUILD)/idempotency-fingerprint $(BUILD)/idempotency-call
 
 .PHONY: all module unit tools test demo clean
 
@@ -67,6 +67,12 @@ tools: $(TOOLS)
 $(BUILD)/idempotency-fingerprint: tools/idempotency-fingerprint.c $(CORE_SRCS) $(CORE_HDRS)
 	@mkdir -p $(BUILD)
 	$(CC) $(CFLAGS) -I$(MODDIR) -o $@ $< $(CORE_SRCS) $(CORE_LIBS)
+
+# libcurl (libcurl4-openssl-dev) for HTTP; of the core only the text layer
+$(BUILD)/idempotency-call: tools/idempotency-call.c $(MODDIR)/idem_text.c $(MODDIR)/idem_text.h
+	@mkdir -p $(BUILD)
+	$(CC) $(CFLAGS) -I$(MODDIR) $(shell pkg-config --cflags libcurl) -o $@ $< \
+	    $(MODDIR)/idem_text.c $(shell pkg-config --libs libcurl) -lcjson -lcrypto
 
 test: all
 	$(PROVE) t/
