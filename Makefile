@@ -2,6 +2,8 @@
 #   make            build build/ngx_http_idempotency_module.so
 #   make test       build everything and run the prove suite
 #   make demo       build, start Redis + nginx + a demo upstream, show a replay
+#   make deb        the Debian packages (debian/), unsigned, in build/deb/,
+#                   then lintian (fails on errors only)
 
 NGX_SRC   ?= /usr/share/nginx/src
 BUILD     := $(CURDIR)/build
@@ -30,9 +32,9 @@ TEST_HDRS := t/unit/jcs_tree.h t/unit/mem_sink.h t/unit/tap.h
 
 # the cross-check with a second parser (Debian's libjansson-dev)
 $(BUILD)/unit/test_jansson: UNIT_LIBS += -ljansson
-TOOLS     := $(BUILD)/idempotency-fingerprint
+TOOLS     := $(BUILD)/idempotency-fingerprint $(BUILD)/idempotency-call
 
-.PHONY: all module unit tools test demo clean
+.PHONY: all module unit tools test demo deb clean
 
 all: module unit tools
 
@@ -66,13 +68,35 @@ tools: $(TOOLS)
 
 $(BUILD)/idempotency-fingerprint: tools/idempotency-fingerprint.c $(CORE_SRCS) $(CORE_HDRS)
 	@mkdir -p $(BUILD)
-	$(CC) $(CFLAGS) -I$(MODDIR) -o $@ $< $(CORE_SRCS) $(CORE_LIBS)
+	$(CC) $(CFLAGS) $(CPPFLAGS) -I$(MODDIR) -o $@ $< $(CORE_SRCS) $(LDFLAGS) $(CORE_LIBS)
+
+# libcurl (libcurl4-openssl-dev) for HTTP; of the core only the text layer
+$(BUILD)/idempotency-call: tools/idempotency-call.c $(MODDIR)/idem_text.c $(MODDIR)/idem_text.h
+	@mkdir -p $(BUILD)
+	$(CC) $(CFLAGS) $(CPPFLAGS) -I$(MODDIR) $(shell pkg-config --cflags libcurl) -o $@ $< \
+	    $(MODDIR)/idem_text.c $(LDFLAGS) $(shell pkg-config --libs libcurl) -lcjson -lcrypto
 
 test: all
 	$(PROVE) t/
 
 demo: all
 	./demo/run
+
+# dpkg-buildpackage writes its results next to the source tree, so it runs
+# on a copy in build/deb/src: the packages land in build/deb/, nothing
+# outside the repository is touched, and the tree itself stays clean.
+DEB_SRC := $(BUILD)/deb/src/ngx-http-idempotency
+
+deb:
+	rm -rf $(BUILD)/deb
+	mkdir -p $(DEB_SRC)
+	tar -C $(CURDIR) --exclude=./build --exclude=./build-asan --exclude=./.git \
+	    --exclude='./obj-*' -cf - . | tar -C $(DEB_SRC) -xf -
+	cd $(DEB_SRC) && dpkg-buildpackage -us -uc -b
+	mv $(BUILD)/deb/src/*.deb $(BUILD)/deb/src/*.changes $(BUILD)/deb/src/*.buildinfo \
+	    $(BUILD)/deb/
+	lintian --fail-on error $(BUILD)/deb/*.changes
+	@ls -l $(BUILD)/deb/*.deb
 
 clean:
 	rm -rf $(BUILD)
