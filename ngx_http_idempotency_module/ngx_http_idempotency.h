@@ -22,6 +22,10 @@
 /* idempotency_thread_pool: smaller JSON bodies are not worth a hand-off */
 #define NGX_HTTP_IDEM_THREAD_MIN      (32 * 1024)
 
+/* idempotency_redis_wait */
+#define NGX_HTTP_IDEM_WAIT_REPLICAS_TIMEOUT  100
+#define NGX_HTTP_IDEM_WAIT_REPLICAS_MAX      64
+
 #define NGX_HTTP_IDEM_FAILURE_CLOSED  0
 #define NGX_HTTP_IDEM_FAILURE_OPEN    1
 
@@ -49,6 +53,8 @@ typedef struct {
     ngx_array_t                 *fp_headers;       /* ngx_str_t, lowercase */
     ngx_array_t                 *release_statuses; /* ngx_uint_t */
     ngx_msec_t                   wait;
+    ngx_uint_t                   wait_replicas;    /* 0: no WAIT */
+    ngx_msec_t                   wait_replicas_timeout;
     ngx_uint_t                   ops;    /* status or admin location */
 #if (NGX_THREADS)
     ngx_thread_pool_t           *thread_pool;      /* NULL: off */
@@ -95,6 +101,7 @@ typedef enum {
     NGX_HTTP_IDEM_ANS_UNKNOWN,
     NGX_HTTP_IDEM_ANS_RELEASED,      /* the attempt waited on: "later" */
     NGX_HTTP_IDEM_ANS_STORE_DOWN,    /* no reply: connection, timeout */
+    NGX_HTTP_IDEM_ANS_NOT_REPLICATED,   /* claimed, then released: WAIT */
     NGX_HTTP_IDEM_ANS_STORE_ERROR    /* a reply we do not understand */
 } ngx_http_idem_answer_e;
 
@@ -121,6 +128,7 @@ typedef enum {
     NGX_HTTP_IDEM_P_NOT_STORED,
     NGX_HTTP_IDEM_P_STORE_DOWN,
     NGX_HTTP_IDEM_P_STORE_ERROR,
+    NGX_HTTP_IDEM_P_NOT_REPLICATED,
     NGX_HTTP_IDEM_P_NOT_FOUND,
     NGX_HTTP_IDEM_P_NOT_RESOLVABLE,
     NGX_HTTP_IDEM_P_BAD_ADMIN,
@@ -199,6 +207,9 @@ struct ngx_http_idem_ctx_s {
     ngx_event_t                  hold;
     ngx_http_idem_ack_t         *ack;
     void                       (*closed)(ngx_http_idem_ctx_t *ctx);
+
+    /* a claim or a completion waiting for replicas (idempotency_redis_wait) */
+    ngx_http_idem_replicas_t     replicas;
 
     /* waiting for an in-flight duplicate to finish (idempotency_wait) */
     ngx_http_idem_waiter_t       waiter;

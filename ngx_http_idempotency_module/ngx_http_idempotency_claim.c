@@ -463,10 +463,86 @@ ngx_http_idem_claim_orphan(ngx_http_idem_cmd_t *cmd, redisReply *reply)
 }
 
 
+/* the request goes on with the claim's answer (r may be freed inside) */
+static void
+ngx_http_idem_claim_answered(ngx_http_idem_ctx_t *ctx)
+{
+    ngx_connection_t    *c;
+    ngx_http_request_t  *r;
+
+    r = ctx->request;
+    c = r->connection;
+
+    ctx->phase = NGX_HTTP_IDEM_ANSWERED;
+
+    ngx_http_core_run_phases(r);
+    ngx_http_run_posted_requests(c);
+}
+
+
+/*
+ * A claim that the replicas did not have in time is given up before the
+ * upstream sees anything: after a failover it could be lost, and the key
+ * executed twice.  Released, the key is free for the client's retry.
+ */
+static void
+ngx_http_idem_claim_unreplicated(ngx_http_request_t *r,
+    ngx_http_idem_ctx_t *ctx, ngx_int_t acked)
+{
+    ngx_log_error(NGX_LOG_WARN, r->connection->log, 0,
+                  "idempotency: the claim of key \"%V\" reached %i of %ui "
+                  "replicas within %Mms; it is released and answered 503",
+                  &ctx->key, ngx_max(acked, 0), ctx->conf->wait_replicas,
+                  ctx->conf->wait_replicas_timeout);
+
+    ctx->answer = NGX_HTTP_IDEM_ANS_NOT_REPLICATED;
+    (void) ngx_http_idem_finish(r, ctx, NGX_HTTP_IDEM_END_RELEASE);
+}
+
+
+static void
+ngx_http_idem_claim_replicated(ngx_http_idem_replicas_t *w, ngx_int_t acked)
+{
+    ngx_http_idem_ctx_t  *ctx = w->data;
+
+    if (acked < (ngx_int_t) ctx->conf->wait_replicas) {
+        ngx_http_idem_claim_unreplicated(ctx->request, ctx, acked);
+    }
+
+    ngx_http_idem_claim_answered(ctx);
+}
+
+
+/* NGX_OK: the answer waits for WAIT (idempotency_redis_wait) */
+static ngx_int_t
+ngx_http_idem_claim_replicate(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
+{
+    if (ctx->answer != NGX_HTTP_IDEM_ANS_CLAIMED
+        || ctx->conf->wait_replicas == 0)
+    {
+        return NGX_DECLINED;
+    }
+
+    ctx->replicas.handler = ngx_http_idem_claim_replicated;
+    ctx->replicas.data = ctx;
+
+    if (ngx_http_idem_replicas_wait(ctx->conf->redis, &ctx->replicas,
+                                    ctx->conf->wait_replicas,
+                                    ctx->conf->wait_replicas_timeout)
+        == NGX_OK)
+    {
+        return NGX_OK;
+    }
+
+    ngx_http_idem_claim_unreplicated(r, ctx, -1);
+
+    return NGX_DECLINED;
+}
+
+
 static void
 ngx_http_idem_claim_done(ngx_http_idem_cmd_t *cmd, redisReply *reply)
 {
-    ngx_connection_t     *c;
     ngx_http_request_t   *r;
     ngx_http_idem_ctx_t  *ctx;
 
@@ -482,7 +558,6 @@ ngx_http_idem_claim_done(ngx_http_idem_cmd_t *cmd, redisReply *reply)
 
     ctx->cmd = NULL;
     r = ctx->request;
-    c = r->connection;
 
     ngx_str_null(&ctx->state);
 
@@ -496,9 +571,9 @@ ngx_http_idem_claim_done(ngx_http_idem_cmd_t *cmd, redisReply *reply)
         ctx->answer = NGX_HTTP_IDEM_ANS_STORE_DOWN;
     }
 
-    ctx->phase = NGX_HTTP_IDEM_ANSWERED;
+    if (ngx_http_idem_claim_replicate(r, ctx) == NGX_OK) {
+        return;
+    }
 
-    /* r may be freed inside: only c is touched afterwards */
-    ngx_http_core_run_phases(r);
-    ngx_http_run_posted_requests(c);
+    ngx_http_idem_claim_answered(ctx);
 }

@@ -81,6 +81,54 @@ ngx_http_idem_closed_log(ngx_http_idem_cmd_t *cmd, redisReply *reply)
 }
 
 
+/*
+ * A completion the replicas did not have in time is kept: the response
+ * was the upstream's and goes out; a failover now may lose the record,
+ * and that is what the log line is for.
+ */
+static void
+ngx_http_idem_closed_replicated(ngx_http_idem_replicas_t *w, ngx_int_t acked)
+{
+    ngx_http_idem_ctx_t  *ctx = w->data;
+
+    if (acked < (ngx_int_t) ctx->conf->wait_replicas) {
+        ngx_log_error(NGX_LOG_WARN, ctx->request->connection->log, 0,
+                      "idempotency: the record of key \"%V\" reached %i of "
+                      "%ui replicas within %Mms; it is kept, and a failover "
+                      "before the replicas have it may lose it",
+                      &ctx->key, ngx_max(acked, 0), ctx->conf->wait_replicas,
+                      ctx->conf->wait_replicas_timeout);
+    }
+
+    ctx->closed(ctx);
+}
+
+
+/* with idempotency_redis_wait, the answer waits for the replicas too */
+static void
+ngx_http_idem_closed_replicate(ngx_http_idem_ctx_t *ctx, redisReply *reply)
+{
+    if (ctx->conf->wait_replicas == 0
+        || reply == NULL || reply->type != REDIS_REPLY_INTEGER
+        || idem_close_decode(reply->integer) != IDEM_CLOSE_DONE)
+    {
+        ctx->closed(ctx);
+        return;
+    }
+
+    ctx->replicas.handler = ngx_http_idem_closed_replicated;
+    ctx->replicas.data = ctx;
+
+    if (ngx_http_idem_replicas_wait(ctx->conf->redis, &ctx->replicas,
+                                    ctx->conf->wait_replicas,
+                                    ctx->conf->wait_replicas_timeout)
+        != NGX_OK)
+    {
+        ngx_http_idem_closed_replicated(&ctx->replicas, -1);
+    }
+}
+
+
 /* a request that holds its response's end for this answer hears of it */
 static void
 ngx_http_idem_closed(ngx_http_idem_cmd_t *cmd, redisReply *reply)
@@ -102,7 +150,7 @@ ngx_http_idem_closed(ngx_http_idem_cmd_t *cmd, redisReply *reply)
 
     if (ctx) {
         ctx->ack = NULL;
-        ctx->closed(ctx);
+        ngx_http_idem_closed_replicate(ctx, reply);
     }
 }
 

@@ -28,6 +28,16 @@ ngx_http_idem_cleanup(void *data)
         ngx_del_timer(&ctx->hold);
     }
 
+    if (ctx->replicas.linked) {
+        ngx_http_idem_replicas_cancel(&ctx->replicas);
+
+        if (ctx->phase == NGX_HTTP_IDEM_CLAIMING) {
+            /* a claim waiting for its replicas: nobody will use it */
+            (void) ngx_http_idem_finish(ctx->request, ctx,
+                                        NGX_HTTP_IDEM_END_RELEASE);
+        }
+    }
+
     ngx_http_idem_wait_stop(ctx);
     ngx_http_idem_abandon(ctx->request, ctx);
 }

@@ -296,6 +296,8 @@ ngx_http_idem_hold_release(ngx_http_idem_ctx_t *ctx)
         ctx->ack = NULL;
     }
 
+    ngx_http_idem_replicas_cancel(&ctx->replicas);
+
     if (ctx->hold.timer_set) {
         ngx_del_timer(&ctx->hold);
     }
@@ -368,7 +370,9 @@ ngx_http_idem_hold(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
         ctx->hold.handler = ngx_http_idem_hold_timeout;
         ctx->hold.data = ctx;
         ctx->hold.log = r->connection->log;
-        ngx_add_timer(&ctx->hold, ctx->conf->redis->timeout);
+        ngx_add_timer(&ctx->hold, ctx->conf->redis->timeout
+                                  + (ctx->conf->wait_replicas
+                                     ? ctx->conf->wait_replicas_timeout : 0));
     }
 
     r->buffered |= NGX_HTTP_IDEM_BUFFERED;

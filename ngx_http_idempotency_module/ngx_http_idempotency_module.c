@@ -16,6 +16,8 @@ static char *ngx_http_idem_enable(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 static char *ngx_http_idem_redis(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
+static char *ngx_http_idem_redis_wait(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
 static char *ngx_http_idem_methods(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 static char *ngx_http_idem_lowercase_list(ngx_conf_t *cf, ngx_command_t *cmd,
@@ -69,6 +71,13 @@ static ngx_command_t  ngx_http_idem_commands[] = {
     { ngx_string("idempotency_redis"),
       NGX_HTTP_IDEM_CONF_ANY|NGX_CONF_1MORE,
       ngx_http_idem_redis,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      0,
+      NULL },
+
+    { ngx_string("idempotency_redis_wait"),
+      NGX_HTTP_IDEM_CONF_ANY|NGX_CONF_TAKE12,
+      ngx_http_idem_redis_wait,
       NGX_HTTP_LOC_CONF_OFFSET,
       0,
       NULL },
@@ -267,6 +276,8 @@ ngx_http_idem_create_loc_conf(ngx_conf_t *cf)
     conf->ttl = NGX_CONF_UNSET;
     conf->lease = NGX_CONF_UNSET_MSEC;
     conf->wait = NGX_CONF_UNSET_MSEC;
+    conf->wait_replicas = NGX_CONF_UNSET_UINT;
+    conf->wait_replicas_timeout = NGX_CONF_UNSET_MSEC;
     conf->conflict_status = NGX_CONF_UNSET_UINT;
     conf->store_max = NGX_CONF_UNSET_SIZE;
     conf->store_headers = NGX_CONF_UNSET_PTR;
@@ -379,6 +390,40 @@ ngx_http_idem_default_releases(ngx_conf_t *cf)
 }
 
 
+/* the replica count and its timeout are one directive, inherited together */
+static char *
+ngx_http_idem_merge_redis_wait(ngx_conf_t *cf, ngx_http_idem_loc_conf_t *prev,
+    ngx_http_idem_loc_conf_t *conf)
+{
+    if (conf->wait_replicas == NGX_CONF_UNSET_UINT) {
+        conf->wait_replicas = prev->wait_replicas;
+        conf->wait_replicas_timeout = prev->wait_replicas_timeout;
+    }
+
+    ngx_conf_merge_uint_value(conf->wait_replicas, NGX_CONF_UNSET_UINT, 0);
+    ngx_conf_merge_msec_value(conf->wait_replicas_timeout,
+                              NGX_CONF_UNSET_MSEC,
+                              NGX_HTTP_IDEM_WAIT_REPLICAS_TIMEOUT);
+
+    /*
+     * Redis answers WAIT when its timeout is up; every command queued
+     * behind it on the connection waits that long, and must not time out.
+     */
+    if (conf->enable && conf->wait_replicas && conf->redis
+        && conf->wait_replicas_timeout >= conf->redis->timeout)
+    {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"idempotency_redis_wait\" timeout %Mms must be "
+                           "shorter than the timeout= of redis %V (%Mms)",
+                           conf->wait_replicas_timeout, &conf->redis->name,
+                           conf->redis->timeout);
+        return NGX_CONF_ERROR;
+    }
+
+    return NGX_CONF_OK;
+}
+
+
 static char *
 ngx_http_idem_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
 {
@@ -436,7 +481,9 @@ ngx_http_idem_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
     ngx_conf_merge_size_value(conf->thread_min, NGX_CONF_UNSET_SIZE,
                               NGX_HTTP_IDEM_THREAD_MIN);
 
-    if (ngx_http_idem_check_fp_headers(cf, conf) != NGX_CONF_OK) {
+    if (ngx_http_idem_check_fp_headers(cf, conf) != NGX_CONF_OK
+        || ngx_http_idem_merge_redis_wait(cf, prev, conf) != NGX_CONF_OK)
+    {
         return NGX_CONF_ERROR;
     }
 
@@ -687,6 +734,61 @@ ngx_http_idem_release_statuses(ngx_conf_t *cf, ngx_command_t *cmd,
 
         *s = (ngx_uint_t) n;
     }
+
+    return NGX_CONF_OK;
+}
+
+
+/* idempotency_redis_wait off | replicas [timeout] */
+static char *
+ngx_http_idem_redis_wait(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_http_idem_loc_conf_t *lcf = conf;
+
+    ngx_int_t   n;
+    ngx_msec_t  t;
+    ngx_str_t  *value;
+
+    if (lcf->wait_replicas != NGX_CONF_UNSET_UINT) {
+        return "is duplicate";
+    }
+
+    value = cf->args->elts;
+
+    if (ngx_strcmp(value[1].data, "off") == 0) {
+        if (cf->args->nelts != 2) {
+            return "takes no timeout with \"off\"";
+        }
+
+        lcf->wait_replicas = 0;
+        lcf->wait_replicas_timeout = NGX_HTTP_IDEM_WAIT_REPLICAS_TIMEOUT;
+        return NGX_CONF_OK;
+    }
+
+    n = ngx_atoi(value[1].data, value[1].len);
+    if (n < 1 || n > NGX_HTTP_IDEM_WAIT_REPLICAS_MAX) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"%V\": invalid replica count \"%V\": "
+                           "\"off\" or 1 to %d", &cmd->name, &value[1],
+                           NGX_HTTP_IDEM_WAIT_REPLICAS_MAX);
+        return NGX_CONF_ERROR;
+    }
+
+    t = NGX_HTTP_IDEM_WAIT_REPLICAS_TIMEOUT;
+
+    if (cf->args->nelts == 3) {
+        /* WAIT 0 would block the connection until the replicas answer */
+        t = ngx_parse_time(&value[2], 0);
+        if (t == (ngx_msec_t) NGX_ERROR || t == 0) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "\"%V\": invalid timeout \"%V\": a time "
+                               "above 0, e.g. 100ms", &cmd->name, &value[2]);
+            return NGX_CONF_ERROR;
+        }
+    }
+
+    lcf->wait_replicas = (ngx_uint_t) n;
+    lcf->wait_replicas_timeout = t;
 
     return NGX_CONF_OK;
 }

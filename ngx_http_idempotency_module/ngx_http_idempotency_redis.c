@@ -634,6 +634,7 @@ ngx_http_idem_redis_init_process(ngx_cycle_t *cycle, ngx_array_t *servers,
         rd->scripts = scripts;
         ngx_queue_init(&rd->waiters);
         ngx_queue_init(&rd->resend);
+        ngx_queue_init(&rd->replicas);
 
         ngx_http_idem_link_init(&rd->cmd, rd, 0);
 
@@ -740,7 +741,7 @@ ngx_http_idem_cmd_alloc(ngx_http_idem_redis_t *rd, ngx_uint_t argc,
 {
     ngx_http_idem_cmd_t  *cmd;
 
-    size += IDEM_RECORD_KEY_LEN;
+    size += key ? IDEM_RECORD_KEY_LEN : 0;
 
     cmd = ngx_alloc(sizeof(ngx_http_idem_cmd_t)
                     + argc * (sizeof(char *) + sizeof(size_t)) + size, log);
@@ -760,8 +761,10 @@ ngx_http_idem_cmd_alloc(ngx_http_idem_redis_t *rd, ngx_uint_t argc,
     ngx_memzero(cmd->argv, argc * sizeof(char *));
     ngx_memzero(cmd->argvlen, argc * sizeof(size_t));
 
-    cmd->key = cmd->pos;
-    cmd->pos = ngx_cpymem(cmd->pos, key, IDEM_RECORD_KEY_LEN);
+    if (key) {
+        cmd->key = cmd->pos;
+        cmd->pos = ngx_cpymem(cmd->pos, key, IDEM_RECORD_KEY_LEN);
+    }
 
     return cmd;
 }
@@ -1108,7 +1111,7 @@ ngx_http_idem_cmd_send(ngx_http_idem_cmd_t *cmd,
 
     ngx_http_idem_event_init(&cmd->timer, ngx_http_idem_cmd_timeout, cmd,
                              rd->log, 0);
-    ngx_add_timer(&cmd->timer, rd->timeout);
+    ngx_add_timer(&cmd->timer, cmd->timeout ? cmd->timeout : rd->timeout);
 
     return NGX_OK;
 }
@@ -1171,7 +1174,9 @@ ngx_http_idem_redis_reply(redisAsyncContext *ac, void *r, void *privdata)
 
     if (!cmd->told && cmd->handler) {
         cmd->told = 1;
+        cmd->redis->replying = ac;
         cmd->handler(cmd, reply);
+        cmd->redis->replying = NULL;
     }
 
     ngx_free(cmd);
@@ -1229,4 +1234,121 @@ ngx_http_idem_reply_elements(redisReply *reply, idem_rv_t *el, size_t max)
     }
 
     return reply->elements;
+}
+
+
+/*
+ * WAIT blocks the connection in Redis until the replicas have every write
+ * sent on it before, so one WAIT in flight serves every write whose reply
+ * came before WAIT's: Redis ran those writes first.  Writes answered while
+ * a WAIT is in flight join it instead of queueing a WAIT each, which would
+ * hold the connection up to "timeout" per WAIT when a replica is gone.
+ */
+static ngx_str_t  ngx_http_idem_wait_cmd = ngx_string("WAIT");
+
+static void
+ngx_http_idem_replicas_done(ngx_http_idem_cmd_t *cmd, redisReply *reply)
+{
+    ngx_int_t                  acked;
+    ngx_queue_t                done, *q;
+    ngx_http_idem_redis_t     *rd;
+    ngx_http_idem_replicas_t  *w;
+
+    rd = cmd->redis;
+    rd->waiting_replicas = 0;
+
+    acked = (reply && reply->type == REDIS_REPLY_INTEGER)
+            ? (ngx_int_t) reply->integer : -1;
+
+    if (reply && reply->type == REDIS_REPLY_ERROR) {
+        ngx_log_error(NGX_LOG_ERR, rd->log, 0,
+                      "idempotency: redis %V: WAIT failed: %*s",
+                      &rd->name, (size_t) reply->len, reply->str);
+    }
+
+    /* a handler may send a write and wait again: that is the next WAIT's */
+    ngx_queue_init(&done);
+
+    if (!ngx_queue_empty(&rd->replicas)) {
+        ngx_queue_add(&done, &rd->replicas);
+        ngx_queue_init(&rd->replicas);
+    }
+
+    while (!ngx_queue_empty(&done)) {
+        q = ngx_queue_head(&done);
+        ngx_queue_remove(q);
+        w = ngx_queue_data(q, ngx_http_idem_replicas_t, queue);
+        w->linked = 0;
+        w->handler(w, acked);
+    }
+}
+
+
+static ngx_int_t
+ngx_http_idem_replicas_send(ngx_http_idem_redis_t *rd, ngx_uint_t replicas,
+    ngx_msec_t timeout)
+{
+    ngx_http_idem_cmd_t  *cmd;
+
+    cmd = ngx_http_idem_cmd_alloc(rd, 3, NULL, 2 * NGX_INT64_LEN, rd->log);
+    if (cmd == NULL) {
+        return NGX_ERROR;
+    }
+
+    cmd->script = NGX_HTTP_IDEM_NSCRIPTS;
+    cmd->arg0 = 1;
+    cmd->argv[0] = (const char *) ngx_http_idem_wait_cmd.data;
+    cmd->argvlen[0] = ngx_http_idem_wait_cmd.len;
+    ngx_http_idem_cmd_set_num(cmd, 0, (int64_t) replicas);
+    ngx_http_idem_cmd_set_num(cmd, 1, (int64_t) timeout);
+
+    /* Redis answers WAIT at "timeout": only a silent Redis times out here */
+    cmd->timeout = timeout + rd->timeout;
+
+    if (ngx_http_idem_cmd_send(cmd, ngx_http_idem_replicas_done, rd)
+        != NGX_OK)
+    {
+        return NGX_ERROR;
+    }
+
+    rd->waiting_replicas = 1;
+
+    return NGX_OK;
+}
+
+
+ngx_int_t
+ngx_http_idem_replicas_wait(ngx_http_idem_redis_t *rd,
+    ngx_http_idem_replicas_t *w, ngx_uint_t replicas, ngx_msec_t timeout)
+{
+    /*
+     * WAIT counts the writes of the connection it is sent on: the reply
+     * being handled must have come on the connection WAIT would go to.
+     */
+    if (rd->replying == NULL || rd->replying != rd->cmd.ac
+        || rd->cmd.state != NGX_HTTP_IDEM_REDIS_READY)
+    {
+        return NGX_ERROR;
+    }
+
+    if (!rd->waiting_replicas
+        && ngx_http_idem_replicas_send(rd, replicas, timeout) != NGX_OK)
+    {
+        return NGX_ERROR;
+    }
+
+    ngx_queue_insert_tail(&rd->replicas, &w->queue);
+    w->linked = 1;
+
+    return NGX_OK;
+}
+
+
+void
+ngx_http_idem_replicas_cancel(ngx_http_idem_replicas_t *w)
+{
+    if (w->linked) {
+        ngx_queue_remove(&w->queue);
+        w->linked = 0;
+    }
 }

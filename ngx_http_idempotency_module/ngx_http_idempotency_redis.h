@@ -33,6 +33,7 @@ typedef enum {
 typedef struct ngx_http_idem_redis_s  ngx_http_idem_redis_t;
 typedef struct ngx_http_idem_cmd_s    ngx_http_idem_cmd_t;
 typedef struct ngx_http_idem_waiter_s ngx_http_idem_waiter_t;
+typedef struct ngx_http_idem_replicas_s  ngx_http_idem_replicas_t;
 
 
 /*
@@ -78,6 +79,9 @@ struct ngx_http_idem_redis_s {
     ngx_queue_t                  waiters;       /* ngx_http_idem_waiter_t */
     ngx_queue_t                  resend;        /* ngx_http_idem_cmd_t */
     ngx_http_idem_cmd_t         *timing_out;
+    redisAsyncContext           *replying;      /* whose reply is handled */
+    ngx_queue_t                  replicas;      /* ngx_http_idem_replicas_t */
+    unsigned                     waiting_replicas:1;   /* a WAIT in flight */
     ngx_uint_t                   resend_n;
     size_t                       resend_size;
     unsigned                     exiting:1;
@@ -121,6 +125,7 @@ struct ngx_http_idem_cmd_s {
     u_char                      *pos;       /* next free byte for args */
     u_char                      *key;       /* IDEM_RECORD_KEY_LEN */
     ngx_uint_t                   arg0;      /* argv index of argument 0 */
+    ngx_msec_t                   timeout;   /* 0: the server's timeout */
     unsigned                     durable:1; /* sent again after a loss */
     unsigned                     eval:1;    /* resent as EVAL (NOSCRIPT) */
     unsigned                     told:1;    /* the handler has run */
@@ -135,6 +140,22 @@ struct ngx_http_idem_waiter_s {
     ngx_queue_t                  queue;
     const u_char                *key;       /* IDEM_RECORD_KEY_LEN bytes */
     ngx_http_idem_wake_pt        wake;
+    void                        *data;
+    unsigned                     linked:1;
+};
+
+
+/*
+ * A write waiting for replicas (idempotency_redis_wait).  "acked" is the
+ * number of replicas that had the write in time, -1 when WAIT got no
+ * answer.
+ */
+typedef void (*ngx_http_idem_replicas_pt)(ngx_http_idem_replicas_t *w,
+    ngx_int_t acked);
+
+struct ngx_http_idem_replicas_s {
+    ngx_queue_t                  queue;
+    ngx_http_idem_replicas_pt    handler;
     void                        *data;
     unsigned                     linked:1;
 };
@@ -181,6 +202,16 @@ ngx_int_t ngx_http_idem_cmd_send(ngx_http_idem_cmd_t *cmd,
 ngx_int_t ngx_http_idem_waiter_add(ngx_http_idem_redis_t *rd,
     ngx_http_idem_waiter_t *w);
 void ngx_http_idem_waiter_remove(ngx_http_idem_waiter_t *w);
+
+/*
+ * Called from the handler of a write's reply: WAIT for that write (and
+ * every earlier one of the connection) to reach the replicas; w's handler
+ * is called once.  NGX_ERROR: not possible on this connection, nothing
+ * will be called.
+ */
+ngx_int_t ngx_http_idem_replicas_wait(ngx_http_idem_redis_t *rd,
+    ngx_http_idem_replicas_t *w, ngx_uint_t replicas, ngx_msec_t timeout);
+void ngx_http_idem_replicas_cancel(ngx_http_idem_replicas_t *w);
 
 /* reply helpers */
 ngx_int_t ngx_http_idem_reply_str(redisReply *e, ngx_str_t *s);

@@ -67,6 +67,11 @@ static ngx_http_idem_problem_t  ngx_http_idem_problems[] = {
       "the idempotency store holds a record this module cannot "
       "read; nothing was executed" },
 
+    { "store-not-replicated", "Idempotency store not replicated in time",
+      NGX_HTTP_SERVICE_UNAVAILABLE, 1, 0, 0,
+      "the idempotency store did not copy the claim to enough replicas "
+      "in time; nothing was executed, retry with the same key" },
+
     { "not-found", "No record for this idempotency key",
       NGX_HTTP_NOT_FOUND, 0, 0, 0,
       "no request with this idempotency key is known in this scope" },
@@ -543,6 +548,11 @@ ngx_http_idem_send_answer(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
         problem = NGX_HTTP_IDEM_P_STORE_DOWN;
         break;
 
+    case NGX_HTTP_IDEM_ANS_NOT_REPLICATED:
+        ctx->outcome = NGX_HTTP_IDEM_OUT_REJECTED;
+        problem = NGX_HTTP_IDEM_P_NOT_REPLICATED;
+        break;
+
     default:
         ctx->outcome = NGX_HTTP_IDEM_OUT_REJECTED;
         problem = NGX_HTTP_IDEM_P_STORE_ERROR;
@@ -550,7 +560,8 @@ ngx_http_idem_send_answer(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
     }
 
     if (ctx->answer == NGX_HTTP_IDEM_ANS_STORE_DOWN
-        || ctx->answer == NGX_HTTP_IDEM_ANS_STORE_ERROR)
+        || ctx->answer == NGX_HTTP_IDEM_ANS_STORE_ERROR
+        || ctx->answer == NGX_HTTP_IDEM_ANS_NOT_REPLICATED)
     {
         /* the operation id drawn for the claim never reached a record */
         ngx_str_null(&ctx->op_id);

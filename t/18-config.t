@@ -41,7 +41,10 @@ for my $c (
         'idempotency_required on;', 'idempotency_scope $http_authorization;',
         'idempotency_ttl 1h;', 'idempotency_lease 30s;', 'idempotency_conflict_status 422;',
         'idempotency_store_max 512k;', 'idempotency_store_headers Location Content-Type X-Request-Id;',
-        'idempotency_store_failure open;', 'idempotency_fingerprint_headers X-Tenant Accept-Language;' ],
+        'idempotency_store_failure open;', 'idempotency_fingerprint_headers X-Tenant Accept-Language;',
+        'idempotency_redis_wait 1 1500ms;' ],
+    [ 'redis_wait off', "idempotency on; $R idempotency_redis_wait off;" ],
+    [ 'redis_wait with the default timeout', "idempotency on; $R idempotency_redis_wait 2;" ],
     [ 'unix socket', 'idempotency on; idempotency_redis unix:/tmp/no-such-redis.sock;' ],
     [ 'hostname', "idempotency on; idempotency_redis localhost:$dead;" ],
     [ 'IPv6 literal', "idempotency on; idempotency_redis [::1]:$dead;" ],
@@ -83,6 +86,16 @@ for my $c (
     [ 'thread pool off + size',  'idempotency_thread_pool',     "idempotency on; $R idempotency_thread_pool off min_size=1k;" ],
     [ 'thread pool twice',       'idempotency_thread_pool',     "idempotency on; $R idempotency_thread_pool default; idempotency_thread_pool off;" ],
     [ 'thread pool no value',    'idempotency_thread_pool',     "idempotency on; $R idempotency_thread_pool;" ],
+    [ 'redis_wait 0 replicas',   'idempotency_redis_wait',      "idempotency on; $R idempotency_redis_wait 0;" ],
+    [ 'redis_wait garbage',      'idempotency_redis_wait',      "idempotency on; $R idempotency_redis_wait many;" ],
+    [ 'redis_wait 65 replicas',  'idempotency_redis_wait',      "idempotency on; $R idempotency_redis_wait 65;" ],
+    [ 'redis_wait zero timeout', 'idempotency_redis_wait',      "idempotency on; $R idempotency_redis_wait 1 0;" ],
+    [ 'redis_wait bad timeout',  'idempotency_redis_wait',      "idempotency on; $R idempotency_redis_wait 1 soon;" ],
+    [ 'redis_wait timeout not below the redis timeout', 'idempotency_redis_wait',
+                                                                "idempotency on; $R idempotency_redis_wait 1 1s;" ],
+    [ 'redis_wait off + timeout', 'idempotency_redis_wait',     "idempotency on; $R idempotency_redis_wait off 100ms;" ],
+    [ 'redis_wait twice',        'idempotency_redis_wait',      "idempotency on; $R idempotency_redis_wait 1; idempotency_redis_wait 2;" ],
+    [ 'redis_wait three values', 'idempotency_redis_wait',      "idempotency on; $R idempotency_redis_wait 1 100ms 3;" ],
 ) {
     my ($what, $dir, $loc) = @$c;
     my ($rc, $out) = $t->nginx_test_conf(conf($loc));
