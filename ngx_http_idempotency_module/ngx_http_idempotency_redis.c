@@ -634,7 +634,6 @@ ngx_http_idem_redis_init_process(ngx_cycle_t *cycle, ngx_array_t *servers,
         rd->scripts = scripts;
         ngx_queue_init(&rd->waiters);
         ngx_queue_init(&rd->resend);
-        ngx_queue_init(&rd->replicas);
 
         ngx_http_idem_link_init(&rd->cmd, rd, 0);
 
@@ -1239,23 +1238,35 @@ ngx_http_idem_reply_elements(redisReply *reply, idem_rv_t *el, size_t max)
 
 /*
  * WAIT blocks the connection in Redis until the replicas have every write
- * sent on it before, so one WAIT in flight serves every write whose reply
+ * sent on it before, so a WAIT in flight serves every write whose reply
  * came before WAIT's: Redis ran those writes first.  Writes answered while
- * a WAIT is in flight join it instead of queueing a WAIT each, which would
- * hold the connection up to "timeout" per WAIT when a replica is gone.
+ * one is in flight join the last one sent, when it asks for as many
+ * replicas, instead of queueing a WAIT each, which would hold the
+ * connection up to "timeout" per WAIT when a replica is gone.
  */
+typedef struct {
+    ngx_queue_t                  waiters;   /* ngx_http_idem_replicas_t */
+    ngx_uint_t                   replicas;
+} ngx_http_idem_wait_t;
+
+
 static ngx_str_t  ngx_http_idem_wait_cmd = ngx_string("WAIT");
 
 static void
 ngx_http_idem_replicas_done(ngx_http_idem_cmd_t *cmd, redisReply *reply)
 {
     ngx_int_t                  acked;
-    ngx_queue_t                done, *q;
+    ngx_queue_t               *q;
+    ngx_http_idem_wait_t      *wt;
     ngx_http_idem_redis_t     *rd;
     ngx_http_idem_replicas_t  *w;
 
     rd = cmd->redis;
-    rd->waiting_replicas = 0;
+    wt = cmd->data;
+
+    if (rd->wait_last == wt) {
+        rd->wait_last = NULL;
+    }
 
     acked = (reply && reply->type == REDIS_REPLY_INTEGER)
             ? (ngx_int_t) reply->integer : -1;
@@ -1266,34 +1277,39 @@ ngx_http_idem_replicas_done(ngx_http_idem_cmd_t *cmd, redisReply *reply)
                       &rd->name, (size_t) reply->len, reply->str);
     }
 
-    /* a handler may send a write and wait again: that is the next WAIT's */
-    ngx_queue_init(&done);
-
-    if (!ngx_queue_empty(&rd->replicas)) {
-        ngx_queue_add(&done, &rd->replicas);
-        ngx_queue_init(&rd->replicas);
-    }
-
-    while (!ngx_queue_empty(&done)) {
-        q = ngx_queue_head(&done);
+    /* a handler may write and wait again: that is another WAIT's */
+    while (!ngx_queue_empty(&wt->waiters)) {
+        q = ngx_queue_head(&wt->waiters);
         ngx_queue_remove(q);
         w = ngx_queue_data(q, ngx_http_idem_replicas_t, queue);
         w->linked = 0;
         w->handler(w, acked);
     }
+
+    ngx_free(wt);
 }
 
 
-static ngx_int_t
+static ngx_http_idem_wait_t *
 ngx_http_idem_replicas_send(ngx_http_idem_redis_t *rd, ngx_uint_t replicas,
     ngx_msec_t timeout)
 {
-    ngx_http_idem_cmd_t  *cmd;
+    ngx_http_idem_cmd_t   *cmd;
+    ngx_http_idem_wait_t  *wt;
+
+    wt = ngx_alloc(sizeof(ngx_http_idem_wait_t), rd->log);
+    if (wt == NULL) {
+        return NULL;
+    }
 
     cmd = ngx_http_idem_cmd_alloc(rd, 3, NULL, 2 * NGX_INT64_LEN, rd->log);
     if (cmd == NULL) {
-        return NGX_ERROR;
+        ngx_free(wt);
+        return NULL;
     }
+
+    ngx_queue_init(&wt->waiters);
+    wt->replicas = replicas;
 
     cmd->script = NGX_HTTP_IDEM_NSCRIPTS;
     cmd->arg0 = 1;
@@ -1305,15 +1321,16 @@ ngx_http_idem_replicas_send(ngx_http_idem_redis_t *rd, ngx_uint_t replicas,
     /* Redis answers WAIT at "timeout": only a silent Redis times out here */
     cmd->timeout = timeout + rd->timeout;
 
-    if (ngx_http_idem_cmd_send(cmd, ngx_http_idem_replicas_done, rd)
+    if (ngx_http_idem_cmd_send(cmd, ngx_http_idem_replicas_done, wt)
         != NGX_OK)
     {
-        return NGX_ERROR;
+        ngx_free(wt);
+        return NULL;
     }
 
-    rd->waiting_replicas = 1;
+    rd->wait_last = wt;
 
-    return NGX_OK;
+    return wt;
 }
 
 
@@ -1321,6 +1338,8 @@ ngx_int_t
 ngx_http_idem_replicas_wait(ngx_http_idem_redis_t *rd,
     ngx_http_idem_replicas_t *w, ngx_uint_t replicas, ngx_msec_t timeout)
 {
+    ngx_http_idem_wait_t  *wt;
+
     /*
      * WAIT counts the writes of the connection it is sent on: the reply
      * being handled must have come on the connection WAIT would go to.
@@ -1331,13 +1350,16 @@ ngx_http_idem_replicas_wait(ngx_http_idem_redis_t *rd,
         return NGX_ERROR;
     }
 
-    if (!rd->waiting_replicas
-        && ngx_http_idem_replicas_send(rd, replicas, timeout) != NGX_OK)
-    {
-        return NGX_ERROR;
+    wt = rd->wait_last;
+
+    if (wt == NULL || wt->replicas < replicas) {
+        wt = ngx_http_idem_replicas_send(rd, replicas, timeout);
+        if (wt == NULL) {
+            return NGX_ERROR;
+        }
     }
 
-    ngx_queue_insert_tail(&rd->replicas, &w->queue);
+    ngx_queue_insert_tail(&wt->waiters, &w->queue);
     w->linked = 1;
 
     return NGX_OK;

@@ -80,8 +80,7 @@ struct ngx_http_idem_redis_s {
     ngx_queue_t                  resend;        /* ngx_http_idem_cmd_t */
     ngx_http_idem_cmd_t         *timing_out;
     redisAsyncContext           *replying;      /* whose reply is handled */
-    ngx_queue_t                  replicas;      /* ngx_http_idem_replicas_t */
-    unsigned                     waiting_replicas:1;   /* a WAIT in flight */
+    void                        *wait_last;     /* the last WAIT in flight */
     ngx_uint_t                   resend_n;
     size_t                       resend_size;
     unsigned                     exiting:1;
