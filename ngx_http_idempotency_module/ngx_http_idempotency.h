@@ -15,6 +15,7 @@
 #include "idem_key.h"
 #include "idem_record.h"
 #include "ngx_http_idempotency_redis.h"
+#include "ngx_http_idempotency_metrics.h"
 
 
 #define NGX_HTTP_IDEM_TOKEN_HEX       IDEM_TOKEN_LEN  /* 128 bits as hex */
@@ -34,6 +35,8 @@ typedef struct {
     ngx_array_t                  servers;   /* ngx_http_idem_redis_t * */
     ngx_http_idem_script_t      *scripts;
     ngx_uint_t                   used;
+    ngx_shm_zone_t              *metrics_zone;
+    ngx_array_t                  metrics_labels;   /* ngx_str_t; [0] "" */
 } ngx_http_idem_main_conf_t;
 
 
@@ -56,6 +59,7 @@ typedef struct {
     ngx_uint_t                   wait_replicas;    /* 0: no WAIT */
     ngx_msec_t                   wait_replicas_timeout;
     ngx_uint_t                   ops;    /* status or admin location */
+    ngx_uint_t                   metrics_label;    /* in metrics_labels */
 #if (NGX_THREADS)
     ngx_thread_pool_t           *thread_pool;      /* NULL: off */
 #else
@@ -87,7 +91,8 @@ typedef enum {
     NGX_HTTP_IDEM_OUT_IN_PROGRESS,
     NGX_HTTP_IDEM_OUT_UNKNOWN,
     NGX_HTTP_IDEM_OUT_REJECTED,
-    NGX_HTTP_IDEM_OUT_BYPASSED
+    NGX_HTTP_IDEM_OUT_BYPASSED,
+    NGX_HTTP_IDEM_NOUTCOME_NAMES     /* with "none" */
 } ngx_http_idem_outcome_e;
 
 
@@ -257,6 +262,7 @@ ngx_int_t ngx_http_idem_fp_headers(ngx_http_request_t *r,
 /* ngx_http_idempotency_handler.c: the phases */
 ngx_int_t ngx_http_idem_rewrite_handler(ngx_http_request_t *r);
 ngx_int_t ngx_http_idem_precontent_handler(ngx_http_request_t *r);
+ngx_int_t ngx_http_idem_log_handler(ngx_http_request_t *r);
 
 /* ngx_http_idempotency_body.c: the body's part of the fingerprint */
 ngx_int_t ngx_http_idem_body_fingerprint(ngx_http_request_t *r,
@@ -299,8 +305,10 @@ u_char *ngx_http_idem_json_str(u_char *p, u_char *end, u_char *s,
 /* ngx_http_idempotency_ops.c: the status and admin endpoints */
 ngx_int_t ngx_http_idem_status_handler(ngx_http_request_t *r);
 ngx_int_t ngx_http_idem_admin_handler(ngx_http_request_t *r);
+ngx_int_t ngx_http_idem_metrics_handler(ngx_http_request_t *r);
 
 /* ngx_http_idempotency_variables.c */
 ngx_int_t ngx_http_idem_add_variables(ngx_conf_t *cf);
+extern ngx_str_t  ngx_http_idem_outcome_names[];   /* by outcome */
 
 #endif /* NGX_HTTP_IDEMPOTENCY_H */

@@ -235,6 +235,8 @@ ngx_http_idem_complete_cmd(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
     ngx_http_idem_cmd_set_num(cmd, NGX_HTTP_IDEM_COMPLETE_TTL,
                               (int64_t) lcf->ttl * 1000);
 
+    ngx_http_idem_metrics_stored(v.hdr_len + v.body_len);
+
     return cmd;
 }
 

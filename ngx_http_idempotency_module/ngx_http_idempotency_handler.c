@@ -322,3 +322,30 @@ ngx_http_idem_act(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
 
     return ngx_http_idem_finalize(r, ngx_http_idem_send_answer(r, ctx));
 }
+
+
+/* idempotency_metrics: one count per handled request, by its outcome */
+ngx_int_t
+ngx_http_idem_log_handler(ngx_http_request_t *r)
+{
+    ngx_http_idem_ctx_t       *ctx;
+    ngx_http_idem_loc_conf_t  *conf;
+
+    if (r != r->main) {
+        return NGX_OK;
+    }
+
+    ctx = ngx_http_idem_get_ctx(r);
+
+    if (ctx == NULL || ctx->outcome == NGX_HTTP_IDEM_OUT_NONE) {
+        return NGX_OK;
+    }
+
+    conf = ctx->conf ? ctx->conf
+                     : ngx_http_get_module_loc_conf(r,
+                                                    ngx_http_idempotency_module);
+
+    ngx_http_idem_metrics_request(conf->metrics_label, ctx->outcome);
+
+    return NGX_OK;
+}

@@ -38,6 +38,12 @@ static char *ngx_http_idem_status(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 static char *ngx_http_idem_admin(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
+static char *ngx_http_idem_metrics_conf(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+static char *ngx_http_idem_metrics_zone_conf(ngx_conf_t *cf,
+    ngx_command_t *cmd, void *conf);
+static char *ngx_http_idem_metrics_label(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
 static ngx_int_t ngx_http_idem_init_process(ngx_cycle_t *cycle);
 static void ngx_http_idem_exit_process(ngx_cycle_t *cycle);
 
@@ -194,6 +200,27 @@ static ngx_command_t  ngx_http_idem_commands[] = {
       0,
       NULL },
 
+    { ngx_string("idempotency_metrics"),
+      NGX_HTTP_LOC_CONF|NGX_CONF_NOARGS,
+      ngx_http_idem_metrics_conf,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      0,
+      NULL },
+
+    { ngx_string("idempotency_metrics_zone"),
+      NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE2,
+      ngx_http_idem_metrics_zone_conf,
+      NGX_HTTP_MAIN_CONF_OFFSET,
+      0,
+      NULL },
+
+    { ngx_string("idempotency_metrics_label"),
+      NGX_HTTP_IDEM_CONF_ANY|NGX_CONF_TAKE1,
+      ngx_http_idem_metrics_label,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      0,
+      NULL },
+
       ngx_null_command
 };
 
@@ -234,6 +261,7 @@ ngx_module_t  ngx_http_idempotency_module = {
 static void *
 ngx_http_idem_create_main_conf(ngx_conf_t *cf)
 {
+    ngx_str_t                  *label;
     ngx_http_idem_main_conf_t  *mcf;
 
     mcf = ngx_pcalloc(cf->pool, sizeof(ngx_http_idem_main_conf_t));
@@ -247,6 +275,20 @@ ngx_http_idem_create_main_conf(ngx_conf_t *cf)
     {
         return NULL;
     }
+
+    if (ngx_array_init(&mcf->metrics_labels, cf->pool, 4, sizeof(ngx_str_t))
+        != NGX_OK)
+    {
+        return NULL;
+    }
+
+    /* label 0: locations without idempotency_metrics_label */
+    label = ngx_array_push(&mcf->metrics_labels);
+    if (label == NULL) {
+        return NULL;
+    }
+
+    ngx_str_null(label);
 
     return mcf;
 }
@@ -285,6 +327,7 @@ ngx_http_idem_create_loc_conf(ngx_conf_t *cf)
     conf->fp_headers = NGX_CONF_UNSET_PTR;
     conf->release_statuses = NGX_CONF_UNSET_PTR;
     conf->thread_pool = NGX_CONF_UNSET_PTR;
+    conf->metrics_label = NGX_CONF_UNSET_UINT;
     conf->thread_min = NGX_CONF_UNSET_SIZE;
 
     return conf;
@@ -459,6 +502,7 @@ ngx_http_idem_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
     ngx_conf_merge_uint_value(conf->store_failure, prev->store_failure,
                               NGX_HTTP_IDEM_FAILURE_CLOSED);
     ngx_conf_merge_ptr_value(conf->fp_headers, prev->fp_headers, NULL);
+    ngx_conf_merge_uint_value(conf->metrics_label, prev->metrics_label, 0);
 
     if (conf->release_statuses == NGX_CONF_UNSET_PTR) {
         if (prev->release_statuses == NGX_CONF_UNSET_PTR) {
@@ -1129,6 +1173,101 @@ ngx_http_idem_admin(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 }
 
 
+static char *
+ngx_http_idem_metrics_conf(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_http_core_loc_conf_t   *clcf;
+    ngx_http_idem_main_conf_t  *mcf;
+
+    mcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_idempotency_module);
+
+    if (mcf->metrics_zone == NULL) {
+        return "needs \"idempotency_metrics_zone\" before it in http{}";
+    }
+
+    clcf = ngx_http_conf_get_module_loc_conf(cf, ngx_http_core_module);
+
+    if (clcf->handler) {
+        return "is duplicate: the location already has a content handler";
+    }
+
+    clcf->handler = ngx_http_idem_metrics_handler;
+
+    return NGX_CONF_OK;
+}
+
+
+/* idempotency_metrics_zone name size */
+static char *
+ngx_http_idem_metrics_zone_conf(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf)
+{
+    ngx_http_idem_main_conf_t *mcf = conf;
+
+    ssize_t     size;
+    ngx_str_t  *value;
+
+    if (mcf->metrics_zone) {
+        return "is duplicate";
+    }
+
+    value = cf->args->elts;
+
+    size = ngx_parse_size(&value[2]);
+
+    if (value[1].len == 0 || size == NGX_ERROR
+        || size < (ssize_t) (8 * ngx_pagesize))
+    {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"%V\": a zone name and a size of at least "
+                           "%uzk, not \"%V %V\"", &cmd->name,
+                           8 * ngx_pagesize / 1024, &value[1], &value[2]);
+        return NGX_CONF_ERROR;
+    }
+
+    mcf->metrics_zone = ngx_http_idem_metrics_zone(cf, &value[1], size,
+                                                   &mcf->metrics_labels,
+                                                   &ngx_http_idempotency_module);
+    if (mcf->metrics_zone == NULL) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"%V\": zone \"%V\" is already in use",
+                           &cmd->name, &value[1]);
+        return NGX_CONF_ERROR;
+    }
+
+    return NGX_CONF_OK;
+}
+
+
+static char *
+ngx_http_idem_metrics_label(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_http_idem_loc_conf_t  *lcf = conf;
+
+    ngx_str_t                  *value;
+    ngx_http_idem_main_conf_t  *mcf;
+
+    if (lcf->metrics_label != NGX_CONF_UNSET_UINT) {
+        return "is duplicate";
+    }
+
+    value = cf->args->elts;
+    mcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_idempotency_module);
+
+    if (ngx_http_idem_metrics_label_add(cf, &mcf->metrics_labels, &value[1],
+                                        &lcf->metrics_label)
+        != NGX_OK)
+    {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"%V\": invalid label \"%V\": 1 to 64 of "
+                           "A-Z a-z 0-9 _ - . : /", &cmd->name, &value[1]);
+        return NGX_CONF_ERROR;
+    }
+
+    return NGX_CONF_OK;
+}
+
+
 static ngx_int_t
 ngx_http_idem_postconfiguration(ngx_conf_t *cf)
 {
@@ -1137,6 +1276,18 @@ ngx_http_idem_postconfiguration(ngx_conf_t *cf)
     ngx_http_idem_main_conf_t  *mcf;
 
     mcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_idempotency_module);
+
+    cmcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_core_module);
+
+    if (mcf->metrics_zone && mcf->used) {
+        /* the outcome is final once the request is done */
+        h = ngx_array_push(&cmcf->phases[NGX_HTTP_LOG_PHASE].handlers);
+        if (h == NULL) {
+            return NGX_ERROR;
+        }
+
+        *h = ngx_http_idem_log_handler;
+    }
 
     if (!mcf->used) {
         /* nothing to do: no servers are connected, no handlers run */
@@ -1148,8 +1299,6 @@ ngx_http_idem_postconfiguration(ngx_conf_t *cf)
     if (mcf->scripts == NULL) {
         return NGX_ERROR;
     }
-
-    cmcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_core_module);
 
     /* remembers the route before this location's rewrites */
     h = ngx_array_push(&cmcf->phases[NGX_HTTP_REWRITE_PHASE].handlers);
@@ -1179,8 +1328,11 @@ ngx_http_idem_init_process(ngx_cycle_t *cycle)
     mcf = ngx_http_cycle_get_module_main_conf(cycle,
                                               ngx_http_idempotency_module);
     if (mcf == NULL) {
+        ngx_http_idem_metrics_init_process(NULL);
         return NGX_OK;
     }
+
+    ngx_http_idem_metrics_init_process(mcf->metrics_zone);
 
     return ngx_http_idem_redis_init_process(cycle, &mcf->servers,
                                             mcf->scripts);

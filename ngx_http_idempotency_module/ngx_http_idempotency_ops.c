@@ -448,3 +448,37 @@ ngx_http_idem_admin_handler(ngx_http_request_t *r)
 
     return ngx_http_idem_ops_send(r, ctx, cmd);
 }
+
+
+/* idempotency_metrics: every worker's counters, from the shared zone */
+ngx_int_t
+ngx_http_idem_metrics_handler(ngx_http_request_t *r)
+{
+    ngx_int_t                   rc;
+    ngx_str_t                   text;
+    ngx_http_idem_main_conf_t  *mcf;
+
+    if (!(r->method & (NGX_HTTP_GET|NGX_HTTP_HEAD))) {
+        return NGX_HTTP_NOT_ALLOWED;
+    }
+
+    rc = ngx_http_discard_request_body(r);
+    if (rc != NGX_OK) {
+        return rc;
+    }
+
+    mcf = ngx_http_get_module_main_conf(r, ngx_http_idempotency_module);
+
+    if (ngx_http_idem_metrics_text(r->pool, mcf->metrics_zone,
+                                   ngx_http_idem_outcome_names,
+                                   NGX_HTTP_IDEM_NOUTCOME_NAMES, &text)
+        != NGX_OK)
+    {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    ngx_str_set(&r->headers_out.content_type,
+                "text/plain; version=0.0.4; charset=utf-8");
+
+    return ngx_http_idem_send_json(r, NGX_HTTP_OK, text.data, text.len);
+}

@@ -10,6 +10,7 @@
 #include <ngx_event.h>
 
 #include "ngx_http_idempotency_redis.h"
+#include "ngx_http_idempotency_metrics.h"
 
 
 #define NGX_HTTP_IDEM_BACKOFF_MIN  100
@@ -159,6 +160,18 @@ ngx_http_idem_link_name(ngx_http_idem_link_t *lk)
 }
 
 
+static void
+ngx_http_idem_link_down(ngx_http_idem_link_t *lk)
+{
+    lk->state = NGX_HTTP_IDEM_REDIS_DOWN;
+
+    if (lk->counted) {
+        lk->counted = 0;
+        ngx_http_idem_metrics_redis_link(-1);
+    }
+}
+
+
 /*
  * The link is usable once every set-up command has answered: until then
  * connect_timeout bounds it, so a server that accepts the connection and
@@ -175,6 +188,11 @@ ngx_http_idem_link_ready(ngx_http_idem_link_t *lk)
 
     lk->state = NGX_HTTP_IDEM_REDIS_READY;
     lk->backoff = 0;
+
+    if (!lk->subscriber && !lk->counted) {
+        lk->counted = 1;
+        ngx_http_idem_metrics_redis_link(1);
+    }
 
     ngx_log_error(NGX_LOG_INFO, rd->log, 0,
                   "idempotency: connected to redis %V%s",
@@ -203,10 +221,11 @@ ngx_http_idem_link_on_connect(const redisAsyncContext *ac, int status)
     ngx_log_error(NGX_LOG_ERR, rd->log, 0,
                   "idempotency: connect to redis %V%s failed: %s",
                   &rd->name, ngx_http_idem_link_name(lk), ac->errstr);
+    ngx_http_idem_metrics_redis_error(NGX_HTTP_IDEM_RERR_CONNECT);
 
     /* hiredis frees the context right after this callback */
     lk->ac = NULL;
-    lk->state = NGX_HTTP_IDEM_REDIS_DOWN;
+    ngx_http_idem_link_down(lk);
     ngx_http_idem_link_schedule(lk);
 }
 
@@ -225,13 +244,14 @@ ngx_http_idem_link_on_disconnect(const redisAsyncContext *ac, int status)
         ngx_del_timer(&lk->connect_timer);
     }
 
-    lk->state = NGX_HTTP_IDEM_REDIS_DOWN;
+    ngx_http_idem_link_down(lk);
 
     if (status != REDIS_OK && !rd->exiting) {
         ngx_log_error(NGX_LOG_ERR, rd->log, 0,
                       "idempotency: redis %V%s connection lost: %s",
                       &rd->name, ngx_http_idem_link_name(lk),
                       ac->errstr ? ac->errstr : "closed");
+        ngx_http_idem_metrics_redis_error(NGX_HTTP_IDEM_RERR_LOST);
     }
 
     if (lk->subscriber && lk->subscribed) {
@@ -429,6 +449,7 @@ ngx_http_idem_link_connect(ngx_http_idem_link_t *lk)
         ngx_log_error(NGX_LOG_ERR, rd->log, 0,
                       "idempotency: connect to redis %V%s failed: %s",
                       &rd->name, ngx_http_idem_link_name(lk), ac->errstr);
+        ngx_http_idem_metrics_redis_error(NGX_HTTP_IDEM_RERR_CONNECT);
         redisAsyncFree(ac);
         ngx_http_idem_link_schedule(lk);
         return;
@@ -501,7 +522,7 @@ ngx_http_idem_link_recycle_later(ngx_http_idem_link_t *lk)
         return;
     }
 
-    lk->state = NGX_HTTP_IDEM_REDIS_DOWN;
+    ngx_http_idem_link_down(lk);
     lk->recycle_ac = lk->ac;
 
     if (!lk->recycle.posted) {
@@ -525,7 +546,7 @@ ngx_http_idem_link_recycle_handler(ngx_event_t *ev)
 
     lk->ac = NULL;
     lk->recycle_ac = NULL;
-    lk->state = NGX_HTTP_IDEM_REDIS_DOWN;
+    ngx_http_idem_link_down(lk);
 
     if (lk->connect_timer.timer_set) {
         ngx_del_timer(&lk->connect_timer);
@@ -551,6 +572,7 @@ ngx_http_idem_link_connect_timeout(ngx_event_t *ev)
                   "idempotency: connect to redis %V%s timed out "
                   "(connect_timeout, including AUTH, SELECT and scripts)",
                   &lk->redis->name, ngx_http_idem_link_name(lk));
+    ngx_http_idem_metrics_redis_error(NGX_HTTP_IDEM_RERR_CONNECT);
 
     ngx_http_idem_link_recycle_later(lk);
 }
@@ -1019,6 +1041,7 @@ ngx_http_idem_cmd_timeout(ngx_event_t *ev)
 
     ngx_log_error(NGX_LOG_ERR, rd->log, 0,
                   "idempotency: redis %V command timed out", &rd->name);
+    ngx_http_idem_metrics_redis_error(NGX_HTTP_IDEM_RERR_TIMEOUT);
 
     if (!cmd->durable) {
         cmd->told = 1;
@@ -1112,6 +1135,8 @@ ngx_http_idem_cmd_send(ngx_http_idem_cmd_t *cmd,
                              rd->log, 0);
     ngx_add_timer(&cmd->timer, cmd->timeout ? cmd->timeout : rd->timeout);
 
+    cmd->sent = ngx_http_idem_metrics ? ngx_http_idem_metrics_now() : 0;
+
     return NGX_OK;
 }
 
@@ -1143,6 +1168,22 @@ ngx_http_idem_cmd_eval(redisAsyncContext *ac, ngx_http_idem_cmd_t *cmd)
 }
 
 
+/* idempotency_metrics: the reply's time, or what went wrong */
+static void
+ngx_http_idem_redis_observe(ngx_http_idem_cmd_t *cmd, redisReply *reply)
+{
+    if (reply == NULL) {
+        return;     /* counted as the connection's loss or a timeout */
+    }
+
+    ngx_http_idem_metrics_redis_reply(cmd->sent);
+
+    if (reply->type == REDIS_REPLY_ERROR) {
+        ngx_http_idem_metrics_redis_error(NGX_HTTP_IDEM_RERR_REPLY);
+    }
+}
+
+
 static void
 ngx_http_idem_redis_reply(redisAsyncContext *ac, void *r, void *privdata)
 {
@@ -1161,6 +1202,10 @@ ngx_http_idem_redis_reply(redisAsyncContext *ac, void *r, void *privdata)
 
     if (cmd->timer.timer_set) {
         ngx_del_timer(&cmd->timer);
+    }
+
+    if (!cmd->told) {
+        ngx_http_idem_redis_observe(cmd, reply);
     }
 
     if (cmd->redis->timing_out == cmd) {

@@ -53,6 +53,7 @@ typedef struct {
     redisAsyncContext           *recycle_ac;
     unsigned                     subscriber:1;
     unsigned                     subscribed:1;
+    unsigned                     counted:1;     /* in the metrics gauge */
 } ngx_http_idem_link_t;
 
 
@@ -125,6 +126,7 @@ struct ngx_http_idem_cmd_s {
     u_char                      *key;       /* IDEM_RECORD_KEY_LEN */
     ngx_uint_t                   arg0;      /* argv index of argument 0 */
     ngx_msec_t                   timeout;   /* 0: the server's timeout */
+    uint64_t                     sent;      /* us, for idempotency_metrics */
     unsigned                     durable:1; /* sent again after a loss */
     unsigned                     eval:1;    /* resent as EVAL (NOSCRIPT) */
     unsigned                     told:1;    /* the handler has run */

@@ -6,7 +6,7 @@
 #include "ngx_http_idempotency.h"
 
 
-static ngx_str_t  ngx_http_idem_outcomes[] = {
+ngx_str_t  ngx_http_idem_outcome_names[] = {
     ngx_null_string,
     ngx_string("executed"),
     ngx_string("replayed"),
@@ -16,6 +16,12 @@ static ngx_str_t  ngx_http_idem_outcomes[] = {
     ngx_string("rejected"),
     ngx_string("bypassed")
 };
+
+typedef char  ngx_http_idem_outcome_names_complete_t[
+    sizeof(ngx_http_idem_outcome_names) / sizeof(ngx_str_t)
+    == NGX_HTTP_IDEM_NOUTCOME_NAMES
+    && NGX_HTTP_IDEM_NOUTCOME_NAMES == NGX_HTTP_IDEM_METRICS_OUTCOMES + 1
+    ? 1 : -1];
 
 
 enum {
@@ -47,7 +53,7 @@ ngx_http_idem_variable(ngx_http_request_t *r, ngx_http_variable_value_t *v,
             break;
 
         case NGX_HTTP_IDEM_VAR_OUTCOME:
-            value = ngx_http_idem_outcomes[ctx->outcome];
+            value = ngx_http_idem_outcome_names[ctx->outcome];
             break;
 
         case NGX_HTTP_IDEM_VAR_FINGERPRINT:
