@@ -208,6 +208,7 @@ events { worker_connections 4096; }
 http {
 $(nginx_common "$d")
     idempotency_redis 127.0.0.1:$REDIS_PORT;
+${BENCH_HTTP_EXTRA:-}
 
     upstream backend {
         server 127.0.0.1:$UPSTREAM_PORT;
