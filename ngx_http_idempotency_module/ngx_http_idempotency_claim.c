@@ -489,11 +489,19 @@ static void
 ngx_http_idem_claim_unreplicated(ngx_http_request_t *r,
     ngx_http_idem_ctx_t *ctx, ngx_int_t acked)
 {
-    ngx_log_error(NGX_LOG_WARN, r->connection->log, 0,
-                  "idempotency: the claim of key \"%V\" reached %i of %ui "
-                  "replicas within %Mms; it is released and answered 503",
-                  &ctx->key, ngx_max(acked, 0), ctx->conf->wait_replicas,
-                  ctx->conf->wait_replicas_timeout);
+    if (acked < 0) {
+        ngx_log_error(NGX_LOG_WARN, r->connection->log, 0,
+                      "idempotency: no WAIT answer for the claim of key "
+                      "\"%V\" (the redis connection failed or changed); "
+                      "it is released and answered 503", &ctx->key);
+    } else {
+        ngx_log_error(NGX_LOG_WARN, r->connection->log, 0,
+                      "idempotency: the claim of key \"%V\" reached %i of "
+                      "%ui replicas within %Mms; it is released and "
+                      "answered 503", &ctx->key, acked,
+                      ctx->conf->wait_replicas,
+                      ctx->conf->wait_replicas_timeout);
+    }
 
     ctx->answer = NGX_HTTP_IDEM_ANS_NOT_REPLICATED;
     (void) ngx_http_idem_finish(r, ctx, NGX_HTTP_IDEM_END_RELEASE);

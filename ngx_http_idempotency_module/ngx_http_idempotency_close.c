@@ -91,12 +91,19 @@ ngx_http_idem_closed_replicated(ngx_http_idem_replicas_t *w, ngx_int_t acked)
 {
     ngx_http_idem_ctx_t  *ctx = w->data;
 
-    if (acked < (ngx_int_t) ctx->conf->wait_replicas) {
+    if (acked < 0) {
+        ngx_log_error(NGX_LOG_WARN, ctx->request->connection->log, 0,
+                      "idempotency: no WAIT answer for the record of key "
+                      "\"%V\" (the redis connection failed or changed); "
+                      "it is kept, and a failover before the replicas have "
+                      "it may lose it", &ctx->key);
+
+    } else if (acked < (ngx_int_t) ctx->conf->wait_replicas) {
         ngx_log_error(NGX_LOG_WARN, ctx->request->connection->log, 0,
                       "idempotency: the record of key \"%V\" reached %i of "
                       "%ui replicas within %Mms; it is kept, and a failover "
                       "before the replicas have it may lose it",
-                      &ctx->key, ngx_max(acked, 0), ctx->conf->wait_replicas,
+                      &ctx->key, acked, ctx->conf->wait_replicas,
                       ctx->conf->wait_replicas_timeout);
     }
 
@@ -234,8 +241,6 @@ ngx_http_idem_complete_cmd(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
     ngx_http_idem_cmd_end(cmd, NGX_HTTP_IDEM_COMPLETE_VALUE, end);
     ngx_http_idem_cmd_set_num(cmd, NGX_HTTP_IDEM_COMPLETE_TTL,
                               (int64_t) lcf->ttl * 1000);
-
-    ngx_http_idem_metrics_stored(v.hdr_len + v.body_len);
 
     return cmd;
 }
@@ -383,6 +388,11 @@ ngx_http_idem_finish(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
 
     rc = (cmd == NULL) ? NGX_ERROR
                        : ngx_http_idem_cmd_send(cmd, ngx_http_idem_closed, ack);
+
+    if (rc != NGX_ERROR && end == NGX_HTTP_IDEM_END_COMPLETE) {
+        ngx_http_idem_metrics_stored(ctx->headers.len
+                                     + (ctx->too_large ? 0 : ctx->body_size));
+    }
 
     if (ack && rc == NGX_OK) {
         ctx->ack = ack;

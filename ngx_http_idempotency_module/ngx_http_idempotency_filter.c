@@ -214,7 +214,12 @@ ngx_http_idem_header_filter(ngx_http_request_t *r)
     if (ctx->status == NGX_HTTP_NO_CONTENT
         || ctx->status == NGX_HTTP_NOT_MODIFIED || r->header_only)
     {
-        /* no body but the last buffer follows: that one is held */
+        /*
+         * No body, but the last buffer follows and is held.  Not when
+         * nginx itself makes a 204 or 304 without a status line: its
+         * header filter then writes the end with the headers, past the
+         * body filters (docs/directives.md).
+         */
         (void) ngx_http_idem_complete(r, ctx);
         return ngx_http_next_header_filter(r);
     }

@@ -33,6 +33,17 @@ static const char  *ngx_http_idem_error_names[] = {
 #define NGX_HTTP_IDEM_NOUTCOMES  NGX_HTTP_IDEM_METRICS_OUTCOMES
 
 
+/*
+ * The zone's layout is fixed, so it is allocated once for the zone's life
+ * and never freed: workers of an older configuration may still be adding
+ * to it during a reload.  A label keeps its slot for the zone's life, so
+ * a reload that reorders, adds or drops labels keeps every series' count.
+ */
+#define NGX_HTTP_IDEM_METRICS_LABELS    128
+#define NGX_HTTP_IDEM_METRICS_WORKERS   256
+#define NGX_HTTP_IDEM_METRICS_LABEL_LEN 64
+
+
 /* a worker's connection count, written by that worker alone */
 typedef struct {
     ngx_atomic_t                 pid;
@@ -40,15 +51,22 @@ typedef struct {
 } ngx_http_idem_metrics_worker_t;
 
 
+typedef struct {
+    ngx_atomic_t                 requests[NGX_HTTP_IDEM_NOUTCOMES];
+    size_t                       len;
+    u_char                       name[NGX_HTTP_IDEM_METRICS_LABEL_LEN];
+} ngx_http_idem_metrics_label_t;
+
+
 struct ngx_http_idem_metrics_s {
-    ngx_uint_t                   nlabels;
-    ngx_uint_t                   nworkers;
+    ngx_atomic_t                 nlabels;       /* slots in use, only grows */
+    ngx_atomic_t                 nworkers;      /* of the latest config */
     ngx_atomic_t                 buckets[NGX_HTTP_IDEM_NBUCKETS + 1];
     ngx_atomic_t                 sum_us;
     ngx_atomic_t                 errors[NGX_HTTP_IDEM_RERR_KINDS];
     ngx_atomic_t                 stored;
-    ngx_http_idem_metrics_worker_t  *workers;   /* nworkers */
-    ngx_atomic_t                *requests;      /* nlabels x NOUTCOMES */
+    ngx_http_idem_metrics_worker_t  workers[NGX_HTTP_IDEM_METRICS_WORKERS];
+    ngx_http_idem_metrics_label_t   labels[NGX_HTTP_IDEM_METRICS_LABELS];
 };
 
 
@@ -56,11 +74,14 @@ typedef struct {
     ngx_array_t                 *labels;        /* ngx_str_t; [0] is "" */
     ngx_cycle_t                 *cycle;
     ngx_http_idem_metrics_t     *metrics;
+    ngx_uint_t                  *slots;         /* label index -> slot */
 } ngx_http_idem_metrics_zone_t;
 
 
 ngx_http_idem_metrics_t  *ngx_http_idem_metrics;
 
+static ngx_uint_t        *ngx_http_idem_metrics_slots;
+static ngx_uint_t         ngx_http_idem_metrics_nslots;
 static ngx_atomic_int_t   ngx_http_idem_metrics_links;
 
 
@@ -122,7 +143,7 @@ ngx_http_idem_metrics_redis_link(ngx_int_t delta)
 
     ngx_http_idem_metrics_links += delta;
 
-    if (m == NULL || ngx_worker >= m->nworkers) {
+    if (m == NULL || ngx_worker >= NGX_HTTP_IDEM_METRICS_WORKERS) {
         return;
     }
 
@@ -134,7 +155,7 @@ ngx_http_idem_metrics_redis_link(ngx_int_t delta)
 }
 
 
-/* the counters of this cycle's configuration, or none */
+/* the counters and label slots of this cycle's configuration, or none */
 void
 ngx_http_idem_metrics_init_process(ngx_shm_zone_t *zone)
 {
@@ -146,7 +167,14 @@ ngx_http_idem_metrics_init_process(ngx_shm_zone_t *zone)
 
     ngx_http_idem_metrics = m;
 
-    if (m && ngx_worker < m->nworkers) {
+    if (m == NULL) {
+        return;
+    }
+
+    ngx_http_idem_metrics_slots = mz->slots;
+    ngx_http_idem_metrics_nslots = mz->labels->nelts;
+
+    if (ngx_worker < NGX_HTTP_IDEM_METRICS_WORKERS) {
         m->workers[ngx_worker].pid = (ngx_atomic_uint_t) ngx_pid;
         m->workers[ngx_worker].links = 0;
     }
@@ -156,16 +184,17 @@ ngx_http_idem_metrics_init_process(ngx_shm_zone_t *zone)
 void
 ngx_http_idem_metrics_request(ngx_uint_t label, ngx_uint_t outcome)
 {
+    ngx_uint_t                slot;
     ngx_http_idem_metrics_t  *m = ngx_http_idem_metrics;
 
-    if (m == NULL || outcome == 0 || outcome > NGX_HTTP_IDEM_NOUTCOMES
-        || label >= m->nlabels)
-    {
+    if (m == NULL || outcome == 0 || outcome > NGX_HTTP_IDEM_NOUTCOMES) {
         return;
     }
 
-    (void) ngx_atomic_fetch_add(
-                 &m->requests[label * NGX_HTTP_IDEM_NOUTCOMES + outcome - 1], 1);
+    slot = label < ngx_http_idem_metrics_nslots
+           ? ngx_http_idem_metrics_slots[label] : 0;
+
+    (void) ngx_atomic_fetch_add(&m->labels[slot].requests[outcome - 1], 1);
 }
 
 
@@ -187,12 +216,14 @@ ngx_http_idem_metrics_label_valid(ngx_str_t *name)
 {
     size_t  i;
 
-    if (name->len == 0 || name->len > 64) {
+    if (name->len == 0 || name->len > NGX_HTTP_IDEM_METRICS_LABEL_LEN) {
         return NGX_ERROR;
     }
 
     for (i = 0; i < name->len; i++) {
-        if (!(isalnum(name->data[i]) || ngx_strchr("_-.:/", name->data[i]))) {
+        if (name->data[i] == '\0'
+            || !(isalnum(name->data[i]) || ngx_strchr("_-.:/", name->data[i])))
+        {
             return NGX_ERROR;
         }
     }
@@ -235,56 +266,95 @@ ngx_http_idem_metrics_label_add(ngx_conf_t *cf, ngx_array_t *labels,
 }
 
 
-static size_t
-ngx_http_idem_metrics_size(ngx_uint_t nlabels, ngx_uint_t nworkers)
+/* the slot of a label in the zone, taken if it has none yet */
+static ngx_int_t
+ngx_http_idem_metrics_slot(ngx_http_idem_metrics_t *m, ngx_str_t *name,
+    ngx_uint_t *slot)
 {
-    return sizeof(ngx_http_idem_metrics_t)
-           + nworkers * sizeof(ngx_http_idem_metrics_worker_t)
-           + nlabels * NGX_HTTP_IDEM_NOUTCOMES * sizeof(ngx_atomic_t);
+    ngx_uint_t                      i;
+    ngx_http_idem_metrics_label_t  *l;
+
+    for (i = 0; i < m->nlabels; i++) {
+        l = &m->labels[i];
+
+        if (l->len == name->len
+            && ngx_memcmp(l->name, name->data, name->len) == 0)
+        {
+            *slot = i;
+            return NGX_OK;
+        }
+    }
+
+    if (m->nlabels == NGX_HTTP_IDEM_METRICS_LABELS) {
+        return NGX_ERROR;
+    }
+
+    /* the name is in place before a scrape can see the slot */
+    l = &m->labels[m->nlabels];
+    ngx_memcpy(l->name, name->data, name->len);
+    l->len = name->len;
+    ngx_memory_barrier();
+
+    *slot = m->nlabels++;
+
+    return NGX_OK;
 }
 
 
-/* counters survive a reload when the label set keeps its size */
 static ngx_int_t
 ngx_http_idem_metrics_init_zone(ngx_shm_zone_t *zone, void *data)
 {
-    size_t                         size;
-    ngx_uint_t                     nworkers;
+    ngx_str_t                     *names;
+    ngx_uint_t                     i;
     ngx_core_conf_t               *ccf;
     ngx_slab_pool_t               *shpool;
     ngx_http_idem_metrics_t       *m;
     ngx_http_idem_metrics_zone_t  *mz = zone->data, *old = data;
 
-    /* worker_processes may come after http{}: known only now */
-    ccf = (ngx_core_conf_t *) ngx_get_conf(mz->cycle->conf_ctx,
-                                           ngx_core_module);
-    nworkers = (ngx_uint_t) ngx_max(ccf->worker_processes, 1);
-
     shpool = (ngx_slab_pool_t *) zone->shm.addr;
     m = old ? old->metrics : NULL;
 
-    if (m && (m->nlabels != mz->labels->nelts || m->nworkers != nworkers)) {
-        ngx_slab_free(shpool, m);
-        m = NULL;
-    }
-
     if (m == NULL) {
-        size = ngx_http_idem_metrics_size(mz->labels->nelts, nworkers);
-
-        m = ngx_slab_calloc(shpool, size);
+        m = ngx_slab_calloc(shpool, sizeof(ngx_http_idem_metrics_t));
         if (m == NULL) {
             ngx_log_error(NGX_LOG_EMERG, zone->shm.log, 0,
                           "idempotency_metrics_zone \"%V\" is too small: "
                           "%uz bytes of counters do not fit",
-                          &zone->shm.name, size);
+                          &zone->shm.name, sizeof(ngx_http_idem_metrics_t));
             return NGX_ERROR;
         }
 
-        m->nlabels = mz->labels->nelts;
-        m->nworkers = nworkers;
-        m->workers = (ngx_http_idem_metrics_worker_t *) (m + 1);
-        m->requests = (ngx_atomic_t *) (m->workers + m->nworkers);
+        m->nlabels = 1;         /* slot 0: location="" */
     }
+
+    mz->slots = ngx_palloc(mz->cycle->pool,
+                           mz->labels->nelts * sizeof(ngx_uint_t));
+    if (mz->slots == NULL) {
+        return NGX_ERROR;
+    }
+
+    names = mz->labels->elts;
+
+    for (i = 0; i < mz->labels->nelts; i++) {
+        if (i == 0) {
+            mz->slots[0] = 0;
+
+        } else if (ngx_http_idem_metrics_slot(m, &names[i], &mz->slots[i])
+                   != NGX_OK)
+        {
+            ngx_log_error(NGX_LOG_EMERG, zone->shm.log, 0,
+                          "idempotency_metrics_zone \"%V\": more than %d "
+                          "labels over its life; restart nginx to reset it",
+                          &zone->shm.name, NGX_HTTP_IDEM_METRICS_LABELS);
+            return NGX_ERROR;
+        }
+    }
+
+    /* worker_processes may come after http{}: known only now */
+    ccf = (ngx_core_conf_t *) ngx_get_conf(mz->cycle->conf_ctx,
+                                           ngx_core_module);
+    m->nworkers = ngx_min((ngx_uint_t) ngx_max(ccf->worker_processes, 1),
+                          NGX_HTTP_IDEM_METRICS_WORKERS);
 
     mz->metrics = m;
 
@@ -334,23 +404,28 @@ ngx_http_idem_metrics_head(u_char *p, const char *name, const char *type,
 
 static u_char *
 ngx_http_idem_metrics_requests(u_char *p, ngx_http_idem_metrics_t *m,
-    ngx_array_t *labels, ngx_str_t *outcomes)
+    ngx_str_t *outcomes)
 {
-    ngx_str_t   *l;
-    ngx_uint_t   i, o;
+    ngx_str_t                       name;
+    ngx_uint_t                      i, o, n;
+    ngx_http_idem_metrics_label_t  *l;
 
     p = ngx_http_idem_metrics_head(p, "idempotency_requests_total", "counter",
             "Requests the module handled, by outcome and "
             "idempotency_metrics_label.");
 
-    l = labels->elts;
+    n = m->nlabels;
+    ngx_memory_barrier();
 
-    for (i = 0; i < m->nlabels; i++) {
+    for (i = 0; i < n; i++) {
+        l = &m->labels[i];
+        name.data = l->name;
+        name.len = l->len;
+
         for (o = 0; o < NGX_HTTP_IDEM_NOUTCOMES; o++) {
             p = ngx_sprintf(p, "idempotency_requests_total"
                                "{outcome=\"%V\",location=\"%V\"} %uA\n",
-                            &outcomes[o + 1], &l[i],
-                            m->requests[i * NGX_HTTP_IDEM_NOUTCOMES + o]);
+                            &outcomes[o + 1], &name, l->requests[o]);
         }
     }
 
@@ -417,7 +492,8 @@ ngx_http_idem_metrics_text(ngx_pool_t *pool, ngx_shm_zone_t *zone,
         return NGX_ERROR;
     }
 
-    size = (m->nlabels * NGX_HTTP_IDEM_NOUTCOMES + NGX_HTTP_IDEM_NBUCKETS
+    size = (NGX_HTTP_IDEM_METRICS_LABELS * NGX_HTTP_IDEM_NOUTCOMES
+            + NGX_HTTP_IDEM_NBUCKETS
             + m->nworkers + NGX_HTTP_IDEM_RERR_KINDS + 16)
            * (NGX_HTTP_IDEM_METRIC_LINE + NGX_ATOMIC_T_LEN) + 2048;
 
@@ -426,7 +502,7 @@ ngx_http_idem_metrics_text(ngx_pool_t *pool, ngx_shm_zone_t *zone,
         return NGX_ERROR;
     }
 
-    p = ngx_http_idem_metrics_requests(text->data, m, mz->labels, outcomes);
+    p = ngx_http_idem_metrics_requests(text->data, m, outcomes);
     p = ngx_http_idem_metrics_redis(p, m);
 
     p = ngx_http_idem_metrics_head(p, "idempotency_stored_bytes_total",

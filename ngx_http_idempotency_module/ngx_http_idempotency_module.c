@@ -433,6 +433,56 @@ ngx_http_idem_default_releases(ngx_conf_t *cf)
 }
 
 
+/*
+ * Redis answers WAIT when its timeout is up, and every command queued
+ * behind it on the connection waits that long.  Writes of one setting
+ * share a WAIT, so with the replicas gone each distinct setting may hold
+ * the connection once: together they must stay below the command timeout.
+ */
+static char *
+ngx_http_idem_check_redis_wait(ngx_conf_t *cf, ngx_http_idem_redis_t *rd,
+    ngx_uint_t replicas, ngx_msec_t timeout)
+{
+    ngx_uint_t   i;
+    ngx_msec_t  *w;
+
+    if (rd->waits == NULL) {
+        rd->waits = ngx_array_create(cf->pool, 2, 2 * sizeof(ngx_msec_t));
+        if (rd->waits == NULL) {
+            return NGX_CONF_ERROR;
+        }
+    }
+
+    w = rd->waits->elts;
+
+    for (i = 0; i < rd->waits->nelts; i++) {
+        if (w[2 * i] == replicas && w[2 * i + 1] == timeout) {
+            return NGX_CONF_OK;
+        }
+    }
+
+    w = ngx_array_push(rd->waits);
+    if (w == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    w[0] = replicas;
+    w[1] = timeout;
+    rd->waits_sum += timeout;
+
+    if (rd->waits_sum >= rd->timeout) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"idempotency_redis_wait\": the WAIT timeouts "
+                           "of the distinct settings on redis %V add up to "
+                           "%Mms, which must be shorter than its timeout= "
+                           "(%Mms)", &rd->name, rd->waits_sum, rd->timeout);
+        return NGX_CONF_ERROR;
+    }
+
+    return NGX_CONF_OK;
+}
+
+
 /* the replica count and its timeout are one directive, inherited together */
 static char *
 ngx_http_idem_merge_redis_wait(ngx_conf_t *cf, ngx_http_idem_loc_conf_t *prev,
@@ -448,22 +498,13 @@ ngx_http_idem_merge_redis_wait(ngx_conf_t *cf, ngx_http_idem_loc_conf_t *prev,
                               NGX_CONF_UNSET_MSEC,
                               NGX_HTTP_IDEM_WAIT_REPLICAS_TIMEOUT);
 
-    /*
-     * Redis answers WAIT when its timeout is up; every command queued
-     * behind it on the connection waits that long, and must not time out.
-     */
-    if (conf->enable && conf->wait_replicas && conf->redis
-        && conf->wait_replicas_timeout >= conf->redis->timeout)
-    {
-        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "\"idempotency_redis_wait\" timeout %Mms must be "
-                           "shorter than the timeout= of redis %V (%Mms)",
-                           conf->wait_replicas_timeout, &conf->redis->name,
-                           conf->redis->timeout);
-        return NGX_CONF_ERROR;
+    if (!conf->enable || !conf->wait_replicas || conf->redis == NULL) {
+        return NGX_CONF_OK;
     }
 
-    return NGX_CONF_OK;
+    return ngx_http_idem_check_redis_wait(cf, conf->redis,
+                                          conf->wait_replicas,
+                                          conf->wait_replicas_timeout);
 }
 
 
@@ -1320,10 +1361,26 @@ ngx_http_idem_postconfiguration(ngx_conf_t *cf)
 }
 
 
+static ngx_uint_t
+ngx_http_idem_serving_process(void)
+{
+    return ngx_process == NGX_PROCESS_WORKER
+           || ngx_process == NGX_PROCESS_SINGLE;
+}
+
+
 static ngx_int_t
 ngx_http_idem_init_process(ngx_cycle_t *cycle)
 {
     ngx_http_idem_main_conf_t  *mcf;
+
+    /*
+     * The cache manager and loader run this too: they serve no request,
+     * need no Redis, and must not take worker 0's metrics slot.
+     */
+    if (!ngx_http_idem_serving_process()) {
+        return NGX_OK;
+    }
 
     mcf = ngx_http_cycle_get_module_main_conf(cycle,
                                               ngx_http_idempotency_module);
@@ -1343,6 +1400,10 @@ static void
 ngx_http_idem_exit_process(ngx_cycle_t *cycle)
 {
     ngx_http_idem_main_conf_t  *mcf;
+
+    if (!ngx_http_idem_serving_process()) {
+        return;
+    }
 
     mcf = ngx_http_cycle_get_module_main_conf(cycle,
                                               ngx_http_idempotency_module);

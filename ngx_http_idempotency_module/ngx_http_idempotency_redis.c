@@ -1178,7 +1178,9 @@ ngx_http_idem_redis_observe(ngx_http_idem_cmd_t *cmd, redisReply *reply)
 
     ngx_http_idem_metrics_redis_reply(cmd->sent);
 
-    if (reply->type == REDIS_REPLY_ERROR) {
+    /* what a record holds (an old layout, a foreign value) is not Redis's */
+    if (reply->type == REDIS_REPLY_ERROR && !ngx_http_idem_reply_corrupt(reply))
+    {
         ngx_http_idem_metrics_redis_error(NGX_HTTP_IDEM_RERR_REPLY);
     }
 }
@@ -1285,13 +1287,14 @@ ngx_http_idem_reply_elements(redisReply *reply, idem_rv_t *el, size_t max)
  * WAIT blocks the connection in Redis until the replicas have every write
  * sent on it before, so a WAIT in flight serves every write whose reply
  * came before WAIT's: Redis ran those writes first.  Writes answered while
- * one is in flight join the last one sent, when it asks for as many
- * replicas, instead of queueing a WAIT each, which would hold the
+ * one is in flight join the last one sent, when it has their replica count
+ * and timeout, instead of queueing a WAIT each, which would hold the
  * connection up to "timeout" per WAIT when a replica is gone.
  */
 typedef struct {
     ngx_queue_t                  waiters;   /* ngx_http_idem_replicas_t */
     ngx_uint_t                   replicas;
+    ngx_msec_t                   timeout;
 } ngx_http_idem_wait_t;
 
 
@@ -1355,6 +1358,7 @@ ngx_http_idem_replicas_send(ngx_http_idem_redis_t *rd, ngx_uint_t replicas,
 
     ngx_queue_init(&wt->waiters);
     wt->replicas = replicas;
+    wt->timeout = timeout;
 
     cmd->script = NGX_HTTP_IDEM_NSCRIPTS;
     cmd->arg0 = 1;
@@ -1397,7 +1401,7 @@ ngx_http_idem_replicas_wait(ngx_http_idem_redis_t *rd,
 
     wt = rd->wait_last;
 
-    if (wt == NULL || wt->replicas < replicas) {
+    if (wt == NULL || wt->replicas != replicas || wt->timeout != timeout) {
         wt = ngx_http_idem_replicas_send(rd, replicas, timeout);
         if (wt == NULL) {
             return NGX_ERROR;

@@ -71,6 +71,8 @@ struct ngx_http_idem_redis_s {
     ngx_msec_t                   connect_timeout;
     ngx_msec_t                   timeout;
     ngx_uint_t                   subscribe;     /* some location waits */
+    ngx_array_t                 *waits;         /* WAIT settings: msec[2] */
+    ngx_msec_t                   waits_sum;     /* of their timeouts */
 
     ngx_http_idem_script_t      *scripts;
 

@@ -45,6 +45,7 @@ for my $c (
         'idempotency_redis_wait 1 1500ms;' ],
     [ 'redis_wait off', "idempotency on; $R idempotency_redis_wait off;" ],
     [ 'redis_wait with the default timeout', "idempotency on; $R idempotency_redis_wait 2;" ],
+    [ 'redis_wait: one setting in two locations counts once', "idempotency on; $R idempotency_redis_wait 1 600ms; location /b { idempotency_redis_wait 1 600ms; }" ],
     [ 'unix socket', 'idempotency on; idempotency_redis unix:/tmp/no-such-redis.sock;' ],
     [ 'hostname', "idempotency on; idempotency_redis localhost:$dead;" ],
     [ 'IPv6 literal', "idempotency on; idempotency_redis [::1]:$dead;" ],
@@ -96,6 +97,8 @@ for my $c (
     [ 'redis_wait off + timeout', 'idempotency_redis_wait',     "idempotency on; $R idempotency_redis_wait off 100ms;" ],
     [ 'redis_wait twice',        'idempotency_redis_wait',      "idempotency on; $R idempotency_redis_wait 1; idempotency_redis_wait 2;" ],
     [ 'redis_wait three values', 'idempotency_redis_wait',      "idempotency on; $R idempotency_redis_wait 1 100ms 3;" ],
+    [ 'redis_wait settings adding up to the redis timeout', 'idempotency_redis_wait',
+      "idempotency on; $R idempotency_redis_wait 1 600ms; location /b { idempotency_redis_wait 2 600ms; }" ],
 ) {
     my ($what, $dir, $loc) = @$c;
     my ($rc, $out) = $t->nginx_test_conf(conf($loc));

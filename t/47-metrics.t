@@ -72,10 +72,26 @@ sub scrape {
 }
 
 my %want;   # "outcome location" => count
+
+# A request is counted in nginx's log phase, just after its last byte was
+# written: the client may read the answer and scrape (perhaps another
+# worker) first.  Wait, bounded, until the count is there; a count that
+# never comes shows in the checks after.
+sub counted {
+    my ($outcome, $loc) = @_;
+    my $series = "idempotency_requests_total{outcome=\"$outcome\",location=\"$loc\"}";
+    $t->wait_for(sub {
+        my ($x) = parse_prom($t->http(GET => '/metrics')->{content});
+        ($x->{$series} // -1) >= $want{"$outcome $loc"};
+    }, 5);
+}
 sub req {
     my ($outcome, $loc, @args) = @_;
     my $r = $t->http(@args);
     $want{"$outcome $loc"}++;
+    diag("expected $outcome, got: " . $t->show($r))
+        if $outcome eq 'executed' && $r->{status} != 201;
+    counted($outcome, $loc);
     return $r;
 }
 
@@ -112,6 +128,7 @@ for my $i (1 .. 2) {
     is($r->{status}, 409, 'a duplicate during the first is in progress');
     my $first = $bg->result(10);
     is($first && $first->{status}, 201, 'the slow first write completes');
+    counted(executed => 'orders');
     push @ok, $k;
 }
 GET_IS_NOT_COUNTED: {
@@ -210,6 +227,70 @@ is($v->{'idempotency_requests_total{outcome="rejected",location="orders"}'}, $wa
     req(executed => 'orders', POST => '/orders/x', key => $t->key('after-reload'), json => { r => 1 });
     my ($x) = parse_prom($t->http(GET => '/metrics')->{content});
     is($x->{'idempotency_requests_total{outcome="executed",location="orders"}'}, $want{'executed orders'}, 'reload: the new workers add to the same counters');
+}
+
+# ---- a reload that reorders and adds labels, with the cache helper
+# processes of proxy_cache_path beside the workers: each series keeps its
+# count by name, and worker 0's gauge stays worker 0's
+{
+    my ($before) = parse_prom($t->http(GET => '/metrics')->{content});
+    my $conf = <<'EOF2';
+idempotency_metrics_zone idem 64k;
+proxy_cache_path %%PREFIX%%/cache keys_zone=c:1m;
+server {
+    listen 127.0.0.1:%%PORT%%;
+    idempotency_redis %%REDIS%% timeout=1s;
+    proxy_ignore_client_abort on;
+    location /fresh/ {
+        idempotency on;
+        idempotency_metrics_label fresh;
+        proxy_pass http://%%UPSTREAM%%;
+    }
+    location /other/ {
+        idempotency on;
+        idempotency_metrics_label orders;
+        proxy_pass http://%%UPSTREAM%%;
+    }
+    location /orders/ {
+        idempotency on;
+        proxy_pass http://%%UPSTREAM%%;
+    }
+    location = /metrics {
+        idempotency_metrics;
+    }
+}
+EOF2
+    ok($t->reload_nginx($conf), 'reload with reordered labels and proxy_cache_path');
+    my ($after) = parse_prom($t->http(GET => '/metrics')->{content});
+    for my $o (qw(executed replayed conflict rejected)) {
+        for my $l ('orders', '') {
+            my $series = "idempotency_requests_total{outcome=\"$o\",location=\"$l\"}";
+            is($after->{$series}, $before->{$series}, "reordered labels: $series kept its count");
+        }
+    }
+    is($after->{'idempotency_requests_total{outcome="executed",location="fresh"}'}, 0, 'a new label starts at 0');
+    ok($t->wait_for(sub {
+        my ($y) = parse_prom($t->http(GET => '/metrics')->{content});
+        ($y->{'idempotency_redis_connected{worker="0"}'} // 0) == 1 && ($y->{'idempotency_redis_connected{worker="1"}'} // 0) == 1;
+    }, 10), 'with the cache manager and loader running, each worker\'s gauge is its own');
+    # the cache manager and loader serve no request: they hold no Redis
+    # connection (and no metrics slot); only the two workers do
+    my @clients = grep { !/cmd=client\|list/ } split /\n/, ($t->redis('CLIENT', 'LIST') // '');
+    is(scalar @clients, 2, 'Redis has one connection per worker, none from the cache helpers')
+        or diag(join "\n", @clients);
+    req(executed => 'orders', POST => '/other/x', key => $t->key('relabel'), json => { r => 2 });
+    req(executed => 'fresh', POST => '/fresh/x', key => $t->key('fresh'), json => { r => 3 });
+    my ($x) = parse_prom($t->http(GET => '/metrics')->{content});
+    is($x->{'idempotency_requests_total{outcome="executed",location="orders"}'}, $want{'executed orders'},
+       'reordered labels: "orders", now on /other/, adds to its own series');
+    is($x->{'idempotency_requests_total{outcome="executed",location="fresh"}'}, 1, 'the new label counts');
+    $t->stop_redis;
+    ok($t->wait_for(sub {
+        $t->http(POST => '/fresh/x', key => $t->key('poke'), json => { p => 1 });
+        my ($y) = parse_prom($t->http(GET => '/metrics')->{content});
+        ($y->{'idempotency_redis_connected{worker="0"}'} // 1) == 0 && ($y->{'idempotency_redis_connected{worker="1"}'} // 1) == 0;
+    }, 10), 'with the cache helpers running, Redis down shows as 0 for each worker');
+    $t->start_redis;
 }
 
 {
