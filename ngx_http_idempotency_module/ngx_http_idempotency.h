@@ -273,6 +273,7 @@ ngx_int_t ngx_http_idem_tokens(ngx_http_request_t *r,
     ngx_http_idem_ctx_t *ctx);
 ngx_int_t ngx_http_idem_claim_send(ngx_http_request_t *r,
     ngx_http_idem_ctx_t *ctx);
+void ngx_http_idem_resume(ngx_http_idem_ctx_t *ctx);
 
 /* ngx_http_idempotency_wait.c: idempotency_wait */
 ngx_int_t ngx_http_idem_wait(ngx_http_request_t *r,

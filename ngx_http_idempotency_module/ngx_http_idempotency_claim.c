@@ -463,9 +463,12 @@ ngx_http_idem_claim_orphan(ngx_http_idem_cmd_t *cmd, redisReply *reply)
 }
 
 
-/* the request goes on with the claim's answer (r may be freed inside) */
-static void
-ngx_http_idem_claim_answered(ngx_http_idem_ctx_t *ctx)
+/*
+ * Resume a request that waited for Redis, from outside the phase engine
+ * (r may be freed inside).
+ */
+void
+ngx_http_idem_resume(ngx_http_idem_ctx_t *ctx)
 {
     ngx_connection_t    *c;
     ngx_http_request_t  *r;
@@ -473,10 +476,17 @@ ngx_http_idem_claim_answered(ngx_http_idem_ctx_t *ctx)
     r = ctx->request;
     c = r->connection;
 
-    ctx->phase = NGX_HTTP_IDEM_ANSWERED;
-
     ngx_http_core_run_phases(r);
     ngx_http_run_posted_requests(c);
+}
+
+
+/* the request goes on with the claim's answer */
+static void
+ngx_http_idem_claim_answered(ngx_http_idem_ctx_t *ctx)
+{
+    ctx->phase = NGX_HTTP_IDEM_ANSWERED;
+    ngx_http_idem_resume(ctx);
 }
 
 

@@ -11,21 +11,6 @@
 #define NGX_HTTP_IDEM_RECHECK     500
 
 
-/* resume a request that was waiting, from outside the phase engine */
-static void
-ngx_http_idem_resume(ngx_http_idem_ctx_t *ctx)
-{
-    ngx_connection_t    *c;
-    ngx_http_request_t  *r;
-
-    r = ctx->request;
-    c = r->connection;
-
-    ngx_http_core_run_phases(r);
-    ngx_http_run_posted_requests(c);
-}
-
-
 static ngx_uint_t
 ngx_http_idem_wait_over(ngx_http_idem_ctx_t *ctx)
 {

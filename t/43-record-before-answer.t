@@ -52,14 +52,7 @@ EOF
 # CLIENT PAUSE WRITE for $ms, sent $after seconds from now by a child
 sub pause_later {
     my ($after, $ms) = @_;
-    my $pid = fork;
-    die "fork: $!" unless defined $pid;
-    if ($pid == 0) {
-        sleep $after;
-        $t->redis_pause($ms, 'WRITE');
-        POSIX::_exit(0);
-    }
-    return $pid;
+    return $t->later($after, sub { $t->redis_pause($ms, 'WRITE') });
 }
 
 for my $c ([ 'a small response', [] ],

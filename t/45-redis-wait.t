@@ -58,16 +58,11 @@ sub rep_state {
 # SIGSTOP the replica from $after to $after + $for seconds, from a child
 sub freeze_replica {
     my ($after, $for) = @_;
-    my $pid = fork;
-    die "fork: $!" unless defined $pid;
-    if ($pid == 0) {
-        sleep $after;
+    return $t->later($after, sub {
         kill 'STOP', $rep->{redis_pid};
         sleep $for;
         kill 'CONT', $rep->{redis_pid};
-        POSIX::_exit(0);
-    }
-    return $pid;
+    });
 }
 
 # ---- writes flow through WAIT (that they wait is shown below, with a slow replica)

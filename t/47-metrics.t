@@ -12,26 +12,30 @@ use Test::More;
 use Idem::Test;
 
 my $t = Idem::Test->new;
-$t->start_stack(<<'EOF', workers => 2);
+# the stack's nginx.conf: $http at http level, then [path, label] locations
+sub metrics_conf {
+    my ($http, @locs) = @_;
+    my $locs = join '', map {
+        my ($path, $label) = @$_;
+        "    location $path {\n        idempotency on;\n"
+        . ($label ? "        idempotency_metrics_label $label;\n" : '')
+        . "        proxy_pass http://%%UPSTREAM%%;\n    }\n";
+    } @locs;
+    return <<"EOF";
 idempotency_metrics_zone idem 64k;
+$http
 server {
     listen 127.0.0.1:%%PORT%%;
     idempotency_redis %%REDIS%% timeout=1s;
     proxy_ignore_client_abort on;
-    location /orders/ {
-        idempotency on;
-        idempotency_metrics_label orders;
-        proxy_pass http://%%UPSTREAM%%;
-    }
-    location /other/ {
-        idempotency on;
-        proxy_pass http://%%UPSTREAM%%;
-    }
-    location = /metrics {
+$locs    location = /metrics {
         idempotency_metrics;
     }
 }
 EOF
+}
+
+$t->start_stack(metrics_conf('', [ '/orders/' => 'orders' ], [ '/other/' ]), workers => 2);
 
 # ---- a strict reader of the text format: every line is a HELP, a TYPE or
 # a sample of the family the last TYPE named; returns {series => value}
@@ -234,32 +238,8 @@ is($v->{'idempotency_requests_total{outcome="rejected",location="orders"}'}, $wa
 # count by name, and worker 0's gauge stays worker 0's
 {
     my ($before) = parse_prom($t->http(GET => '/metrics')->{content});
-    my $conf = <<'EOF2';
-idempotency_metrics_zone idem 64k;
-proxy_cache_path %%PREFIX%%/cache keys_zone=c:1m;
-server {
-    listen 127.0.0.1:%%PORT%%;
-    idempotency_redis %%REDIS%% timeout=1s;
-    proxy_ignore_client_abort on;
-    location /fresh/ {
-        idempotency on;
-        idempotency_metrics_label fresh;
-        proxy_pass http://%%UPSTREAM%%;
-    }
-    location /other/ {
-        idempotency on;
-        idempotency_metrics_label orders;
-        proxy_pass http://%%UPSTREAM%%;
-    }
-    location /orders/ {
-        idempotency on;
-        proxy_pass http://%%UPSTREAM%%;
-    }
-    location = /metrics {
-        idempotency_metrics;
-    }
-}
-EOF2
+    my $conf = metrics_conf('proxy_cache_path %%PREFIX%%/cache keys_zone=c:1m;',
+        [ '/fresh/' => 'fresh' ], [ '/other/' => 'orders' ], [ '/orders/' ]);
     ok($t->reload_nginx($conf), 'reload with reordered labels and proxy_cache_path');
     my ($after) = parse_prom($t->http(GET => '/metrics')->{content});
     for my $o (qw(executed replayed conflict rejected)) {

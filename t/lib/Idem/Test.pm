@@ -519,6 +519,21 @@ sub workers_connected_to {
     return @w;
 }
 
+# later($secs, $code): runs $code in a forked child $secs seconds from now,
+# while the test goes on (sends a request, say); returns the child's pid
+# for waitpid.
+sub later {
+    my ($self, $secs, $code) = @_;
+    my $pid = fork;
+    die "fork: $!" unless defined $pid;
+    if ($pid == 0) {
+        sleep $secs if $secs > 0;
+        $code->();
+        POSIX::_exit(0);
+    }
+    return $pid;
+}
+
 # redis_pause($ms, $mode): CLIENT PAUSE $ms ALL|WRITE (default ALL); the reply.
 sub redis_pause {
     my ($self, $ms, $mode) = @_;
