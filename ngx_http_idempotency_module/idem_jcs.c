@@ -320,10 +320,6 @@ jcs_canon_name(jcs_canon_t *c)
     r->name_len = (uint32_t) (c->out.len - start)
                   | (plain ? 0 : JCS_NAME_COMPLEX);
 
-    if (c->x != NULL && c->x[c->depth - 1].node != NULL) {
-        jcs_excl_name(c, &c->x[c->depth - 1], r);
-    }
-
     jcs_skip_ws(&c->in);
 
     if (c->in.p == c->in.end || *c->in.p != ':') {
@@ -333,6 +329,25 @@ jcs_canon_name(jcs_canon_t *c)
     c->in.p++;
 
     return (jcs_put1(&c->out, ':') != 0) ? IDEM_JCS_ENOMEM : IDEM_JCS_OK;
+}
+
+
+/* the next name, and whether a pointer names its member */
+static idem_jcs_rc_t
+jcs_excl_next_name(jcs_canon_t *c)
+{
+    jcs_xframe_t   *x;
+    idem_jcs_rc_t   rc;
+
+    rc = jcs_canon_name(c);
+
+    x = &c->x[c->depth - 1];
+
+    if (rc == IDEM_JCS_OK && x->node != NULL) {
+        jcs_excl_name(c, x, &c->recs[c->nrecs - 1]);
+    }
+
+    return rc;
 }
 
 
@@ -453,16 +468,18 @@ jcs_canon_open(void *st, int *done)
     c->depth++;
     *done = 0;
 
-    if (c->x != NULL) {
-        jcs_excl_open(c, object);
+    if (c->x == NULL) {
+        return object ? jcs_canon_name(c) : IDEM_JCS_OK;
     }
 
-    return object ? jcs_canon_name(c) : IDEM_JCS_OK;
+    jcs_excl_open(c, object);
+
+    return object ? jcs_excl_next_name(c) : IDEM_JCS_OK;
 }
 
 
 /* The value of the object's newest member ended at the current offset. */
-static void
+static inline void
 jcs_canon_member_end(jcs_canon_t *c, jcs_frame_t *f)
 {
     jcs_rec_t  *r;
@@ -532,12 +549,84 @@ jcs_canon_sort(jcs_canon_t *c, jcs_frame_t *f)
 }
 
 
+/* the closing bracket of f at c->in.p: its members in order, then it */
+static inline idem_jcs_rc_t
+jcs_canon_close(jcs_canon_t *c, jcs_frame_t *f)
+{
+    idem_jcs_rc_t  rc;
+
+    c->in.p++;
+    c->depth--;
+
+    if (f->object && !f->sorted) {
+        rc = jcs_canon_sort(c, f);
+        if (rc != IDEM_JCS_OK) {
+            return rc;
+        }
+    }
+
+    if (f->object && c->depth > 0) {
+        c->nrecs = f->first;
+    }
+
+    return (jcs_put1(&c->out, f->object ? '}' : ']') != 0) ? IDEM_JCS_ENOMEM
+                                                           : IDEM_JCS_OK;
+}
+
+
 /*
  * After a complete value: close the containers that end here, then
  * either step over a comma (*more = 1) or reach the end (*more = 0).
  */
 static idem_jcs_rc_t
 jcs_canon_after_value(void *st, int *more)
+{
+    jcs_canon_t    *c = st;
+    jcs_frame_t    *f;
+    idem_jcs_rc_t   rc;
+
+    for ( ;; ) {
+        if (jcs_value_end(&c->in, c->depth, more, &rc)) {
+            return rc;
+        }
+
+        f = &c->frames[c->depth - 1];
+
+        if (f->object) {
+            jcs_canon_member_end(c, f);
+        }
+
+        if (*c->in.p == ',') {
+            c->in.p++;
+            *more = 1;
+
+            if (jcs_put1(&c->out, ',') != 0) {
+                return IDEM_JCS_ENOMEM;
+            }
+
+            return f->object ? jcs_canon_name(c) : IDEM_JCS_OK;
+        }
+
+        if (*c->in.p != (f->object ? '}' : ']')) {
+            return idem_jcs_unexpected(&c->in);
+        }
+
+        rc = jcs_canon_close(c, f);
+        if (rc != IDEM_JCS_OK) {
+            return rc;
+        }
+    }
+}
+
+
+/*
+ * The same with pointers: an excluded value is cut when it ends, and a
+ * comma is written only after something kept.  A grammar of its own, so
+ * a body canonicalized without pointers does not test for them at every
+ * value.
+ */
+static idem_jcs_rc_t
+jcs_excl_after_value(void *st, int *more)
 {
     jcs_canon_t    *c = st;
     jcs_frame_t    *f;
@@ -550,9 +639,9 @@ jcs_canon_after_value(void *st, int *more)
         }
 
         f = &c->frames[c->depth - 1];
-        x = (c->x != NULL) ? &c->x[c->depth - 1] : NULL;
+        x = &c->x[c->depth - 1];
 
-        if (x != NULL && x->skip) {
+        if (x->skip) {
             jcs_excl_cut(c, f, x);
 
         } else if (f->object) {
@@ -563,41 +652,26 @@ jcs_canon_after_value(void *st, int *more)
             c->in.p++;
             *more = 1;
 
-            rc = (x != NULL) ? jcs_excl_comma(c, f)
-                 : (jcs_put1(&c->out, ',') != 0) ? IDEM_JCS_ENOMEM
-                 : IDEM_JCS_OK;
-
+            rc = jcs_excl_comma(c, f);
             if (rc != IDEM_JCS_OK) {
                 return rc;
             }
 
-            return f->object ? jcs_canon_name(c) : IDEM_JCS_OK;
+            return f->object ? jcs_excl_next_name(c) : IDEM_JCS_OK;
         }
 
         if (*c->in.p != (f->object ? '}' : ']')) {
             return idem_jcs_unexpected(&c->in);
         }
 
-        c->in.p++;
-        c->depth--;
-
-        if (x != NULL && x->dup) {
+        /* where the sort would find a duplicate among the kept names */
+        if (x->dup) {
             return IDEM_JCS_EDUP;
         }
 
-        if (f->object && !f->sorted) {
-            rc = jcs_canon_sort(c, f);
-            if (rc != IDEM_JCS_OK) {
-                return rc;
-            }
-        }
-
-        if (f->object && c->depth > 0) {
-            c->nrecs = f->first;
-        }
-
-        if (jcs_put1(&c->out, f->object ? '}' : ']') != 0) {
-            return IDEM_JCS_ENOMEM;
+        rc = jcs_canon_close(c, f);
+        if (rc != IDEM_JCS_OK) {
+            return rc;
         }
     }
 }
@@ -605,6 +679,10 @@ jcs_canon_after_value(void *st, int *more)
 
 static const jcs_grammar_t  jcs_canon_grammar = {
     jcs_canon_open, jcs_canon_scalar, jcs_canon_after_value
+};
+
+static const jcs_grammar_t  jcs_excl_grammar = {
+    jcs_canon_open, jcs_canon_scalar, jcs_excl_after_value
 };
 
 
@@ -678,7 +756,8 @@ jcs_canon_run(const char *in, size_t len, char *borrow,
         }
     }
 
-    rc = jcs_drive(&c.in, &c, &jcs_canon_grammar);
+    rc = (c.x == NULL) ? jcs_drive(&c.in, &c, &jcs_canon_grammar)
+                       : jcs_drive(&c.in, &c, &jcs_excl_grammar);
 
     if (rc == IDEM_JCS_OK) {
         root_sorted = (c.out.data[0] != '{' || c.frames[0].sorted
