@@ -19,7 +19,7 @@ my $tool = "$FindBin::Bin/../build/idempotency-fingerprint";
 ok(-x $tool, 'build/idempotency-fingerprint is built') or BAIL_OUT('run make tools');
 
 my $t = Idem::Test->new;
-$t->start_stack(<<'EOF', log_format => 'F|$request_uri|$idempotency_fingerprint|$idempotency_body_form|$idempotency_outcome');
+$t->start_stack(<<'EOF', log_format => 'F|$request_uri|$idempotency_fingerprint|$idempotency_body_form|$idempotency_outcome', main => 'thread_pool idem threads=1;', error_log_level => 'debug');
 server {
     listen 127.0.0.1:%%PORT%%;
     idempotency_redis %%REDIS%%;
@@ -28,6 +28,11 @@ server {
 
     location /ex/ {
         idempotency on;
+        proxy_pass http://%%UPSTREAM%%;
+    }
+    location /tp/ {
+        idempotency on;
+        idempotency_thread_pool idem min_size=1;
         proxy_pass http://%%UPSTREAM%%;
     }
     location /off/ {
@@ -175,6 +180,14 @@ is($differs, 20, 'and it differs from the fingerprint without --exclude exactly 
        '10k-element array: the same as without the excluded members');
     my $b = post('/ex/big', $k, qq({"meta":{"sent_at":2},"items":$items,"request_id":"other"}));
     is($b->{headers}{'idempotent-replayed'}, 'true', '10k-element array: replayed');
+
+    # the same in the thread pool: the set is only read there
+    post('/tp/big', $t->key('tp'), $body);
+    my ($tfp, $tform) = logged('/tp/big');
+    is($tfp, tool('/tp/big', qq({"items":$items,"meta":{}}), @EX),
+       'in idempotency_thread_pool: the same exclusion');
+    like($t->error_log, qr/idempotency: body fingerprinted in a thread, rc:0/,
+         'and it was computed in a thread');
 
     # nesting at the limit under an excluded member: removed
     my $deep = qq({"a":1,"request_id":) . ('[' x 127) . (']' x 127) . '}';
