@@ -12,6 +12,9 @@
 
 #include <cjson/cJSON.h>
 
+#include <openssl/evp.h>
+
+#include "idem_fingerprint.h"
 #include "idem_jcs.h"
 #include "idem_pointer.h"
 #include "jcs_tree.h"
@@ -658,6 +661,109 @@ test_exclude_none(void)
 }
 
 
+/* the fingerprint */
+
+typedef struct {
+    const char  *orig;
+    size_t       len;
+} raw_src_t;
+
+
+/* what the module's body reader does: digest the original bytes again */
+static int
+raw_again(void *data, unsigned char *md)
+{
+    raw_src_t     *src = data;
+    unsigned int   n;
+
+    return EVP_Digest(src->orig, src->len, md, &n, EVP_sha256(), NULL) == 1
+           ? 0 : -1;
+}
+
+
+/* the fingerprint of a POST /v1/orders; in_place over a copy */
+static int
+fp_of(const char *body, const idem_ptr_set_t *excl, int in_place,
+    idem_fp_result_t *res)
+{
+    idem_fp_input_t   in;
+    raw_src_t         src;
+    char             *copy;
+    int               rc;
+
+    memset(&in, 0, sizeof(idem_fp_input_t));
+    in.method.data = "POST";
+    in.method.len = 4;
+    in.route.data = "/v1/orders";
+    in.route.len = 10;
+    in.query.data = "";
+    in.scope.data = "";
+    in.body_json = 1;
+    in.body_len = strlen(body);
+    in.exclude = excl;
+
+    copy = strdup(body);
+    in.body = in_place ? copy : body;
+
+    if (in_place) {
+        src.orig = body;
+        src.len = in.body_len;
+        in.body_in_place = 1;
+        in.raw_sha256 = raw_again;
+        in.raw_data = &src;
+    }
+
+    rc = idem_fingerprint(&in, res);
+    free(copy);
+
+    return rc;
+}
+
+
+static void
+test_fingerprint(void)
+{
+    static const char  *doc =
+        "{\n  \"amount\": 12.50,\n  \"request_id\": \"3f1c-77\",\n"
+        "  \"meta\": {\"sent_at\": \"2026-12-04T21:00:00Z\", \"src\": \"web\"},\n"
+        "  \"items\": [ {\"sku\": \"A-1\", \"qty\": 2} ]\n}\n";
+    static const char  *bad = "{\"a\":1,\"request_id\":01}";
+
+    idem_fp_result_t   a, b, c, d;
+    excl_t             e;
+    int                mode;
+
+    excl_init(&e, P("/request_id", "/meta/sent_at"));
+
+    for (mode = 0; mode < 2; mode++) {
+        ok(fp_of(doc, e.set, mode, &a) == 0 && a.body_form == IDEM_BODY_JSON
+           && strcmp(a.hex, "122f3859ddb4c7cb00601b5c854a1c6ad884a50881abeff4"
+                            "456a1985fdebcc32") == 0,
+           "docs/fingerprint.md 3.1 example%s", mode ? ", in place" : "");
+
+        ok(fp_of("{\"items\":[{\"qty\":2,\"sku\":\"A-1\"}],"
+                 "\"meta\":{\"src\":\"web\"},\"amount\":12.5}", NULL, mode,
+                 &b) == 0 && strcmp(a.hex, b.hex) == 0,
+           "... the same as the body without those members%s",
+           mode ? ", in place" : "");
+
+        ok(fp_of(doc, NULL, mode, &c) == 0
+           && strcmp(c.hex, "81726290cffd733e860ea7b8432771fcb4a117c0179ee8334"
+                            "cc4cc466b0dc587") == 0,
+           "... and without the directive, its documented fingerprint%s",
+           mode ? ", in place" : "");
+
+        ok(fp_of(bad, e.set, mode, &c) == 0 && fp_of(bad, NULL, 0, &d) == 0
+           && c.body_form == IDEM_BODY_RAW_INVALID_JSON
+           && c.json_rc == IDEM_JCS_ESYNTAX && strcmp(c.hex, d.hex) == 0,
+           "invalid under an excluded member: raw, as without pointers%s",
+           mode ? ", in place" : "");
+    }
+
+    excl_free(&e);
+}
+
+
 int
 main(int argc, char **argv)
 {
@@ -668,6 +774,7 @@ main(int argc, char **argv)
     test_exclude_depth();
     test_exclude_none();
     test_exclude_generated();
+    test_fingerprint();
 
     return done_testing();
 }
