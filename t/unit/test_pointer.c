@@ -214,6 +214,7 @@ excl_init(excl_t *e, const char *const *list)
     memset(e, 0, sizeof(excl_t));
     e->set = idem_ptr_set_create();
 
+    /* e->n counts what excl_free() must free, also on failure */
     for (i = 0; list[i] != NULL && i < MAX_PTRS; i++) {
         if (idem_ptr_set_add(e->set, list[i], strlen(list[i])) != IDEM_PTR_OK
             || idem_ptr_parse(list[i], strlen(list[i]), &e->ptrs[i])
@@ -221,9 +222,10 @@ excl_init(excl_t *e, const char *const *list)
         {
             return -1;
         }
+
+        e->n = i + 1;
     }
 
-    e->n = i;
     return 0;
 }
 
