@@ -17,6 +17,15 @@
  *    implementation of the canonical form: the direct writer builds no
  *    tree), and so does idem_jcs_canonicalize_in_place over a copy;
  *  - the nesting of accepted input is at most IDEM_JCS_MAX_DEPTH.
+ * With JSON pointers (idem_pointer.c): the input's first line, as a
+ * pointer, parses the same every time, and an accepted one written back
+ * from its tokens is the same bytes, its tokens UTF-8 with their literal
+ * and index right; and the input canonicalized without what a set of
+ * pointers names (paths into the input's own tree chosen by its bytes,
+ * paths that miss, that first line, "/a", "/0") is refused exactly when,
+ * and why, the input is refused without them, gives the same bytes in
+ * place, and is the tree path's result: jcs_tree_exclude() on the parsed
+ * tree, then jcs_tree_write().
  * And for the first 8 bytes read as a double: a finite value is written
  * by idem_jcs_format_number as text that strtod reads back to the same
  * double (-0 as 0) and that is its own canonical form.
@@ -307,6 +316,295 @@ check_same_value(fuzz_jcs_t *c)
 }
 
 
+/* pointers */
+
+typedef struct {
+    char    *data;
+    size_t   len;
+    size_t   size;
+} fuzz_str_t;
+
+
+static void
+fuzz_str_add(fuzz_str_t *s, const char *p, size_t n)
+{
+    if (s->len + n + 1 > s->size) {
+        s->size = 2 * (s->len + n + 1);
+        s->data = realloc(s->data, s->size);
+        if (s->data == NULL) {
+            abort();
+        }
+    }
+
+    memcpy(s->data + s->len, p, n);
+    s->len += n;
+    s->data[s->len] = '\0';
+}
+
+
+/* "/" and the token with "~" as "~0" and "/" as "~1" (RFC 6901) */
+static void
+fuzz_str_token(fuzz_str_t *s, const char *t, size_t n)
+{
+    size_t  i;
+
+    fuzz_str_add(s, "/", 1);
+
+    for (i = 0; i < n; i++) {
+        if (t[i] == '~') {
+            fuzz_str_add(s, "~0", 2);
+        } else if (t[i] == '/') {
+            fuzz_str_add(s, "~1", 2);
+        } else {
+            fuzz_str_add(s, &t[i], 1);
+        }
+    }
+}
+
+
+/* RFC 6901's array-index, below 2^31, decided here on its own */
+static int
+fuzz_is_index(const char *t, size_t n)
+{
+    unsigned long long  v;
+    size_t              i;
+
+    if (n == 0 || n > 10 || (n > 1 && t[0] == '0')) {
+        return 0;
+    }
+
+    for (v = 0, i = 0; i < n; i++) {
+        if (t[i] < '0' || t[i] > '9') {
+            return 0;
+        }
+        v = v * 10 + (unsigned) (t[i] - '0');
+    }
+
+    return v <= 0x7fffffff;
+}
+
+
+/* the first line of the input (at most 256 bytes) as a pointer */
+static void
+check_pointer_parse(const uint8_t *data, size_t size)
+{
+    idem_ptr_t       p, q;
+    idem_ptr_rc_t    rc;
+    fuzz_str_t       back;
+    idem_sink_t      sink;
+    mem_t            m;
+    const uint8_t   *nl;
+    size_t           n, i;
+    char            *line, num[24];
+
+    nl = memchr(data, '\n', size < 256 ? size : 256);
+    n = nl ? (size_t) (nl - data) : (size < 256 ? size : 256);
+    line = fuzz_dup(data, n);
+
+    rc = idem_ptr_parse(line, n, &p);
+    FUZZ_CHECK(idem_ptr_parse(line, n, &q) == rc, "pointer rc changes");
+    idem_ptr_free(&q);
+
+    if (rc != IDEM_PTR_OK) {
+        FUZZ_CHECK(rc > IDEM_PTR_OK && rc <= IDEM_PTR_EDEPTH && p.ntokens == 0,
+                   "pointer rc %d for \"%s\"", rc, fuzz_show(line, n));
+        free(line);
+        return;
+    }
+
+    memset(&back, 0, sizeof(fuzz_str_t));
+    fuzz_str_add(&back, "", 0);
+
+    for (i = 0; i < p.ntokens; i++) {
+        fuzz_str_token(&back, p.tokens[i].data, p.tokens[i].len);
+
+        FUZZ_CHECK(idem_utf8_valid(p.tokens[i].data, p.tokens[i].len)
+                   && memchr(p.tokens[i].data, '\0', p.tokens[i].len) == NULL,
+                   "token %zu of \"%s\" is not UTF-8", i, fuzz_show(line, n));
+
+        /* the literal is what idem_jcs_write_string() writes */
+        mem_sink(&m, &sink);
+        FUZZ_CHECK(idem_jcs_write_string(&sink, p.tokens[i].data,
+                                         p.tokens[i].len) == 0, "write");
+        FUZZ_CHECK(m.len == p.tokens[i].canon_len + 2
+                   && memcmp(m.data + 1, p.tokens[i].canon,
+                             p.tokens[i].canon_len) == 0,
+                   "literal of token %zu of \"%s\"", i, fuzz_show(line, n));
+        mem_free(&m);
+
+        /* an index is exactly a decimal without a leading zero */
+        if (p.tokens[i].index >= 0) {
+            snprintf(num, sizeof(num), "%lld", (long long) p.tokens[i].index);
+            FUZZ_CHECK(strlen(num) == p.tokens[i].len
+                       && memcmp(num, p.tokens[i].data, p.tokens[i].len) == 0,
+                       "index %s of token %zu", num, i);
+        } else {
+            FUZZ_CHECK(!fuzz_is_index(p.tokens[i].data, p.tokens[i].len),
+                       "token %zu of \"%s\" is an index", i,
+                       fuzz_show(line, n));
+        }
+    }
+
+    FUZZ_CHECK(back.len == n && memcmp(back.data, line, n) == 0,
+               "\"%s\" is written back as \"%s\"", fuzz_show(line, n),
+               back.data);
+
+    free(back.data);
+    idem_ptr_free(&p);
+    free(line);
+}
+
+
+/* a path into v chosen by the input's bytes; it may miss on purpose */
+static void
+fuzz_pick_path(const cJSON *v, fuzz_jcs_t *c, size_t *pos, fuzz_str_t *s)
+{
+    const cJSON  *ch;
+    char          num[24];
+    int           n, i;
+    uint8_t       b;
+
+    s->len = 0;
+    fuzz_str_add(s, "", 0);
+
+    while ((cJSON_IsArray(v) || cJSON_IsObject(v)) && c->size > 0) {
+        b = c->data[(*pos)++ % c->size];
+        n = cJSON_GetArraySize(v);
+
+        if (n == 0 || (b & 0xc0) == 0xc0) {
+            fuzz_str_add(s, (b & 1) ? "/0" : "/nope", (b & 1) ? 2 : 5);
+            return;
+        }
+
+        i = b % n;
+        ch = cJSON_GetArrayItem(v, i);
+
+        if (cJSON_IsObject(v)) {
+            fuzz_str_token(s, ch->string, strlen(ch->string));
+        } else {
+            snprintf(num, sizeof(num), "/%d", i);
+            fuzz_str_add(s, num, strlen(num));
+        }
+
+        if ((b & 0xc0) == 0x80 || s->len > 4096) {
+            return;
+        }
+
+        v = ch;
+    }
+}
+
+
+#define FUZZ_MAX_PTRS  8
+
+typedef struct {
+    idem_ptr_set_t  *set;
+    idem_ptr_t       ptrs[FUZZ_MAX_PTRS];
+    size_t           n;
+} fuzz_excl_t;
+
+
+static void
+fuzz_excl_add(fuzz_excl_t *e, const char *p, size_t len)
+{
+    if (e->n < FUZZ_MAX_PTRS
+        && idem_ptr_set_add(e->set, p, len) == IDEM_PTR_OK)
+    {
+        FUZZ_CHECK(idem_ptr_parse(p, len, &e->ptrs[e->n]) == IDEM_PTR_OK,
+                   "the set took \"%s\", the parser does not", p);
+        e->n++;
+    }
+}
+
+
+/* the pointers: paths into the tree, the first line, "/a" and "/0" */
+static void
+fuzz_excl_build(fuzz_excl_t *e, fuzz_jcs_t *c)
+{
+    fuzz_str_t       s;
+    const uint8_t   *nl;
+    size_t           pos, i, n;
+
+    memset(e, 0, sizeof(fuzz_excl_t));
+    memset(&s, 0, sizeof(fuzz_str_t));
+    e->set = idem_ptr_set_create();
+    FUZZ_CHECK(e->set != NULL, "no set");
+
+    pos = c->size / 2;
+
+    for (i = 0; c->tree != NULL && i < 4; i++) {
+        fuzz_pick_path(c->tree, c, &pos, &s);
+        if (s.len > 0) {
+            fuzz_excl_add(e, s.data, s.len);
+        }
+    }
+
+    nl = memchr(c->data, '\n', c->size < 256 ? c->size : 256);
+    n = nl ? (size_t) (nl - c->data) : (c->size < 256 ? c->size : 256);
+    fuzz_excl_add(e, c->in, n);
+    fuzz_excl_add(e, "/a", 2);
+    fuzz_excl_add(e, "/0", 2);
+
+    free(s.data);
+}
+
+
+/* canonicalized without what the set names: as the tree path says */
+static void
+check_exclude(fuzz_jcs_t *c)
+{
+    fuzz_excl_t     e;
+    mem_t           out, out2, want;
+    idem_sink_t     sink;
+    idem_jcs_rc_t   rc, rc2;
+    cJSON          *tree;
+    char           *copy;
+    size_t          i;
+
+    fuzz_excl_build(&e, c);
+
+    mem_sink(&out, &sink);
+    rc = idem_jcs_canonicalize_excluding(c->in, c->size, e.set, &sink);
+
+    mem_sink(&out2, &sink);
+    copy = fuzz_dup(c->data, c->size);
+    rc2 = idem_jcs_canonicalize_in_place_excluding(copy, c->size, e.set,
+                                                   &sink);
+    free(copy);
+
+    FUZZ_CHECK(rc == c->rc && rc2 == c->rc,
+               "rc %d, excluding %d, in place %d for \"%s\"", c->rc, rc, rc2,
+               fuzz_show(c->in, c->size));
+
+    if (rc == IDEM_JCS_OK) {
+        FUZZ_CHECK(mem_same(&out, &out2), "excluding in place differs");
+        FUZZ_CHECK(out.len <= c->out.len, "excluding made it longer");
+
+        tree = cJSON_Duplicate(c->tree, 1);
+        FUZZ_CHECK(tree != NULL, "cJSON_Duplicate");
+        jcs_tree_exclude(tree, e.ptrs, e.n);
+
+        mem_sink(&want, &sink);
+        FUZZ_CHECK(jcs_tree_write(tree, &sink) == IDEM_JCS_OK
+                   && mem_same(&out, &want),
+                   "excluding: \"%s\", the tree path: \"%s\"",
+                   fuzz_show(out.data, out.len),
+                   want.data ? want.data : "");
+
+        mem_free(&want);
+        cJSON_Delete(tree);
+    }
+
+    for (i = 0; i < e.n; i++) {
+        idem_ptr_free(&e.ptrs[i]);
+    }
+
+    idem_ptr_set_free(e.set);
+    mem_free(&out);
+    mem_free(&out2);
+}
+
+
 int
 LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -322,10 +620,12 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     c.rc = idem_jcs_canonicalize(c.in, size, &c.sink);
 
+    check_pointer_parse(data, size);
     check_deterministic(&c);
     check_in_place(&c);
     check_rc(&c);
     check_tree_parse(&c);
+    check_exclude(&c);
 
     if (c.rc == IDEM_JCS_OK) {
         check_output(&c);

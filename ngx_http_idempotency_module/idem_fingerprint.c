@@ -289,9 +289,11 @@ fp_write_body(const idem_fp_input_t *in, idem_sink_t *out,
     if (in->body_json) {
         /* the caller handed over its copy: body is writable then */
         rc = in->body_in_place
-             ? idem_jcs_canonicalize_in_place((char *) in->body,
-                                              in->body_len, out)
-             : idem_jcs_canonicalize(in->body, in->body_len, out);
+             ? idem_jcs_canonicalize_in_place_excluding((char *) in->body,
+                                                        in->body_len,
+                                                        in->exclude, out)
+             : idem_jcs_canonicalize_excluding(in->body, in->body_len,
+                                               in->exclude, out);
 
         if (rc == IDEM_JCS_OK) {
             res->body_form = IDEM_BODY_JSON;

@@ -63,6 +63,12 @@ typedef struct {
     int                   body_in_place;
     int                 (*raw_sha256)(void *raw_data, unsigned char *md);
     void                 *raw_data;
+
+    /*
+     * idempotency_fingerprint_exclude: members of a JSON body left out
+     * of B (docs/fingerprint.md section 3.1); NULL or empty for none.
+     */
+    const idem_ptr_set_t *exclude;
 } idem_fp_input_t;
 
 typedef struct {

@@ -6,6 +6,11 @@
  * built: the memory is the canonical text, one record per member of the
  * objects still open, and a scratch copy of the largest object that was
  * out of order.  Sorting is also where duplicate names are found.
+ *
+ * Members named by idempotency_fingerprint_exclude are read, checked and
+ * written like any other, and their bytes are cut off the output when
+ * their value ends: so a body is accepted or refused for the same reason
+ * with or without exclusions, by the same code.
  */
 
 #ifndef _GNU_SOURCE
@@ -18,6 +23,7 @@
 
 #include "idem_jcs_parse.h"
 #include "idem_number.h"
+#include "idem_pointer.h"
 
 
 const char *
@@ -101,6 +107,17 @@ typedef struct {
     int        sorted;      /* names so far in strictly increasing order */
 } jcs_frame_t;
 
+/* a container's part in the exclusion, kept only when there is one */
+typedef struct {
+    const idem_ptr_node_t  *node;   /* pointers going on here, or NULL */
+    const idem_ptr_node_t  *child;  /* ... and into the current value */
+    uint64_t                seen;   /* the excluded names met so far */
+    uint32_t                index;  /* the current element's */
+    uint32_t                cut;    /* the output offset it began at */
+    unsigned                skip:1; /* the current value is excluded */
+    unsigned                dup:1;  /* an excluded name came twice */
+} jcs_xframe_t;
+
 typedef struct {
     jcs_in_t              in;
     const unsigned char  *in_start;
@@ -111,6 +128,8 @@ typedef struct {
     size_t                recs_size;
     int                   depth;
     jcs_frame_t           frames[IDEM_JCS_MAX_DEPTH];
+    const idem_ptr_set_t *excl;
+    jcs_xframe_t         *x;        /* NULL: nothing is excluded */
 } jcs_canon_t;
 
 
@@ -146,6 +165,111 @@ static int
 jcs_rec_cmp(const void *a, const void *b, void *base)
 {
     return jcs_name_cmp(base, a, b);
+}
+
+
+/* exclusion */
+
+/*
+ * A name was read in an object that pointers go through.  Equal names
+ * reach the same node, so a name excluded twice is a duplicate: it is
+ * kept for the object's end, where duplicates are reported anyway.
+ */
+static void
+jcs_excl_name(jcs_canon_t *c, jcs_xframe_t *x, const jcs_rec_t *r)
+{
+    const idem_ptr_node_t  *n;
+
+    n = idem_ptr_member(x->node, c->out.data + r->name + 1,
+                        (r->name_len & ~JCS_NAME_COMPLEX) - 2);
+
+    x->skip = (n != NULL && n->bit != 0);
+    x->child = x->skip ? NULL : n;
+
+    if (x->skip) {
+        x->dup |= ((x->seen & n->bit) != 0);
+        x->seen |= n->bit;
+    }
+}
+
+
+/* an element of an array that pointers go through */
+static void
+jcs_excl_element(jcs_xframe_t *x)
+{
+    const idem_ptr_node_t  *n;
+
+    n = idem_ptr_element(x->node, x->index);
+
+    x->skip = (n != NULL && n->bit != 0);
+    x->child = x->skip ? NULL : n;
+}
+
+
+/* a container opened (c->depth already counts it), after its bracket */
+static void
+jcs_excl_open(jcs_canon_t *c, int object)
+{
+    jcs_xframe_t  *x, *up;
+
+    x = &c->x[c->depth - 1];
+
+    if (c->depth == 1) {
+        x->node = &c->excl->root;
+
+    } else {
+        up = x - 1;
+        x->node = up->node ? up->child : NULL;
+    }
+
+    x->child = NULL;
+    x->seen = 0;
+    x->index = 0;
+    x->cut = (uint32_t) c->out.len;
+    x->skip = 0;
+    x->dup = 0;
+
+    if (!object && x->node != NULL) {
+        jcs_excl_element(x);
+    }
+}
+
+
+/*
+ * The comma before the next member or element: written unless nothing
+ * was kept yet, and where an excluded one would be cut back to.
+ */
+static idem_jcs_rc_t
+jcs_excl_comma(jcs_canon_t *c, jcs_frame_t *f)
+{
+    jcs_xframe_t  *x;
+
+    x = &c->x[c->depth - 1];
+    x->cut = (uint32_t) c->out.len;
+
+    if (!f->object && x->node != NULL) {
+        x->index++;
+        jcs_excl_element(x);
+    }
+
+    if (c->out.len == f->start + 1) {
+        return IDEM_JCS_OK;
+    }
+
+    return (jcs_put1(&c->out, ',') != 0) ? IDEM_JCS_ENOMEM : IDEM_JCS_OK;
+}
+
+
+/* the excluded value ended: its bytes, comma and record go */
+static void
+jcs_excl_cut(jcs_canon_t *c, jcs_frame_t *f, jcs_xframe_t *x)
+{
+    c->out.len = x->cut;
+    x->skip = 0;
+
+    if (f->object) {
+        c->nrecs--;
+    }
 }
 
 
@@ -205,6 +329,25 @@ jcs_canon_name(jcs_canon_t *c)
     c->in.p++;
 
     return (jcs_put1(&c->out, ':') != 0) ? IDEM_JCS_ENOMEM : IDEM_JCS_OK;
+}
+
+
+/* the next name, and whether a pointer names its member */
+static idem_jcs_rc_t
+jcs_excl_next_name(jcs_canon_t *c)
+{
+    jcs_xframe_t   *x;
+    idem_jcs_rc_t   rc;
+
+    rc = jcs_canon_name(c);
+
+    x = &c->x[c->depth - 1];
+
+    if (rc == IDEM_JCS_OK && x->node != NULL) {
+        jcs_excl_name(c, x, &c->recs[c->nrecs - 1]);
+    }
+
+    return rc;
 }
 
 
@@ -325,12 +468,18 @@ jcs_canon_open(void *st, int *done)
     c->depth++;
     *done = 0;
 
-    return object ? jcs_canon_name(c) : IDEM_JCS_OK;
+    if (c->x == NULL) {
+        return object ? jcs_canon_name(c) : IDEM_JCS_OK;
+    }
+
+    jcs_excl_open(c, object);
+
+    return object ? jcs_excl_next_name(c) : IDEM_JCS_OK;
 }
 
 
 /* The value of the object's newest member ended at the current offset. */
-static void
+static inline void
 jcs_canon_member_end(jcs_canon_t *c, jcs_frame_t *f)
 {
     jcs_rec_t  *r;
@@ -400,6 +549,31 @@ jcs_canon_sort(jcs_canon_t *c, jcs_frame_t *f)
 }
 
 
+/* the closing bracket of f at c->in.p: its members in order, then it */
+static inline idem_jcs_rc_t
+jcs_canon_close(jcs_canon_t *c, jcs_frame_t *f)
+{
+    idem_jcs_rc_t  rc;
+
+    c->in.p++;
+    c->depth--;
+
+    if (f->object && !f->sorted) {
+        rc = jcs_canon_sort(c, f);
+        if (rc != IDEM_JCS_OK) {
+            return rc;
+        }
+    }
+
+    if (f->object && c->depth > 0) {
+        c->nrecs = f->first;
+    }
+
+    return (jcs_put1(&c->out, f->object ? '}' : ']') != 0) ? IDEM_JCS_ENOMEM
+                                                           : IDEM_JCS_OK;
+}
+
+
 /*
  * After a complete value: close the containers that end here, then
  * either step over a comma (*more = 1) or reach the end (*more = 0).
@@ -437,22 +611,67 @@ jcs_canon_after_value(void *st, int *more)
             return idem_jcs_unexpected(&c->in);
         }
 
-        c->in.p++;
-        c->depth--;
+        rc = jcs_canon_close(c, f);
+        if (rc != IDEM_JCS_OK) {
+            return rc;
+        }
+    }
+}
 
-        if (f->object && !f->sorted) {
-            rc = jcs_canon_sort(c, f);
+
+/*
+ * The same with pointers: an excluded value is cut when it ends, and a
+ * comma is written only after something kept.  A grammar of its own, so
+ * a body canonicalized without pointers does not test for them at every
+ * value.
+ */
+static idem_jcs_rc_t
+jcs_excl_after_value(void *st, int *more)
+{
+    jcs_canon_t    *c = st;
+    jcs_frame_t    *f;
+    jcs_xframe_t   *x;
+    idem_jcs_rc_t   rc;
+
+    for ( ;; ) {
+        if (jcs_value_end(&c->in, c->depth, more, &rc)) {
+            return rc;
+        }
+
+        f = &c->frames[c->depth - 1];
+        x = &c->x[c->depth - 1];
+
+        if (x->skip) {
+            jcs_excl_cut(c, f, x);
+
+        } else if (f->object) {
+            jcs_canon_member_end(c, f);
+        }
+
+        if (*c->in.p == ',') {
+            c->in.p++;
+            *more = 1;
+
+            rc = jcs_excl_comma(c, f);
             if (rc != IDEM_JCS_OK) {
                 return rc;
             }
+
+            return f->object ? jcs_excl_next_name(c) : IDEM_JCS_OK;
         }
 
-        if (f->object && c->depth > 0) {
-            c->nrecs = f->first;
+        if (*c->in.p != (f->object ? '}' : ']')) {
+            return idem_jcs_unexpected(&c->in);
         }
 
-        if (jcs_put1(&c->out, f->object ? '}' : ']') != 0) {
-            return IDEM_JCS_ENOMEM;
+        /* where the sort would find a duplicate among the kept names */
+        if (x->dup) {
+            return IDEM_JCS_EDUP;
+        }
+
+        rc = jcs_canon_close(c, f);
+        if (rc != IDEM_JCS_OK) {
+            return rc;
         }
     }
 }
@@ -460,6 +679,10 @@ jcs_canon_after_value(void *st, int *more)
 
 static const jcs_grammar_t  jcs_canon_grammar = {
     jcs_canon_open, jcs_canon_scalar, jcs_canon_after_value
+};
+
+static const jcs_grammar_t  jcs_excl_grammar = {
+    jcs_canon_open, jcs_canon_scalar, jcs_excl_after_value
 };
 
 
@@ -488,9 +711,13 @@ jcs_canon_write_root(jcs_canon_t *c, idem_sink_t *out)
 }
 
 
-/* in[0..len) to out; in place when borrow (== in) may be overwritten */
+/*
+ * in[0..len) to out, without what excl names; in place when borrow
+ * (== in) may be overwritten
+ */
 static idem_jcs_rc_t
-jcs_canon_run(const char *in, size_t len, char *borrow, idem_sink_t *out)
+jcs_canon_run(const char *in, size_t len, char *borrow,
+    const idem_ptr_set_t *excl, idem_sink_t *out)
 {
     jcs_canon_t     c;
     idem_jcs_rc_t   rc;
@@ -506,6 +733,14 @@ jcs_canon_run(const char *in, size_t len, char *borrow, idem_sink_t *out)
     c.in_start = c.in.p;
     c.out.text = 1;
 
+    if (excl != NULL && excl->root.child != NULL) {
+        c.excl = excl;
+        c.x = malloc(IDEM_JCS_MAX_DEPTH * sizeof(jcs_xframe_t));
+        if (c.x == NULL) {
+            return IDEM_JCS_ENOMEM;
+        }
+    }
+
     if (borrow) {
         c.out.borrowed = 1;
         c.out.data = borrow;
@@ -516,11 +751,13 @@ jcs_canon_run(const char *in, size_t len, char *borrow, idem_sink_t *out)
         c.out.size = len + 64;
         c.out.data = malloc(c.out.size);
         if (c.out.data == NULL) {
+            free(c.x);
             return IDEM_JCS_ENOMEM;
         }
     }
 
-    rc = jcs_drive(&c.in, &c, &jcs_canon_grammar);
+    rc = (c.x == NULL) ? jcs_drive(&c.in, &c, &jcs_canon_grammar)
+                       : jcs_drive(&c.in, &c, &jcs_excl_grammar);
 
     if (rc == IDEM_JCS_OK) {
         root_sorted = (c.out.data[0] != '{' || c.frames[0].sorted
@@ -539,6 +776,7 @@ jcs_canon_run(const char *in, size_t len, char *borrow, idem_sink_t *out)
 
     free(c.tmp.data);
     free(c.recs);
+    free(c.x);
 
     return rc;
 }
@@ -547,7 +785,15 @@ jcs_canon_run(const char *in, size_t len, char *borrow, idem_sink_t *out)
 idem_jcs_rc_t
 idem_jcs_canonicalize(const char *in, size_t len, idem_sink_t *out)
 {
-    return jcs_canon_run(in, len, NULL, out);
+    return jcs_canon_run(in, len, NULL, NULL, out);
+}
+
+
+idem_jcs_rc_t
+idem_jcs_canonicalize_excluding(const char *in, size_t len,
+    const idem_ptr_set_t *excl, idem_sink_t *out)
+{
+    return jcs_canon_run(in, len, NULL, excl, out);
 }
 
 
@@ -560,5 +806,13 @@ idem_jcs_canonicalize(const char *in, size_t len, idem_sink_t *out)
 idem_jcs_rc_t
 idem_jcs_canonicalize_in_place(char *buf, size_t len, idem_sink_t *out)
 {
-    return jcs_canon_run(buf, len, buf, out);
+    return jcs_canon_run(buf, len, buf, NULL, out);
+}
+
+
+idem_jcs_rc_t
+idem_jcs_canonicalize_in_place_excluding(char *buf, size_t len,
+    const idem_ptr_set_t *excl, idem_sink_t *out)
+{
+    return jcs_canon_run(buf, len, buf, excl, out);
 }

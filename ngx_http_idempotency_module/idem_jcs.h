@@ -9,6 +9,7 @@
 #include <stddef.h>
 
 #include "idem_text.h"          /* idem_utf8_valid(), idem_utf16_cmp() */
+#include "idem_pointer.h"       /* idem_ptr_set_t */
 
 /* Output goes through a sink so the fingerprint can stream into SHA-256. */
 typedef struct idem_sink_s  idem_sink_t;
@@ -51,6 +52,17 @@ idem_jcs_rc_t idem_jcs_canonicalize(const char *in, size_t len,
  */
 idem_jcs_rc_t idem_jcs_canonicalize_in_place(char *buf, size_t len,
     idem_sink_t *out);
+
+/*
+ * Both, with the members and elements named by excl left out
+ * (docs/fingerprint.md section 3.1); excl may be NULL or empty.  What is
+ * left out is still read and checked: the same input is refused for the
+ * same reason with or without excl.
+ */
+idem_jcs_rc_t idem_jcs_canonicalize_excluding(const char *in, size_t len,
+    const idem_ptr_set_t *excl, idem_sink_t *out);
+idem_jcs_rc_t idem_jcs_canonicalize_in_place_excluding(char *buf, size_t len,
+    const idem_ptr_set_t *excl, idem_sink_t *out);
 
 /* Writes s (valid UTF-8, may hold NUL bytes) as a JCS string literal. */
 int idem_jcs_write_string(idem_sink_t *out, const char *s, size_t len);

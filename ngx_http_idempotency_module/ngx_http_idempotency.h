@@ -54,6 +54,7 @@ typedef struct {
     ngx_array_t                 *store_headers;    /* ngx_str_t, lowercase */
     ngx_uint_t                   store_failure;
     ngx_array_t                 *fp_headers;       /* ngx_str_t, lowercase */
+    idem_ptr_set_t              *fp_exclude;       /* NULL: none */
     ngx_array_t                 *release_statuses; /* ngx_uint_t */
     ngx_msec_t                   wait;
     ngx_uint_t                   wait_replicas;    /* 0: no WAIT */

@@ -217,6 +217,7 @@ ngx_http_idem_fingerprint(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
     in.query.len = r->args.len;
     in.scope.data = (const char *) scope.data;
     in.scope.len = scope.len;
+    in.exclude = ctx->conf->fp_exclude;
 
     if (ngx_http_idem_fp_headers(r, ctx, &in) != NGX_OK) {
         return NGX_ERROR;

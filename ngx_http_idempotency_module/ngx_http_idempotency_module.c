@@ -22,6 +22,8 @@ static char *ngx_http_idem_methods(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 static char *ngx_http_idem_lowercase_list(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
+static char *ngx_http_idem_fp_exclude(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
 static char *ngx_http_idem_conflict_status(ngx_conf_t *cf,
     ngx_command_t *cmd, void *conf);
 static char *ngx_http_idem_enum(ngx_conf_t *cf, ngx_command_t *cmd,
@@ -179,6 +181,13 @@ static ngx_command_t  ngx_http_idem_commands[] = {
       offsetof(ngx_http_idem_loc_conf_t, fp_headers),
       NULL },
 
+    { ngx_string("idempotency_fingerprint_exclude"),
+      NGX_HTTP_IDEM_CONF_ANY|NGX_CONF_1MORE,
+      ngx_http_idem_fp_exclude,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      0,
+      NULL },
+
     { ngx_string("idempotency_thread_pool"),
       NGX_HTTP_IDEM_CONF_ANY|NGX_CONF_TAKE12,
       ngx_http_idem_thread_pool,
@@ -325,6 +334,7 @@ ngx_http_idem_create_loc_conf(ngx_conf_t *cf)
     conf->store_headers = NGX_CONF_UNSET_PTR;
     conf->store_failure = NGX_CONF_UNSET_UINT;
     conf->fp_headers = NGX_CONF_UNSET_PTR;
+    conf->fp_exclude = NGX_CONF_UNSET_PTR;
     conf->release_statuses = NGX_CONF_UNSET_PTR;
     conf->thread_pool = NGX_CONF_UNSET_PTR;
     conf->metrics_label = NGX_CONF_UNSET_UINT;
@@ -544,6 +554,7 @@ ngx_http_idem_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
                               NGX_HTTP_IDEM_FAILURE_CLOSED);
     ngx_conf_merge_ptr_value(conf->fp_headers, prev->fp_headers, NULL);
     ngx_conf_merge_uint_value(conf->metrics_label, prev->metrics_label, 0);
+    ngx_conf_merge_ptr_value(conf->fp_exclude, prev->fp_exclude, NULL);
 
     if (conf->release_statuses == NGX_CONF_UNSET_PTR) {
         if (prev->release_statuses == NGX_CONF_UNSET_PTR) {
@@ -962,6 +973,72 @@ ngx_http_idem_lowercase_list(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
         }
 
         ngx_strlow(name->data, value[i].data, name->len);
+    }
+
+    return NGX_CONF_OK;
+}
+
+
+static void
+ngx_http_idem_fp_exclude_free(void *data)
+{
+    idem_ptr_set_free(data);
+}
+
+
+/*
+ * idempotency_fingerprint_exclude off | pointer ...: the pointers are
+ * parsed here, once, into the set the canonicalizer matches names
+ * against; workers and threads only read it.
+ */
+static char *
+ngx_http_idem_fp_exclude(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_http_idem_loc_conf_t  *lcf = conf;
+
+    ngx_str_t           *value;
+    ngx_uint_t           i;
+    idem_ptr_rc_t        rc;
+    ngx_pool_cleanup_t  *cln;
+
+    if (lcf->fp_exclude != NGX_CONF_UNSET_PTR) {
+        return "is duplicate";
+    }
+
+    value = cf->args->elts;
+
+    if (cf->args->nelts == 2 && ngx_strcmp(value[1].data, "off") == 0) {
+        lcf->fp_exclude = NULL;
+        return NGX_CONF_OK;
+    }
+
+    cln = ngx_pool_cleanup_add(cf->pool, 0);
+    if (cln == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    lcf->fp_exclude = idem_ptr_set_create();
+    if (lcf->fp_exclude == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    cln->handler = ngx_http_idem_fp_exclude_free;
+    cln->data = lcf->fp_exclude;
+
+    for (i = 1; i < cf->args->nelts; i++) {
+        rc = idem_ptr_set_add(lcf->fp_exclude, (const char *) value[i].data,
+                              value[i].len);
+
+        if (rc == IDEM_PTR_ENOMEM) {
+            return NGX_CONF_ERROR;
+        }
+
+        if (rc != IDEM_PTR_OK) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "invalid JSON pointer \"%V\" in \"%V\": %s",
+                               &value[i], &cmd->name, idem_ptr_strerror(rc));
+            return NGX_CONF_ERROR;
+        }
     }
 
     return NGX_CONF_OK;

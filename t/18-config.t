@@ -42,7 +42,8 @@ for my $c (
         'idempotency_ttl 1h;', 'idempotency_lease 30s;', 'idempotency_conflict_status 422;',
         'idempotency_store_max 512k;', 'idempotency_store_headers Location Content-Type X-Request-Id;',
         'idempotency_store_failure open;', 'idempotency_fingerprint_headers X-Tenant Accept-Language;',
-        'idempotency_redis_wait 1 1500ms;' ],
+        'idempotency_redis_wait 1 1500ms;',
+        'idempotency_fingerprint_exclude /request_id /meta/sent_at;' ],
     [ 'redis_wait off', "idempotency on; $R idempotency_redis_wait off;" ],
     [ 'redis_wait with the default timeout', "idempotency on; $R idempotency_redis_wait 2;" ],
     [ 'redis_wait: one setting in two locations counts once', "idempotency on; $R idempotency_redis_wait 1 600ms; location /b { idempotency_redis_wait 1 600ms; }" ],
@@ -99,6 +100,11 @@ for my $c (
     [ 'redis_wait three values', 'idempotency_redis_wait',      "idempotency on; $R idempotency_redis_wait 1 100ms 3;" ],
     [ 'redis_wait settings adding up to the redis timeout', 'idempotency_redis_wait',
       "idempotency on; $R idempotency_redis_wait 1 600ms; location /b { idempotency_redis_wait 2 600ms; }" ],
+    [ 'exclude without /',       'idempotency_fingerprint_exclude', "idempotency on; $R idempotency_fingerprint_exclude request_id;" ],
+    [ 'exclude empty pointer',   'idempotency_fingerprint_exclude', "idempotency on; $R idempotency_fingerprint_exclude '';" ],
+    [ 'exclude bad escape',      'idempotency_fingerprint_exclude', "idempotency on; $R idempotency_fingerprint_exclude /a~2;" ],
+    [ 'exclude trailing ~',      'idempotency_fingerprint_exclude', "idempotency on; $R idempotency_fingerprint_exclude /a~;" ],
+    [ 'exclude listed twice',    'idempotency_fingerprint_exclude', "idempotency on; $R idempotency_fingerprint_exclude /a /a;" ],
 ) {
     my ($what, $dir, $loc) = @$c;
     my ($rc, $out) = $t->nginx_test_conf(conf($loc));

@@ -4,7 +4,8 @@
  *
  *   idempotency-fingerprint --method POST --route /orders \
  *       [--query 'a=1'] [--scope alice] [--header 'x-tenant: t1']... \
- *       [--content-type application/json] [--body-file F] [--preimage]
+ *       [--content-type application/json] [--exclude /json/pointer]...
+ *       [--body-file F] [--preimage]
  *
  * Prints the 64-hex fingerprint (or, with --preimage, the exact bytes
  * that are hashed) on stdout and the body form on stderr.  The body is
@@ -27,7 +28,7 @@ usage(FILE *f)
 {
     fputs("usage: idempotency-fingerprint --method M --route R [--query Q]\n"
           "         [--scope S] [--header NAME:VALUE]... [--content-type T]\n"
-          "         [--body-file F] [--preimage]\n"
+          "         [--exclude POINTER]... [--body-file F] [--preimage]\n"
           "\n"
           "  --method M         request method, e.g. POST\n"
           "  --route R          normalized URI ($uri), e.g. /orders\n"
@@ -39,6 +40,9 @@ usage(FILE *f)
           "  --content-type T   the request Content-Type; JSON types\n"
           "                     (application/json, */*+json) are\n"
           "                     canonicalized, anything else hashed raw\n"
+          "  --exclude POINTER  a JSON pointer of\n"
+          "                     idempotency_fingerprint_exclude: that member\n"
+          "                     of a JSON body does not count (repeatable)\n"
           "  --body-file F      the body (default: read stdin; - is stdin)\n"
           "  --preimage         print the canonical preimage instead of the\n"
           "                     fingerprint\n", f);
@@ -177,12 +181,39 @@ set_str(idem_str_t *s, const char *v)
 
 typedef struct {
     idem_fp_input_t   in;
+    idem_ptr_set_t   *exclude;
     idem_str_t        names[FP_MAX_HEADERS];
     idem_str_t        values[FP_MAX_HEADERS];
     const char       *body_file;
     const char       *ct;
     int               preimage;
 } fp_args_t;
+
+
+/* the same pointers, refused for the same reasons, as nginx -t */
+static int
+add_exclude(fp_args_t *a, const char *ptr)
+{
+    idem_ptr_rc_t  rc;
+
+    if (a->exclude == NULL) {
+        a->exclude = idem_ptr_set_create();
+        if (a->exclude == NULL) {
+            fputs("out of memory\n", stderr);
+            return -1;
+        }
+
+        a->in.exclude = a->exclude;
+    }
+
+    rc = idem_ptr_set_add(a->exclude, ptr, strlen(ptr));
+    if (rc != IDEM_PTR_OK) {
+        fprintf(stderr, "--exclude \"%s\": %s\n", ptr, idem_ptr_strerror(rc));
+        return -1;
+    }
+
+    return 0;
+}
 
 
 /* 0 to go on, -1 when --help was answered, else the exit status */
@@ -196,6 +227,7 @@ parse_args(int argc, char **argv, fp_args_t *a)
         { "scope",        required_argument, NULL, 's' },
         { "header",       required_argument, NULL, 'H' },
         { "content-type", required_argument, NULL, 'c' },
+        { "exclude",      required_argument, NULL, 'x' },
         { "body-file",    required_argument, NULL, 'b' },
         { "preimage",     no_argument,       NULL, 'p' },
         { "help",         no_argument,       NULL, 'h' },
@@ -216,6 +248,12 @@ parse_args(int argc, char **argv, fp_args_t *a)
 
         case 'H':
             if (add_header(&a->in, a->names, a->values, optarg) != 0) {
+                return 2;
+            }
+            break;
+
+        case 'x':
+            if (add_exclude(a, optarg) != 0) {
                 return 2;
             }
             break;
@@ -281,12 +319,14 @@ main(int argc, char **argv)
 
     rc = parse_args(argc, argv, &a);
     if (rc != 0) {
+        idem_ptr_set_free(a.exclude);
         return (rc < 0) ? 0 : rc;
     }
 
     body = read_body(a.body_file, &a.in.body_len);
     if (body == NULL) {
         fputs("cannot read the body\n", stderr);
+        idem_ptr_set_free(a.exclude);
         return 1;
     }
 
@@ -296,6 +336,7 @@ main(int argc, char **argv)
 
     rc = fingerprint(&a, &res);
     free(body);
+    idem_ptr_set_free(a.exclude);
 
     if (rc != 0) {
         fputs("fingerprint failed\n", stderr);

@@ -595,3 +595,67 @@ jcs_tree_write(const cJSON *v, idem_sink_t *out)
 
     return jcs_write(v, out, 0);
 }
+
+
+/*
+ * The exclusion as docs/fingerprint.md words it, on a tree: every pointer
+ * is evaluated against the tree as it was, and what it names is removed.
+ * Written apart from the canonicalizer's token tree on purpose: it walks
+ * cJSON's unescaped names and counts array positions itself.
+ */
+static void
+jcs_exclude(cJSON *v, const idem_ptr_t *ptrs, size_t n, size_t d,
+    uint64_t alive)
+{
+    cJSON                   *c, *next;
+    uint64_t                 go;
+    size_t                   k;
+    int64_t                  i;
+    int                      object, drop;
+    const idem_ptr_token_t  *t;
+
+    object = cJSON_IsObject(v);
+
+    if (!object && !cJSON_IsArray(v)) {
+        return;
+    }
+
+    for (c = v->child, i = 0; c != NULL; c = next, i++) {
+        next = c->next;
+        go = 0;
+        drop = 0;
+
+        for (k = 0; k < n; k++) {
+            if (!(alive & ((uint64_t) 1 << k)) || ptrs[k].ntokens <= d) {
+                continue;
+            }
+
+            t = &ptrs[k].tokens[d];
+
+            if (object ? (strlen(c->string) == t->len
+                          && memcmp(c->string, t->data, t->len) == 0)
+                       : (t->index == i))
+            {
+                go |= (uint64_t) 1 << k;
+                drop |= (ptrs[k].ntokens == d + 1);
+            }
+        }
+
+        if (drop) {
+            cJSON_Delete(cJSON_DetachItemViaPointer(v, c));
+
+        } else if (go) {
+            jcs_exclude(c, ptrs, n, d + 1, go);
+        }
+    }
+}
+
+
+void
+jcs_tree_exclude(cJSON *root, const idem_ptr_t *ptrs, size_t n)
+{
+    if (root != NULL && n > 0 && n <= 64) {
+        jcs_exclude(root, ptrs, n, 0, (n == 64) ? ~(uint64_t) 0
+                                                : ((uint64_t) 1 << n) - 1);
+    }
+}

@@ -11,6 +11,7 @@
 #include <cjson/cJSON.h>
 
 #include "idem_jcs.h"
+#include "idem_pointer.h"
 
 /*
  * Accepts and rejects exactly as idem_jcs_canonicalize() does, and hands
@@ -21,5 +22,11 @@ idem_jcs_rc_t jcs_tree_parse(const char *in, size_t len, cJSON **tree);
 
 /* The canonical form of any tree; EDUP, EUTF8, ... for one that has none. */
 idem_jcs_rc_t jcs_tree_write(const cJSON *v, idem_sink_t *out);
+
+/*
+ * Removes from the tree what the pointers name (docs/fingerprint.md
+ * section 3.1), independently of the canonicalizer's own way; n <= 64.
+ */
+void jcs_tree_exclude(cJSON *root, const idem_ptr_t *ptrs, size_t n);
 
 #endif /* JCS_TREE_H */
