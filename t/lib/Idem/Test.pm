@@ -441,6 +441,78 @@ sub redis_keys {
 # start_silent_server(): a TCP server on a free port that accepts every
 # connection and reads from it, but never answers a byte (a Redis that hangs
 # after accept). Returns its port; stopped with the other processes.
+# start_fake_sentinel($file): a Sentinel that names as master whatever
+# "host port" $file holds when asked (SENTINEL get-master-addr-by-name),
+# accepts SUBSCRIBE and never announces a switch; for the paths a real
+# Sentinel hides (a stale answer, a demotion nobody announced). Its port.
+sub start_fake_sentinel {
+    my ($self, $file) = @_;
+    my $s = IO::Socket::INET->new(
+        LocalAddr => '127.0.0.1', LocalPort => 0, Proto => 'tcp', Listen => 64,
+        ReuseAddr => 1,
+    ) or die "fake sentinel: $!";
+    my $port = $s->sockport;
+    my $pid = fork;
+    die "fork: $!" unless defined $pid;
+    if ($pid == 0) {
+        my $sel = IO::Select->new($s);
+        my %buf;
+        while (1) {
+            for my $fh ($sel->can_read(1)) {
+                if ($fh == $s) {
+                    my $c = $s->accept or next;
+                    $buf{$c} = '';
+                    $sel->add($c);
+                    next;
+                }
+                if (!sysread($fh, $buf{$fh}, 65536, length $buf{$fh})) {
+                    $sel->remove($fh);
+                    delete $buf{$fh};
+                    close $fh;
+                    next;
+                }
+                while (my @cmd = _resp_take(\$buf{$fh})) {
+                    syswrite($fh, _fake_sentinel_reply($file, @cmd));
+                }
+            }
+        }
+    }
+    close $s;
+    push @{ $self->{silent_pids} }, $pid;
+    return $port;
+}
+
+# one complete command (a RESP array of bulk strings) off the front of $$b
+sub _resp_take {
+    my ($b) = @_;
+    return () unless $$b =~ /\A\*(\d+)\r\n/;
+    my ($n, $pos, @cmd) = ($1, length($&));
+    for (1 .. $n) {
+        return () unless substr($$b, $pos) =~ /\A\$(\d+)\r\n/;
+        my $len = $1;
+        $pos += length($&);
+        return () if length($$b) < $pos + $len + 2;
+        push @cmd, substr($$b, $pos, $len);
+        $pos += $len + 2;
+    }
+    substr($$b, 0, $pos) = '';
+    return @cmd;
+}
+
+sub _fake_sentinel_reply {
+    my ($file, @cmd) = @_;
+    my $bulk = sub { join '', map { '$' . length($_) . "\r\n$_\r\n" } @_ };
+    my $c = uc($cmd[0] // '');
+    if ($c eq 'SENTINEL') {
+        my ($host, $port) = split ' ', _slurp($file);
+        return "*-1\r\n" unless $port;
+        return "*2\r\n" . $bulk->($host, $port);
+    }
+    return "*3\r\n" . $bulk->('subscribe', $cmd[1]) . ":1\r\n" if $c eq 'SUBSCRIBE';
+    return "+PONG\r\n" if $c eq 'PING';
+    return "+OK\r\n";
+}
+
 sub start_silent_server {
     my ($self) = @_;
     my $s = IO::Socket::INET->new(
