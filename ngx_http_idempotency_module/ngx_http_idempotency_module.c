@@ -5,6 +5,7 @@
  */
 
 #include "ngx_http_idempotency.h"
+#include "ngx_http_idempotency_sentinel.h"
 
 
 static ngx_int_t ngx_http_idem_postconfiguration(ngx_conf_t *cf);
@@ -17,6 +18,8 @@ static char *ngx_http_idem_enable(ngx_conf_t *cf, ngx_command_t *cmd,
 static char *ngx_http_idem_redis(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 static char *ngx_http_idem_redis_wait(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+static char *ngx_http_idem_redis_sentinel(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 static char *ngx_http_idem_methods(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
@@ -86,6 +89,13 @@ static ngx_command_t  ngx_http_idem_commands[] = {
     { ngx_string("idempotency_redis_wait"),
       NGX_HTTP_IDEM_CONF_ANY|NGX_CONF_TAKE12,
       ngx_http_idem_redis_wait,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      0,
+      NULL },
+
+    { ngx_string("idempotency_redis_sentinel"),
+      NGX_HTTP_IDEM_CONF_ANY|NGX_CONF_2MORE,
+      ngx_http_idem_redis_sentinel,
       NGX_HTTP_LOC_CONF_OFFSET,
       0,
       NULL },
@@ -590,7 +600,8 @@ ngx_http_idem_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
 
     if ((conf->enable || conf->ops) && conf->redis == NULL) {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "\"%s\" needs \"idempotency_redis\" "
+                           "\"%s\" needs \"idempotency_redis\" (or "
+                           "\"idempotency_redis_sentinel\") "
                            "in the same or an enclosing block",
                            conf->enable ? "idempotency on"
                                         : "idempotency_status/admin");
@@ -1173,18 +1184,43 @@ ngx_http_idem_redis_same(ngx_http_idem_redis_t *a, ngx_http_idem_redis_t *b)
 }
 
 
+/* one Redis topology per scope: a server or a Sentinel-named master */
+static char *
+ngx_http_idem_redis_taken(ngx_conf_t *cf, ngx_command_t *cmd,
+    ngx_http_idem_loc_conf_t *lcf, ngx_uint_t sentinel)
+{
+    if (lcf->redis == NULL) {
+        return NGX_CONF_OK;
+    }
+
+    if ((lcf->redis->locate != NULL) == sentinel) {
+        return "is duplicate";
+    }
+
+    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                       "\"%V\" and \"%s\" in one block: "
+                       "one Redis topology per scope", &cmd->name,
+                       sentinel ? "idempotency_redis"
+                                : "idempotency_redis_sentinel");
+
+    return NGX_CONF_ERROR;
+}
+
+
 static char *
 ngx_http_idem_redis(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 {
     ngx_http_idem_loc_conf_t  *lcf = conf;
 
+    char                       *rv;
     ngx_str_t                  *value;
     ngx_uint_t                  i;
     ngx_http_idem_redis_t      *rd, **servers, **slot;
     ngx_http_idem_main_conf_t  *mcf;
 
-    if (lcf->redis) {
-        return "is duplicate";
+    rv = ngx_http_idem_redis_taken(cf, cmd, lcf, 0);
+    if (rv != NGX_CONF_OK) {
+        return rv;
     }
 
     value = cf->args->elts;
@@ -1218,6 +1254,174 @@ ngx_http_idem_redis(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
             return NGX_CONF_OK;
         }
     }
+
+    slot = ngx_array_push(&mcf->servers);
+    if (slot == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    *slot = rd;
+    lcf->redis = rd;
+
+    return NGX_CONF_OK;
+}
+
+
+/*
+ * The name as in "sentinel monitor <name>": it is matched against the
+ * words of +switch-master messages, so no space; no ":" or "=" either,
+ * which catches a seed or an option written where the name belongs.
+ */
+static char *
+ngx_http_idem_sentinel_name(ngx_conf_t *cf, ngx_command_t *cmd,
+    ngx_str_t *name)
+{
+    ngx_uint_t  i;
+
+    for (i = 0; i < name->len; i++) {
+        if (name->data[i] <= 0x20 || name->data[i] >= 0x7f
+            || name->data[i] == ':' || name->data[i] == '=')
+        {
+            break;
+        }
+    }
+
+    if (name->len && i == name->len) {
+        return NGX_CONF_OK;
+    }
+
+    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                       "invalid master name \"%V\" in \"%V\" directive: "
+                       "the first parameter is the name of \"sentinel "
+                       "monitor\" (printable, no space, \":\" or \"=\")",
+                       name, &cmd->name);
+
+    return NGX_CONF_ERROR;
+}
+
+
+/* resolved now, like idempotency_redis: getaddrinfo would block a worker */
+static char *
+ngx_http_idem_sentinel_seed(ngx_conf_t *cf, ngx_command_t *cmd,
+    ngx_http_idem_sentinel_t *sn, ngx_str_t *v)
+{
+    u_char                         *p;
+    ngx_url_t                       u;
+    ngx_http_idem_sentinel_addr_t  *a;
+
+    ngx_memzero(&u, sizeof(ngx_url_t));
+    u.url = *v;
+
+    if ((v->len >= 5 && ngx_strncasecmp(v->data, (u_char *) "unix:", 5) == 0)
+        || ngx_parse_url(cf->pool, &u) != NGX_OK || u.naddrs == 0
+        || u.no_port)
+    {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "invalid sentinel address \"%V\" in \"%V\" "
+                           "directive: host:port expected%s%s", v,
+                           &cmd->name, u.err ? ": " : "", u.err ? u.err : "");
+        return NGX_CONF_ERROR;
+    }
+
+    a = ngx_array_push(&sn->seeds);
+    p = ngx_pnalloc(cf->pool, NGX_SOCKADDR_STRLEN + 1);
+    if (a == NULL || p == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    a->name = *v;
+    a->host = p;
+    p[ngx_sock_ntop(u.addrs[0].sockaddr, u.addrs[0].socklen, p,
+                    NGX_SOCKADDR_STRLEN, 0)] = '\0';
+    a->port = (int) ngx_inet_get_port(u.addrs[0].sockaddr);
+
+    return NGX_CONF_OK;
+}
+
+
+static char *
+ngx_http_idem_sentinel_param(ngx_conf_t *cf, ngx_command_t *cmd,
+    ngx_http_idem_redis_t *rd, ngx_str_t *v)
+{
+    ngx_http_idem_sentinel_t  *sn = rd->locate_data;
+
+    if (ngx_strlchr(v->data, v->data + v->len, '=') == NULL) {
+        return ngx_http_idem_sentinel_seed(cf, cmd, sn, v);
+    }
+
+    if (ngx_strncmp(v->data, "sentinel_password=", 18) == 0) {
+        sn->password.data = v->data + 18;
+        sn->password.len = v->len - 18;
+        return NGX_CONF_OK;
+    }
+
+    /* the master's own: user=, password=, db=, the timeouts */
+    return ngx_http_idem_redis_param(cf, cmd, rd, v);
+}
+
+
+static char *
+ngx_http_idem_redis_sentinel(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_http_idem_loc_conf_t  *lcf = conf;
+
+    char                       *rv;
+    ngx_str_t                  *value;
+    ngx_uint_t                  i;
+    ngx_http_idem_redis_t      *rd, **slot;
+    ngx_http_idem_sentinel_t   *sn;
+    ngx_http_idem_main_conf_t  *mcf;
+
+    rv = ngx_http_idem_redis_taken(cf, cmd, lcf, 1);
+    if (rv != NGX_CONF_OK) {
+        return rv;
+    }
+
+    value = cf->args->elts;
+
+    if (ngx_http_idem_sentinel_name(cf, cmd, &value[1]) != NGX_CONF_OK) {
+        return NGX_CONF_ERROR;
+    }
+
+    rd = ngx_pcalloc(cf->pool, sizeof(ngx_http_idem_redis_t));
+    sn = ngx_pcalloc(cf->pool, sizeof(ngx_http_idem_sentinel_t));
+    if (rd == NULL || sn == NULL
+        || ngx_array_init(&sn->seeds, cf->pool, 3,
+                          sizeof(ngx_http_idem_sentinel_addr_t))
+           != NGX_OK)
+    {
+        return NGX_CONF_ERROR;
+    }
+
+    sn->master = value[1];
+    rd->name.len = sizeof("sentinel:") - 1 + value[1].len;
+    rd->name.data = ngx_pnalloc(cf->pool, rd->name.len);
+    if (rd->name.data == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    ngx_sprintf(rd->name.data, "sentinel:%V", &value[1]);
+    rd->connect_timeout = 1000;
+    rd->timeout = 1000;
+    rd->locate = ngx_http_idem_sentinel_locate;
+    rd->locate_data = sn;
+
+    for (i = 2; i < cf->args->nelts; i++) {
+        if (ngx_http_idem_sentinel_param(cf, cmd, rd, &value[i])
+            != NGX_CONF_OK)
+        {
+            return NGX_CONF_ERROR;
+        }
+    }
+
+    if (sn->seeds.nelts == 0) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"%V\" directive needs at least one sentinel "
+                           "host:port after the master name", &cmd->name);
+        return NGX_CONF_ERROR;
+    }
+
+    mcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_idempotency_module);
 
     slot = ngx_array_push(&mcf->servers);
     if (slot == NULL) {
@@ -1468,6 +1672,9 @@ ngx_http_idem_init_process(ngx_cycle_t *cycle)
 
     ngx_http_idem_metrics_init_process(mcf->metrics_zone);
 
+    /* first: the transport's links ask it where the master is */
+    ngx_http_idem_sentinel_init_process(cycle, &mcf->servers);
+
     return ngx_http_idem_redis_init_process(cycle, &mcf->servers,
                                             mcf->scripts);
 }
@@ -1488,5 +1695,6 @@ ngx_http_idem_exit_process(ngx_cycle_t *cycle)
         return;
     }
 
+    ngx_http_idem_sentinel_exit_process(&mcf->servers);
     ngx_http_idem_redis_exit_process(&mcf->servers);
 }

@@ -329,6 +329,43 @@ ngx_http_idem_link_message(redisAsyncContext *ac, void *r, void *privdata)
 }
 
 
+/*
+ * A master that Sentinel named may have been demoted since (a stale
+ * answer, or a failover between the answer and the connect): writing to a
+ * replica would only earn READONLY, and an old master that has not heard
+ * yet would lose the writes when it is turned into a replica.
+ */
+static void
+ngx_http_idem_link_role(redisAsyncContext *ac, void *r, void *privdata)
+{
+    redisReply            *reply = r;
+    ngx_http_idem_link_t  *lk = ac->data;
+
+    ngx_str_t  role;
+
+    if (reply == NULL || lk->ac != ac || reply->type == REDIS_REPLY_ERROR) {
+        ngx_http_idem_link_handshake(ac, r, privdata);
+        return;
+    }
+
+    if (reply->type == REDIS_REPLY_ARRAY && reply->elements > 0
+        && ngx_http_idem_reply_str(reply->element[0], &role) == NGX_OK
+        && role.len == 6 && ngx_strncmp(role.data, "master", 6) == 0)
+    {
+        ngx_http_idem_link_handshake(ac, r, privdata);
+        return;
+    }
+
+    ngx_log_error(NGX_LOG_WARN, lk->redis->log, 0,
+                  "idempotency: redis %V at %V:%d%s is not a master, "
+                  "asking the sentinels again",
+                  &lk->redis->name, &lk->redis->host, lk->redis->port,
+                  ngx_http_idem_link_name(lk));
+
+    ngx_http_idem_link_recycle_later(lk);
+}
+
+
 static void
 ngx_http_idem_link_setup(ngx_http_idem_link_t *lk, redisCallbackFn *fn,
     void *what, const char *format, ...)
@@ -338,7 +375,7 @@ ngx_http_idem_link_setup(ngx_http_idem_link_t *lk, redisCallbackFn *fn,
     va_start(ap, format);
 
     if (redisvAsyncCommand(lk->ac, fn, what, format, ap) == REDIS_OK
-        && fn == ngx_http_idem_link_handshake)
+        && fn != ngx_http_idem_link_message)
     {
         lk->handshake++;
     }
@@ -366,6 +403,10 @@ ngx_http_idem_link_handshake_send(ngx_http_idem_link_t *lk)
         ngx_http_idem_link_setup(lk, ngx_http_idem_link_handshake, "AUTH",
                                  "AUTH %b", rd->password.data,
                                  rd->password.len);
+    }
+
+    if (rd->locate) {
+        ngx_http_idem_link_setup(lk, ngx_http_idem_link_role, "ROLE", "ROLE");
     }
 
     if (lk->subscriber) {
@@ -431,6 +472,14 @@ ngx_http_idem_link_connect(ngx_http_idem_link_t *lk)
     redisAsyncContext      *ac;
     ngx_http_idem_redis_t  *rd = lk->redis;
 
+    /* every loss of a located server asks where the master is now */
+    if (rd->locate && lk->gen == rd->gen) {
+        rd->locate(rd);
+        return;
+    }
+
+    lk->gen = rd->gen;
+
     if (rd->port) {
         ac = redisAsyncConnect((char *) rd->host.data, rd->port);
 
@@ -473,6 +522,22 @@ ngx_http_idem_link_connect(ngx_http_idem_link_t *lk)
 }
 
 
+ngx_msec_t
+ngx_http_idem_backoff_step(ngx_msec_t backoff)
+{
+    return backoff ? ngx_min(backoff * 2, NGX_HTTP_IDEM_BACKOFF_MAX)
+                   : NGX_HTTP_IDEM_BACKOFF_MIN;
+}
+
+
+/* jitter, so that the workers of a host do not reconnect in step */
+ngx_msec_t
+ngx_http_idem_backoff_jitter(ngx_msec_t backoff)
+{
+    return backoff - (ngx_msec_t) ngx_random() % (backoff / 4 + 1);
+}
+
+
 static void
 ngx_http_idem_link_schedule(ngx_http_idem_link_t *lk)
 {
@@ -480,9 +545,7 @@ ngx_http_idem_link_schedule(ngx_http_idem_link_t *lk)
         return;
     }
 
-    lk->backoff = lk->backoff ? ngx_min(lk->backoff * 2,
-                                        NGX_HTTP_IDEM_BACKOFF_MAX)
-                              : NGX_HTTP_IDEM_BACKOFF_MIN;
+    lk->backoff = ngx_http_idem_backoff_step(lk->backoff);
 
     /*
      * A given-back claim that Redis runs late exists, as in_progress, until
@@ -494,9 +557,7 @@ ngx_http_idem_link_schedule(ngx_http_idem_link_t *lk)
         lk->backoff = NGX_HTTP_IDEM_BACKOFF_MIN;
     }
 
-    /* jitter, so that the workers of a host do not reconnect in step */
-    ngx_add_timer(&lk->reconnect,
-                  lk->backoff - (ngx_msec_t) ngx_random() % (lk->backoff / 4 + 1));
+    ngx_add_timer(&lk->reconnect, ngx_http_idem_backoff_jitter(lk->backoff));
 }
 
 
@@ -638,6 +699,74 @@ ngx_http_idem_link_close(ngx_http_idem_link_t *lk)
     if (ac) {
         redisAsyncFree(ac);
     }
+}
+
+
+static void
+ngx_http_idem_link_follow(ngx_http_idem_link_t *lk, ngx_uint_t moved)
+{
+    if (lk->redis == NULL) {
+        return;                        /* no such link in this worker */
+    }
+
+    if (lk->ac) {
+        if (moved) {
+            ngx_http_idem_link_recycle_later(lk);
+
+        } else {
+            lk->gen = lk->redis->gen;
+        }
+
+        return;
+    }
+
+    if (lk->reconnect.timer_set) {
+        ngx_del_timer(&lk->reconnect);
+    }
+
+    ngx_http_idem_link_connect(lk);
+}
+
+
+void
+ngx_http_idem_redis_located(ngx_http_idem_redis_t *rd, ngx_str_t *host,
+    ngx_int_t port)
+{
+    ngx_uint_t  moved;
+
+    if (rd->exiting) {
+        return;
+    }
+
+    if (host == NULL) {
+        if (rd->cmd.redis && rd->cmd.ac == NULL) {
+            ngx_http_idem_link_schedule(&rd->cmd);
+        }
+
+        if (rd->sub.redis && rd->sub.ac == NULL) {
+            ngx_http_idem_link_schedule(&rd->sub);
+        }
+
+        return;
+    }
+
+    moved = (rd->port != port || rd->host.len != host->len
+             || ngx_strncmp(rd->host.data, host->data, host->len) != 0);
+
+    if (moved) {
+        ngx_log_error(NGX_LOG_NOTICE, rd->log, 0,
+                      "idempotency: redis %V: master at %V:%i",
+                      &rd->name, host, port);
+    }
+
+    rd->host.len = ngx_min(host->len, NGX_SOCKADDR_STRLEN);
+    rd->host.data = rd->addr;
+    *ngx_cpymem(rd->addr, host->data, rd->host.len) = '\0';
+    rd->port = (int) port;
+    rd->gen++;
+
+    ngx_http_idem_link_follow(&rd->cmd, moved);
+    ngx_http_idem_link_follow(&rd->sub, moved);
 }
 
 
@@ -1186,11 +1315,45 @@ ngx_http_idem_redis_observe(ngx_http_idem_cmd_t *cmd, redisReply *reply)
 }
 
 
+/*
+ * A located server that refuses writes was a master: it has been demoted
+ * (READONLY), or has lost the replicas that min-replicas-to-write asks for
+ * (NOREPLICAS), as an old master does during a failover.  Nothing was
+ * written, so the command counts as unanswered: a durable one is sent
+ * again to the master found next, a claim is answered store-unavailable.
+ */
+static redisReply *
+ngx_http_idem_cmd_unwritable(ngx_http_idem_cmd_t *cmd, redisReply *reply)
+{
+    ngx_http_idem_redis_t  *rd = cmd->redis;
+
+    if (reply == NULL || rd->locate == NULL
+        || reply->type != REDIS_REPLY_ERROR
+        || (ngx_strncmp(reply->str, "READONLY", 8) != 0
+            && ngx_strncmp(reply->str, "NOREPLICAS", 10) != 0))
+    {
+        return reply;
+    }
+
+    ngx_log_error(NGX_LOG_WARN, rd->log, 0,
+                  "idempotency: redis %V at %V:%d refuses writes (%*s), "
+                  "asking the sentinels again", &rd->name, &rd->host,
+                  rd->port, ngx_min((size_t) reply->len, 60), reply->str);
+
+    ngx_http_idem_metrics_redis_error(NGX_HTTP_IDEM_RERR_REPLY);
+    ngx_http_idem_link_recycle_later(&rd->cmd);
+
+    return NULL;
+}
+
+
 static void
 ngx_http_idem_redis_reply(redisAsyncContext *ac, void *r, void *privdata)
 {
     redisReply           *reply = r;
     ngx_http_idem_cmd_t  *cmd = privdata;
+
+    reply = ngx_http_idem_cmd_unwritable(cmd, reply);
 
     if (reply && !cmd->eval && cmd->script != NGX_HTTP_IDEM_NSCRIPTS
         && ngx_http_idem_is_noscript(reply))

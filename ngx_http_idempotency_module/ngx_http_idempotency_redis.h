@@ -51,10 +51,19 @@ typedef struct {
     ngx_event_t                  connect_timer;
     ngx_event_t                  recycle;
     redisAsyncContext           *recycle_ac;
+    ngx_uint_t                   gen;           /* of the address used */
     unsigned                     subscriber:1;
     unsigned                     subscribed:1;
     unsigned                     counted:1;     /* in the metrics gauge */
 } ngx_http_idem_link_t;
+
+
+/*
+ * Where the server is, when a topology (Sentinel) decides it: called when
+ * a link would connect to an address it has already used, and answered,
+ * perhaps later, by ngx_http_idem_redis_located().
+ */
+typedef void (*ngx_http_idem_locate_pt)(ngx_http_idem_redis_t *rd);
 
 
 /*
@@ -73,6 +82,8 @@ struct ngx_http_idem_redis_s {
     ngx_uint_t                   subscribe;     /* some location waits */
     ngx_array_t                 *waits;         /* WAIT settings: msec[2] */
     ngx_msec_t                   waits_sum;     /* of their timeouts */
+    ngx_http_idem_locate_pt      locate;        /* NULL: a fixed address */
+    void                        *locate_data;
 
     ngx_http_idem_script_t      *scripts;
 
@@ -86,6 +97,8 @@ struct ngx_http_idem_redis_s {
     void                        *wait_last;     /* the last WAIT in flight */
     ngx_uint_t                   resend_n;
     size_t                       resend_size;
+    ngx_uint_t                   gen;           /* answers of locate */
+    u_char                       addr[NGX_SOCKADDR_STRLEN + 1];
     unsigned                     exiting:1;
 };
 
@@ -167,6 +180,18 @@ struct ngx_http_idem_replicas_s {
 ngx_int_t ngx_http_idem_redis_init_process(ngx_cycle_t *cycle,
     ngx_array_t *servers, ngx_http_idem_script_t *scripts);
 void ngx_http_idem_redis_exit_process(ngx_array_t *servers);
+
+/*
+ * The answer to locate: the master's numeric address, or host NULL when
+ * nobody could say (the links try again after their backoff).  A new
+ * address drops the links to the old one.
+ */
+void ngx_http_idem_redis_located(ngx_http_idem_redis_t *rd, ngx_str_t *host,
+    ngx_int_t port);
+
+/* the reconnect backoff: 100 ms doubling up to 2 s, less up to a quarter */
+ngx_msec_t ngx_http_idem_backoff_step(ngx_msec_t backoff);
+ngx_msec_t ngx_http_idem_backoff_jitter(ngx_msec_t backoff);
 
 /*
  * A script command, EVALSHA <sha1> 1 <key> followed by the script's

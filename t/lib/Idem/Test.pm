@@ -259,6 +259,84 @@ sub redis_addr   { '127.0.0.1:' . $_[0]{redis_port} }
 sub redis_socket { "$_[0]{prefix}/redis/redis.sock" }
 sub redis_running { $_[0]{redis_pid} ? 1 : 0 }
 
+# ------------------------------------------------- more redis instances
+
+# start_redis_instance(name => 'r2', port => P, args => [...]): another
+# redis-server (a replica with args => ['--replicaof', '127.0.0.1', $port],
+# say) in $prefix/NAME, stopped by PID with the stack; its port.
+sub start_redis_instance {
+    my ($self, %o) = @_;
+    my $name = $o{name} or die "start_redis_instance: name";
+    my $dir = "$self->{prefix}/$name";
+    make_path($dir);
+    chmod 0755, $dir;
+    my $port = $o{port} // ($self->{instances}{$name} // {})->{port} // free_port();
+    my @argv = ($self->{redis_bin},
+        '--port', $port, '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no',
+        '--dir', $dir, '--daemonize', 'no', '--logfile', "$dir/redis.log",
+        @{ $o{args} // [] });
+    return $self->_start_instance($name, $port, \@argv, "$dir/redis.log");
+}
+
+# start_sentinel(name => 's1', monitor => [[master_name, port, quorum], ...],
+#                down_after => ms (1000), failover_timeout => ms (5000),
+#                lines => [extra sentinel.conf lines]): a Redis Sentinel with
+# its config file in $prefix/NAME (Sentinel rewrites it); its port.
+sub start_sentinel {
+    my ($self, %o) = @_;
+    my $name = $o{name} or die "start_sentinel: name";
+    my $dir = "$self->{prefix}/$name";
+    make_path($dir);
+    chmod 0755, $dir;
+    my $port = $o{port} // ($self->{instances}{$name} // {})->{port} // free_port();
+    my $conf = "port $port\nbind 127.0.0.1\ndir $dir\nlogfile $dir/sentinel.log\n"
+        . "daemonize no\n";
+    for my $m (@{ $o{monitor} // [] }) {
+        my ($mn, $mport, $quorum) = @$m;
+        $conf .= "sentinel monitor $mn 127.0.0.1 $mport " . ($quorum // 2) . "\n"
+            . "sentinel down-after-milliseconds $mn " . ($o{down_after} // 1000) . "\n"
+            . "sentinel failover-timeout $mn " . ($o{failover_timeout} // 5000) . "\n"
+            . "sentinel parallel-syncs $mn 1\n";
+    }
+    $conf .= "$_\n" for @{ $o{lines} // [] };
+    _spew("$dir/sentinel.conf", $conf);
+    return $self->_start_instance($name, $port,
+        [ $self->{redis_bin}, "$dir/sentinel.conf", '--sentinel' ], "$dir/sentinel.log");
+}
+
+sub _start_instance {
+    my ($self, $name, $port, $argv, $log) = @_;
+    my $pid = _spawn(argv => $argv, stdout => "$log.stdout");
+    $self->{instances}{$name} = { pid => $pid, port => $port };
+    my $ok = $self->wait_for(sub {
+        return 1 if ($self->redis_at($port, 'PING') // '') eq 'PONG';
+        return -1 if waitpid($pid, WNOHANG) == $pid;
+        0;
+    }, 10);
+    die "$name did not start on port $port:\n" . _slurp($log) . _slurp("$log.stdout")
+        if !$ok || $ok == -1;
+    return $port;
+}
+
+sub instance_port { ($_[0]{instances}{$_[1]} // {})->{port} }
+sub instance_pid  { ($_[0]{instances}{$_[1]} // {})->{pid} }
+
+# stop_instance(name, signal => 'KILL'): TERM by default, by PID.
+sub stop_instance {
+    my ($self, $name, %o) = @_;
+    my $i = $self->{instances}{$name} or return;
+    my $pid = delete $i->{pid} or return;
+    _stop_pid($pid, $o{signal} // 'TERM', 10);
+}
+
+# redis_at($port, @cmd): redis(@cmd) to another instance, without AUTH.
+sub redis_at {
+    my ($self, $port, @cmd) = @_;
+    local $self->{redis_port} = $port;
+    local $self->{redis_auth} = undef;
+    return $self->redis(@cmd);
+}
+
 # redis(@cmd): one command over a fresh connection; the decoded reply:
 # simple/bulk strings as strings, nil as undef, integers as numbers, arrays as
 # arrayrefs, errors (and connection failures) as Idem::Test::RedisError objects.
@@ -363,6 +441,78 @@ sub redis_keys {
 # start_silent_server(): a TCP server on a free port that accepts every
 # connection and reads from it, but never answers a byte (a Redis that hangs
 # after accept). Returns its port; stopped with the other processes.
+# start_fake_sentinel($file): a Sentinel that names as master whatever
+# "host port" $file holds when asked (SENTINEL get-master-addr-by-name),
+# accepts SUBSCRIBE and never announces a switch; for the paths a real
+# Sentinel hides (a stale answer, a demotion nobody announced). Its port.
+sub start_fake_sentinel {
+    my ($self, $file) = @_;
+    my $s = IO::Socket::INET->new(
+        LocalAddr => '127.0.0.1', LocalPort => 0, Proto => 'tcp', Listen => 64,
+        ReuseAddr => 1,
+    ) or die "fake sentinel: $!";
+    my $port = $s->sockport;
+    my $pid = fork;
+    die "fork: $!" unless defined $pid;
+    if ($pid == 0) {
+        my $sel = IO::Select->new($s);
+        my %buf;
+        while (1) {
+            for my $fh ($sel->can_read(1)) {
+                if ($fh == $s) {
+                    my $c = $s->accept or next;
+                    $buf{$c} = '';
+                    $sel->add($c);
+                    next;
+                }
+                if (!sysread($fh, $buf{$fh}, 65536, length $buf{$fh})) {
+                    $sel->remove($fh);
+                    delete $buf{$fh};
+                    close $fh;
+                    next;
+                }
+                while (my @cmd = _resp_take(\$buf{$fh})) {
+                    syswrite($fh, _fake_sentinel_reply($file, @cmd));
+                }
+            }
+        }
+    }
+    close $s;
+    push @{ $self->{silent_pids} }, $pid;
+    return $port;
+}
+
+# one complete command (a RESP array of bulk strings) off the front of $$b
+sub _resp_take {
+    my ($b) = @_;
+    return () unless $$b =~ /\A\*(\d+)\r\n/;
+    my ($n, $pos, @cmd) = ($1, length($&));
+    for (1 .. $n) {
+        return () unless substr($$b, $pos) =~ /\A\$(\d+)\r\n/;
+        my $len = $1;
+        $pos += length($&);
+        return () if length($$b) < $pos + $len + 2;
+        push @cmd, substr($$b, $pos, $len);
+        $pos += $len + 2;
+    }
+    substr($$b, 0, $pos) = '';
+    return @cmd;
+}
+
+sub _fake_sentinel_reply {
+    my ($file, @cmd) = @_;
+    my $bulk = sub { join '', map { '$' . length($_) . "\r\n$_\r\n" } @_ };
+    my $c = uc($cmd[0] // '');
+    if ($c eq 'SENTINEL') {
+        my ($host, $port) = split ' ', _slurp($file);
+        return "*-1\r\n" unless $port;
+        return "*2\r\n" . $bulk->($host, $port);
+    }
+    return "*3\r\n" . $bulk->('subscribe', $cmd[1]) . ":1\r\n" if $c eq 'SUBSCRIBE';
+    return "+PONG\r\n" if $c eq 'PING';
+    return "+OK\r\n";
+}
+
 sub start_silent_server {
     my ($self) = @_;
     my $s = IO::Socket::INET->new(
@@ -1348,6 +1498,7 @@ sub cleanup {
     $self->stop_nginx(5) if $self->{nginx_pid};
     $self->stop_upstream;
     $self->stop_redis;
+    $self->stop_instance($_) for sort keys %{ $self->{instances} // {} };
     _stop_pid($_, 'TERM', 2) for @{ delete $self->{silent_pids} // [] };
 }
 
