@@ -813,3 +813,95 @@ idem_jws_sign(const idem_jws_key_t *key, const char *payload,
 
     return tok;
 }
+
+
+/* ---------------------------------------------------- JSON pointer */
+
+/* one reference token, unescaped into tok (NUL-terminated); -1 on "~x" */
+static int
+idem_json_token(const char *p, size_t len, char *tok)
+{
+    size_t  i, n;
+
+    n = 0;
+
+    for (i = 0; i < len; i++) {
+        if (p[i] != '~') {
+            tok[n++] = p[i];
+            continue;
+        }
+
+        if (i + 1 == len || (p[i + 1] != '0' && p[i + 1] != '1')) {
+            return -1;
+        }
+
+        tok[n++] = (p[++i] == '0') ? '~' : '/';
+    }
+
+    tok[n] = '\0';
+
+    return (memchr(p, '\0', len) == NULL) ? 0 : -1;
+}
+
+
+static const cJSON *
+idem_json_step(const cJSON *node, const char *tok)
+{
+    char   *end;
+    long    i;
+
+    if (cJSON_IsObject(node)) {
+        return cJSON_GetObjectItemCaseSensitive(node, tok);
+    }
+
+    if (!cJSON_IsArray(node) || tok[0] == '\0'
+        || (tok[0] == '0' && tok[1] != '\0') || tok[0] < '0' || tok[0] > '9')
+    {
+        return NULL;
+    }
+
+    i = strtol(tok, &end, 10);
+
+    if (*end != '\0' || i < 0 || i >= cJSON_GetArraySize(node)) {
+        return NULL;
+    }
+
+    return cJSON_GetArrayItem(node, (int) i);
+}
+
+
+const cJSON *
+idem_json_pointer(const cJSON *root, const char *ptr, size_t len)
+{
+    char          *tok;
+    size_t         n;
+    const char    *p, *end, *slash;
+    const cJSON   *node;
+
+    if (len > 0 && ptr[0] != '/') {
+        return NULL;
+    }
+
+    tok = malloc(len + 1);
+    if (tok == NULL) {
+        return NULL;
+    }
+
+    node = root;
+    p = ptr;
+    end = ptr + len;
+
+    while (node && p < end) {
+        p++;
+        slash = memchr(p, '/', (size_t) (end - p));
+        n = slash ? (size_t) (slash - p) : (size_t) (end - p);
+
+        node = (idem_json_token(p, n, tok) == 0) ? idem_json_step(node, tok)
+                                                 : NULL;
+        p += n;
+    }
+
+    free(tok);
+
+    return node;
+}

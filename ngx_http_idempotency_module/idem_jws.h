@@ -100,6 +100,14 @@ char *idem_jws_approval(const char *idk, const char *fp, const char *sub,
     int64_t iat, int64_t exp, const char *jti);
 
 /*
+ * RFC 6901: the value at ptr[0..len) in root, or NULL (a syntax error, a
+ * missing member, an index past the end).  For idempotency_confirm_show.
+ */
+struct cJSON;
+const struct cJSON *idem_json_pointer(const struct cJSON *root,
+    const char *ptr, size_t len);
+
+/*
  * base64url without padding, strictly: only the URL alphabet, no '=',
  * no length of 1 mod 4, unused bits zero.  Decode returns the length,
  * or -1; out needs (len * 3) / 4 bytes.

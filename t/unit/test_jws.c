@@ -17,6 +17,8 @@
 #include <openssl/pem.h>
 #include <openssl/rand.h>
 
+#include <cjson/cJSON.h>
+
 #include "idem_jws.h"
 #include "tap.h"
 
@@ -591,6 +593,52 @@ test_encoding(idem_jws_key_t *hs)
 }
 
 
+static void
+pointer_is(const cJSON *root, const char *ptr, const char *want)
+{
+    char         *got;
+    const cJSON  *v;
+
+    v = idem_json_pointer(root, ptr, strlen(ptr));
+    got = v ? cJSON_PrintUnformatted(v) : NULL;
+    is_str(got, want, "pointer \"%s\"", ptr);
+    free(got);
+}
+
+
+/* RFC 6901 section 5's document and a few refusals */
+static void
+test_pointer(void)
+{
+    cJSON  *doc;
+
+    doc = cJSON_Parse("{\"foo\":[\"bar\",\"baz\"],\"\":0,\"a/b\":1,"
+                      "\"c%d\":2,\"e^f\":3,\"g|h\":4,\"i\\\\j\":5,"
+                      "\"k\\\"l\":6,\" \":7,\"m~n\":8,"
+                      "\"pay\":{\"amount\":100,\"to\":\"x\"}}");
+
+    pointer_is(doc, "/foo", "[\"bar\",\"baz\"]");
+    pointer_is(doc, "/foo/0", "\"bar\"");
+    pointer_is(doc, "/foo/1", "\"baz\"");
+    pointer_is(doc, "/", "0");
+    pointer_is(doc, "/a~1b", "1");
+    pointer_is(doc, "/c%d", "2");
+    pointer_is(doc, "/i\\j", "5");
+    pointer_is(doc, "/ ", "7");
+    pointer_is(doc, "/m~0n", "8");
+    pointer_is(doc, "/pay/amount", "100");
+    pointer_is(doc, "/pay/missing", NULL);
+    pointer_is(doc, "/foo/2", NULL);
+    pointer_is(doc, "/foo/01", NULL);
+    pointer_is(doc, "/foo/-", NULL);
+    pointer_is(doc, "/m~2n", NULL);
+    pointer_is(doc, "pay", NULL);
+    ok(idem_json_pointer(doc, "", 0) == doc, "pointer \"\" is the document");
+
+    cJSON_Delete(doc);
+}
+
+
 int
 main(void)
 {
@@ -630,6 +678,7 @@ main(void)
     test_confusion(&keys[1]);
     test_no_kid(ed1, ed2);
     test_encoding(&keys[0]);
+    test_pointer();
 
     EVP_PKEY_free(ed1);
     EVP_PKEY_free(ed2);
