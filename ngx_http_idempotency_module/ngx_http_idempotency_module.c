@@ -214,6 +214,34 @@ static ngx_command_t  ngx_http_idem_commands[] = {
       0,
       NULL },
 
+    { ngx_string("idempotency_confirm"),
+      NGX_HTTP_IDEM_CONF_ANY|NGX_CONF_TAKE1,
+      ngx_http_idem_confirm_conf,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      0,
+      NULL },
+
+    { ngx_string("idempotency_confirm_key"),
+      NGX_HTTP_IDEM_CONF_ANY|NGX_CONF_TAKE23,
+      ngx_http_idem_confirm_key_conf,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      0,
+      NULL },
+
+    { ngx_string("idempotency_confirm_show"),
+      NGX_HTTP_IDEM_CONF_ANY|NGX_CONF_1MORE,
+      ngx_http_idem_confirm_show_conf,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      0,
+      NULL },
+
+    { ngx_string("idempotency_confirm_ttl"),
+      NGX_HTTP_IDEM_CONF_ANY|NGX_CONF_TAKE1,
+      ngx_conf_set_sec_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_idem_loc_conf_t, confirm_ttl),
+      &ngx_http_idem_positive_sec },
+
     { ngx_string("idempotency_metrics_label"),
       NGX_HTTP_IDEM_CONF_ANY|NGX_CONF_TAKE1,
       ngx_http_idem_metrics_label,
@@ -329,6 +357,10 @@ ngx_http_idem_create_loc_conf(ngx_conf_t *cf)
     conf->thread_pool = NGX_CONF_UNSET_PTR;
     conf->metrics_label = NGX_CONF_UNSET_UINT;
     conf->thread_min = NGX_CONF_UNSET_SIZE;
+    conf->confirm = NGX_CONF_UNSET_PTR;
+    conf->confirm_keys = NGX_CONF_UNSET_PTR;
+    conf->confirm_show = NGX_CONF_UNSET_PTR;
+    conf->confirm_ttl = NGX_CONF_UNSET;
 
     return conf;
 }
@@ -526,7 +558,8 @@ ngx_http_idem_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
                               NGX_HTTP_IDEM_THREAD_MIN);
 
     if (ngx_http_idem_check_fp_headers(cf, conf) != NGX_CONF_OK
-        || ngx_http_idem_merge_redis_wait(cf, prev, conf) != NGX_CONF_OK)
+        || ngx_http_idem_merge_redis_wait(cf, prev, conf) != NGX_CONF_OK
+        || ngx_http_idem_confirm_merge(cf, prev, conf) != NGX_CONF_OK)
     {
         return NGX_CONF_ERROR;
     }
