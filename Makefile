@@ -33,7 +33,8 @@ TEST_HDRS := t/unit/jcs_tree.h t/unit/mem_sink.h t/unit/tap.h
 
 # the cross-check with a second parser (Debian's libjansson-dev)
 $(BUILD)/unit/test_jansson: UNIT_LIBS += -ljansson
-TOOLS     := $(BUILD)/idempotency-fingerprint $(BUILD)/idempotency-call
+TOOLS     := $(BUILD)/idempotency-fingerprint $(BUILD)/idempotency-call \
+             $(BUILD)/idempotency-approve
 
 .PHONY: all module unit tools test demo deb clean
 
@@ -70,6 +71,12 @@ tools: $(TOOLS)
 $(BUILD)/idempotency-fingerprint: tools/idempotency-fingerprint.c $(CORE_SRCS) $(CORE_HDRS)
 	@mkdir -p $(BUILD)
 	$(CC) $(CFLAGS) $(CPPFLAGS) -I$(MODDIR) -o $@ $< $(CORE_SRCS) $(LDFLAGS) $(CORE_LIBS)
+
+# of the core only the JWS signer, the one the module verifies with
+$(BUILD)/idempotency-approve: tools/idempotency-approve.c $(MODDIR)/idem_jws.c $(MODDIR)/idem_jws.h
+	@mkdir -p $(BUILD)
+	$(CC) $(CFLAGS) $(CPPFLAGS) -I$(MODDIR) -o $@ $< $(MODDIR)/idem_jws.c \
+	    $(LDFLAGS) -lcjson -lcrypto -lm
 
 # libcurl (libcurl4-openssl-dev) for HTTP; of the core only the text layer
 $(BUILD)/idempotency-call: tools/idempotency-call.c $(MODDIR)/idem_text.c $(MODDIR)/idem_text.h

@@ -30,7 +30,18 @@ for my $k (qw(ed1 ed2)) {
 my $HS = join '', map { sprintf '%02x', int rand 256 } 1 .. 24;   # 48 bytes
 open my $fh, '>', "$p/hs.key" or die; print $fh "$HS\n"; close $fh;
 
+# the tool's own key pair: the module must accept what idempotency-approve signs
+my $TOOL = "$FindBin::Bin/../build/idempotency-approve";
+mkdir "$p/tool";
+my $kg = `$TOOL --keygen ed25519 $p/tool`;
+is($?, 0, 'idempotency-approve --keygen ed25519 writes a key pair');
+ok(-f "$p/tool/ed25519.pub" && ((stat "$p/tool/ed25519.key")[2] & 0777) == 0600,
+   'the private key is 0600, the public key beside it');
+`$TOOL --keygen ed25519 $p/tool 2>/dev/null`;
+is($? >> 8, 2, '--keygen does not overwrite a key pair');
+
 my $KEYS = <<"EOF";
+        idempotency_confirm_key ed25519 $p/tool/ed25519.pub kid=tool;
         idempotency_confirm_key ed25519 $p/ed1.pub kid=ed1;
         idempotency_confirm_key ed25519 $p/ed2.pub kid=ed2;
         idempotency_confirm_key hs256 $p/hs.key kid=hs1;
@@ -131,7 +142,7 @@ unlike($r->{content}, qr/not shown/, 'the body itself is not in the proposal');
 like($prop->{expires_at} // '', qr/^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$/, 'proposal: expiry');
 ok(abs(($prop->{expires} // 0) - (time + 3600)) < 10, 'proposal expires in idempotency_confirm_ttl (1h)');
 is($prop->{approve}{header}, 'Idempotency-Confirmation', 'proposal: how to approve');
-is_deeply([ sort @{ $prop->{approve}{kids} // [] } ], [qw(ed1 ed2 hs1)], 'proposal: the kids');
+is_deeply([ sort @{ $prop->{approve}{kids} // [] } ], [qw(ed1 ed2 hs1 tool)], 'proposal: the kids');
 is($t->effects(key => $k1), 0, 'no approval: no effect');
 my $rec = $t->record($k1) // {};
 is($rec->{state}, 'awaiting_confirmation', 'record awaits confirmation');
@@ -294,10 +305,54 @@ $r = pay('/plain', $kp);
 is($r->{status}, 201, 'no idempotency_confirm: executes');
 is($t->effects(key => $kp), 1, 'no idempotency_confirm: one effect');
 
+# ---- idempotency-approve: 428 body -> yes -> JWS -> the retry executes
+sub spew { open my $f, '>', $_[0] or die; print $f $_[1]; close $f }
+my $kt = $t->key('confirm-tool');
+$r = pay('/pay', $kt);
+spew("$p/answer.json", $r->{content});
+my $jws = `$TOOL --key $p/tool/ed25519.key --kid tool --sub carol --yes $p/answer.json 2>$p/shown`;
+is($?, 0, 'idempotency-approve --yes: exit 0');
+chomp $jws;
+like($jws, qr/^[\w-]+\.[\w-]+\.[\w-]+$/, 'it prints a compact JWS');
+my $shown = do { local (@ARGV, $/) = ("$p/shown"); <> } // '';
+like($shown, qr{/amount = 4200}, 'the printed proposal shows /amount');
+like($shown, qr{/to = "ACME Ltd"}, 'the printed proposal shows /to');
+like($shown, qr{POST /pay}, 'the printed proposal shows the request');
+like($shown, qr{\Q$kt\E}, 'the printed proposal shows the key');
+unlike($shown, qr{not shown}, 'the body itself is not printed');
+$r = pay('/pay', $kt, token => $jws);
+is($r->{status}, 201, "the tool's approval executes") or diag($t->show($r));
+is($t->effects(key => $kt), 1, "the tool's approval: one effect");
+$r = pay('/pay', $kt);
+is($r->{headers}{'idempotent-replayed'}, 'true', 'then a replay');
+
+my $kt2 = $t->key('confirm-tool-hs');
+$r = pay('/pay', $kt2);
+spew("$p/answer2.json", $r->{content});
+$jws = `$TOOL --key $p/hs.key --kid hs1 --sub dave --yes - < $p/answer2.json 2>/dev/null`;
+chomp $jws;
+$r = pay('/pay', $kt2, token => $jws);
+is($r->{status}, 201, "the tool's HS256 approval (answer on stdin) executes") or diag($t->show($r));
+is($t->effects(key => $kt2), 1, 'one effect');
+
+my $kt3 = $t->key('confirm-tool-no');
+$r = pay('/pay', $kt3);
+spew("$p/answer3.json", $r->{content});
+$jws = `setsid -w $TOOL --key $p/tool/ed25519.key --kid tool --sub carol $p/answer3.json 2>/dev/null`;
+is($? >> 8, 1, 'without --yes and without a terminal: not approved (exit 1)');
+is($jws, '', 'and no token printed');
+spew("$p/notanswer.json", '{"type":"x"}');
+$jws = `$TOOL --key $p/tool/ed25519.key --yes $p/notanswer.json 2>/dev/null`;
+is($? >> 8, 2, 'not a 428 answer: exit 2');
+$jws = `$TOOL --key $p/tool/ed25519.pub --yes $p/answer3.json 2>/dev/null`;
+is($? >> 8, 2, 'a public key cannot sign: exit 2');
+is($t->effects(key => $kt3), 0, 'no effect');
+
 # ---- the variables in the access log
 my $log = do { local (@ARGV, $/) = ("$p/access.log"); <> } // '';
 like($log, qr/outcome=confirm_required approver="-" key=\Q$k1\E/, '$idempotency_outcome confirm_required');
 like($log, qr/outcome=executed approver="alice\@example.com" key=\Q$k1\E/, '$idempotency_approver is the sub');
+like($log, qr/outcome=executed approver="carol" key=\Q$kt\E/, '$idempotency_approver of the tool\'s approval');
 
 $t->check_logs;
 done_testing();
