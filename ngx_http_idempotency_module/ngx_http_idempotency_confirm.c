@@ -385,6 +385,11 @@ ngx_http_idem_confirm_cstr(ngx_http_request_t *r, u_char *s, size_t len)
 {
     u_char  *p;
 
+    /* an empty $args has no data at all */
+    if (len == 0) {
+        return "";
+    }
+
     if (!idem_utf8_valid((const char *) s, len)
         || ngx_strlchr(s, s + len, '\0'))
     {
