@@ -16,7 +16,7 @@ CORE_SRCS := $(MODDIR)/idem_text.c $(MODDIR)/idem_number.c \
              $(MODDIR)/idem_jcs_parse.c $(MODDIR)/idem_jcs.c \
              $(MODDIR)/idem_fingerprint.c $(MODDIR)/idem_key.c \
              $(MODDIR)/idem_record.c $(MODDIR)/idem_reply.c \
-             $(MODDIR)/idem_pointer.c
+             $(MODDIR)/idem_pointer.c $(MODDIR)/idem_jws.c
 CORE_HDRS := $(wildcard $(MODDIR)/idem_*.h)
 NGX_SRCS  := $(wildcard $(MODDIR)/ngx_http_idempotency*.c) \
              $(wildcard $(MODDIR)/ngx_http_idempotency*.h)
@@ -33,7 +33,8 @@ TEST_HDRS := t/unit/jcs_tree.h t/unit/mem_sink.h t/unit/tap.h
 
 # the cross-check with a second parser (Debian's libjansson-dev)
 $(BUILD)/unit/test_jansson: UNIT_LIBS += -ljansson
-TOOLS     := $(BUILD)/idempotency-fingerprint $(BUILD)/idempotency-call
+TOOLS     := $(BUILD)/idempotency-fingerprint $(BUILD)/idempotency-call \
+             $(BUILD)/idempotency-approve
 
 .PHONY: all module unit tools test demo deb clean
 
@@ -70,6 +71,14 @@ tools: $(TOOLS)
 $(BUILD)/idempotency-fingerprint: tools/idempotency-fingerprint.c $(CORE_SRCS) $(CORE_HDRS)
 	@mkdir -p $(BUILD)
 	$(CC) $(CFLAGS) $(CPPFLAGS) -I$(MODDIR) -o $@ $< $(CORE_SRCS) $(LDFLAGS) $(CORE_LIBS)
+
+# of the core only the JWS signer, the one the module verifies with (and
+# the pointers and text layer it reads a proposal with)
+APPROVE_CORE := $(MODDIR)/idem_jws.c $(MODDIR)/idem_pointer.c $(MODDIR)/idem_text.c
+$(BUILD)/idempotency-approve: tools/idempotency-approve.c $(APPROVE_CORE) $(CORE_HDRS)
+	@mkdir -p $(BUILD)
+	$(CC) $(CFLAGS) $(CPPFLAGS) -I$(MODDIR) -o $@ $< $(APPROVE_CORE) \
+	    $(LDFLAGS) -lcjson -lcrypto -lm
 
 # libcurl (libcurl4-openssl-dev) for HTTP; of the core only the text layer
 $(BUILD)/idempotency-call: tools/idempotency-call.c $(MODDIR)/idem_text.c $(MODDIR)/idem_text.h
@@ -127,7 +136,7 @@ FUZZ_CFLAGS  ?= -g -O1 -fno-omit-frame-pointer \
                 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
                 -Wall -Wextra -Wno-unused-parameter -Wno-unused-function
 FUZZ_SECONDS ?= 60
-FUZZ_TARGETS := jcs fingerprint key record claim
+FUZZ_TARGETS := jcs fingerprint key record claim jws
 FUZZ_BINS    := $(patsubst %,$(ASAN_BUILD)/fuzz/fuzz_%,$(FUZZ_TARGETS))
 
 .PHONY: module-asan unit-asan test-asan valgrind-check fuzz-build fuzz fuzz-ci clean-hardening

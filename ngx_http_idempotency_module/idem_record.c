@@ -214,6 +214,8 @@ idem_state_name(char state)
         return "unknown";
     case 'r':
         return "released";
+    case 'a':
+        return "awaiting_confirmation";
     default:
         return NULL;
     }
@@ -323,6 +325,11 @@ idem_value_fields(idem_fields_t *f, idem_value_t *v)
         v->unknown_at = idem_fields_num(f, 0, IDEM_TIME_MS_MAX, 0);
         break;
 
+    case 'a':
+        v->created = idem_fields_num(f, 0, IDEM_TIME_MS_MAX, 0);
+        v->expires = idem_fields_num(f, 0, IDEM_TIME_MS_MAX, 0);
+        break;
+
     default: /* 'r' */
         n = idem_fields_num(f, 200, 599, 1);
         v->status = n < 0 ? 0 : (int) n;
@@ -376,7 +383,7 @@ idem_value_decode(const char *p, size_t len, idem_value_t *v)
     idem_fields_t  f;
 
     memset(v, 0, sizeof(*v));
-    v->created = v->completed = v->unknown_at = -1;
+    v->created = v->completed = v->unknown_at = v->expires = -1;
     v->retry_after = -1;
 
     if (idem_value_head(p, len, v) != 0) {
@@ -457,6 +464,11 @@ idem_value_len(const idem_value_t *v)
                + idem_ns_len(idem_num_len(v->unknown_at));
         break;
 
+    case 'a':
+        len += idem_ns_len(idem_num_len(v->created))
+               + idem_ns_len(idem_num_len(v->expires));
+        break;
+
     default: /* 'r' */
         len += idem_ns_len(idem_num_len(v->status ? v->status : -1))
                + idem_ns_len(idem_num_len(v->retry_after));
@@ -510,6 +522,10 @@ idem_value_encode(char *p, const idem_value_t *v)
     case 'u':
         p = idem_num_put(p, v->created);
         return idem_num_put(p, v->unknown_at);
+
+    case 'a':
+        p = idem_num_put(p, v->created);
+        return idem_num_put(p, v->expires);
 
     default: /* 'r' */
         p = idem_num_put(p, v->status ? v->status : -1);

@@ -67,7 +67,8 @@ int idem_is_hex(const char *p, size_t len);
  *   offset  size  field
  *   0       1     '2', the layout
  *   1       1     state: i in_progress, c completed, u unknown,
- *                 r released (a marker, see below)
+ *                 r released (a marker, see below),
+ *                 a awaiting_confirmation (idempotency_confirm)
  *   2       1     waiters: '1' once a duplicate waits (idempotency_wait)
  *   3       32    operation id, lowercase hex
  *   35      64    fingerprint, lowercase hex
@@ -78,6 +79,7 @@ int idem_is_hex(const char *p, size_t len);
  *        headers, body
  *     u  created, became unknown
  *     r  status, Retry-After (both may be empty)
+ *     a  created, proposal expires (ms); no owner: nothing runs yet
  *
  * Times are milliseconds since the epoch.  An in_progress record lives
  * for "ttl ms" from its claim or its last renewal (PEXPIRE), so Redis's
@@ -100,7 +102,7 @@ int idem_is_hex(const char *p, size_t len);
 #define IDEM_NUM_MAX         18      /* digits of a decimal field */
 
 typedef struct {
-    char                 state;       /* 'i', 'c', 'u', 'r' */
+    char                 state;       /* 'i', 'c', 'u', 'r', 'a' */
     int                  waiters;
     const char          *op;          /* IDEM_TOKEN_LEN hex */
     const char          *fp;          /* IDEM_FP_LEN hex */
@@ -108,6 +110,7 @@ typedef struct {
     long long            created;     /* i, c, u */
     long long            completed;   /* c */
     long long            unknown_at;  /* u */
+    long long            expires;     /* a: the proposal's end */
     long long            lease_ms;    /* i */
     long long            ttl_ms;      /* i */
     int                  status;      /* c: 200..599; r: 0 (none) or that */

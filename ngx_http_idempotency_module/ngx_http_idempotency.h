@@ -12,6 +12,7 @@
 #include <ngx_http.h>
 
 #include "idem_fingerprint.h"
+#include "idem_jws.h"
 #include "idem_key.h"
 #include "idem_record.h"
 #include "ngx_http_idempotency_redis.h"
@@ -67,6 +68,12 @@ typedef struct {
     void                        *thread_pool;      /* always NULL */
 #endif
     size_t                       thread_min;       /* body bytes */
+
+    /* idempotency_confirm: NULL when off */
+    ngx_http_complex_value_t    *confirm;
+    ngx_array_t                 *confirm_keys;     /* idem_jws_key_t */
+    ngx_array_t                 *confirm_show;     /* ngx_str_t, pointers */
+    time_t                       confirm_ttl;
 } ngx_http_idem_loc_conf_t;
 
 
@@ -93,6 +100,7 @@ typedef enum {
     NGX_HTTP_IDEM_OUT_UNKNOWN,
     NGX_HTTP_IDEM_OUT_REJECTED,
     NGX_HTTP_IDEM_OUT_BYPASSED,
+    NGX_HTTP_IDEM_OUT_CONFIRM_REQUIRED,
     NGX_HTTP_IDEM_NOUTCOME_NAMES     /* with "none" */
 } ngx_http_idem_outcome_e;
 
@@ -106,10 +114,19 @@ typedef enum {
     NGX_HTTP_IDEM_ANS_IN_PROGRESS,
     NGX_HTTP_IDEM_ANS_UNKNOWN,
     NGX_HTTP_IDEM_ANS_RELEASED,      /* the attempt waited on: "later" */
+    NGX_HTTP_IDEM_ANS_CONFIRM,       /* awaiting_confirmation: 428 */
     NGX_HTTP_IDEM_ANS_STORE_DOWN,    /* no reply: connection, timeout */
     NGX_HTTP_IDEM_ANS_NOT_REPLICATED,   /* claimed, then released: WAIT */
     NGX_HTTP_IDEM_ANS_STORE_ERROR    /* a reply we do not understand */
 } ngx_http_idem_answer_e;
+
+
+/* What idempotency_confirm asks of this request. */
+typedef enum {
+    NGX_HTTP_IDEM_CONFIRM_NONE = 0,   /* not asked: claim as always */
+    NGX_HTTP_IDEM_CONFIRM_PROPOSE,    /* asked, no approval: a proposal */
+    NGX_HTTP_IDEM_CONFIRM_APPROVED    /* asked, a valid approval came */
+} ngx_http_idem_confirm_e;
 
 
 /* How a claimed request ended, i.e. which script closes the record. */
@@ -139,6 +156,9 @@ typedef enum {
     NGX_HTTP_IDEM_P_NOT_RESOLVABLE,
     NGX_HTTP_IDEM_P_BAD_ADMIN,
     NGX_HTTP_IDEM_P_RETRY_LATER,
+    NGX_HTTP_IDEM_P_CONFIRM_REQUIRED,
+    NGX_HTTP_IDEM_P_CONFIRM_INVALID,
+    NGX_HTTP_IDEM_P_CONFIRM_EXPIRED,
     NGX_HTTP_IDEM_NPROBLEMS
 } ngx_http_idem_problem_e;
 
@@ -227,6 +247,13 @@ struct ngx_http_idem_ctx_s {
     unsigned                     waiting:1;
     unsigned                     wait_expired:1;
 
+    /* idempotency_confirm */
+    ngx_http_idem_confirm_e      confirm;
+    idem_jws_rc_t                jws_rc;       /* a refused approval */
+    ngx_str_t                    approver;     /* the approval's sub */
+    int64_t                      proposal_expires;   /* ms */
+    ngx_str_t                    problem_extra;   /* ",..." members */
+
     unsigned                     fingerprinted:1;
     unsigned                     claimed:1;
     unsigned                     capturing:1;
@@ -268,6 +295,20 @@ ngx_int_t ngx_http_idem_log_handler(ngx_http_request_t *r);
 /* ngx_http_idempotency_body.c: the body's part of the fingerprint */
 ngx_int_t ngx_http_idem_body_fingerprint(ngx_http_request_t *r,
     ngx_http_idem_ctx_t *ctx, idem_fp_input_t *in);
+
+/* ngx_http_idempotency_confirm.c: idempotency_confirm */
+char *ngx_http_idem_confirm_conf(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+char *ngx_http_idem_confirm_key_conf(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+char *ngx_http_idem_confirm_show_conf(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+char *ngx_http_idem_confirm_merge(ngx_conf_t *cf,
+    ngx_http_idem_loc_conf_t *prev, ngx_http_idem_loc_conf_t *conf);
+ngx_int_t ngx_http_idem_confirm_check(ngx_http_request_t *r,
+    ngx_http_idem_ctx_t *ctx);
+ngx_int_t ngx_http_idem_confirm_send(ngx_http_request_t *r,
+    ngx_http_idem_ctx_t *ctx);
 
 /* ngx_http_idempotency_claim.c: the claim and its answer */
 ngx_int_t ngx_http_idem_tokens(ngx_http_request_t *r,

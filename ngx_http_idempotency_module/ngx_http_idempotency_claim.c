@@ -93,7 +93,20 @@ ngx_http_idem_tokens(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
 }
 
 
-/* the in_progress record of this attempt, written at p */
+/* the record's TTL: a proposal lives for idempotency_confirm_ttl */
+static int64_t
+ngx_http_idem_claim_ttl(ngx_http_idem_ctx_t *ctx)
+{
+    return (int64_t) (ctx->confirm == NGX_HTTP_IDEM_CONFIRM_PROPOSE
+                      ? ctx->conf->confirm_ttl : ctx->conf->ttl) * 1000;
+}
+
+
+/*
+ * The in_progress record of this attempt, written at p; or, when the
+ * request needs an approval it does not carry, its proposal: a record
+ * awaiting confirmation, which has no owner since nothing runs.
+ */
 static u_char *
 ngx_http_idem_claim_value(u_char *p, ngx_http_idem_ctx_t *ctx)
 {
@@ -107,7 +120,13 @@ ngx_http_idem_claim_value(u_char *p, ngx_http_idem_ctx_t *ctx)
     v.owner = (const char *) ctx->owner;
     v.created = ctx->created;
     v.lease_ms = ctx->conf->lease;
-    v.ttl_ms = (long long) ctx->conf->ttl * 1000;
+    v.ttl_ms = ngx_http_idem_claim_ttl(ctx);
+
+    if (ctx->confirm == NGX_HTTP_IDEM_CONFIRM_PROPOSE) {
+        v.state = 'a';
+        v.owner = NULL;
+        v.expires = ctx->created + v.ttl_ms;
+    }
 
     return (u_char *) idem_value_encode((char *) p, &v);
 }
@@ -138,7 +157,7 @@ ngx_http_idem_claim_set_cmd(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
     ngx_http_idem_cmd_set(cmd, NGX_HTTP_IDEM_SET_NX, "NX", 2);
     ngx_http_idem_cmd_set(cmd, NGX_HTTP_IDEM_SET_PX, "PX", 2);
     ngx_http_idem_cmd_set_num(cmd, NGX_HTTP_IDEM_SET_TTL,
-                              (int64_t) ctx->conf->ttl * 1000);
+                              ngx_http_idem_claim_ttl(ctx));
     ngx_http_idem_cmd_set(cmd, NGX_HTTP_IDEM_SET_GET, "GET", 3);
 
     return cmd;
@@ -173,11 +192,14 @@ ngx_http_idem_claim_script_cmd(ngx_http_request_t *r,
     ngx_http_idem_cmd_end(cmd, NGX_HTTP_IDEM_CLAIM_VALUE,
                           ngx_http_idem_claim_value(p, ctx));
     ngx_http_idem_cmd_set_num(cmd, NGX_HTTP_IDEM_CLAIM_TTL,
-                              (int64_t) lcf->ttl * 1000);
+                              ngx_http_idem_claim_ttl(ctx));
     ngx_http_idem_cmd_set(cmd, NGX_HTTP_IDEM_CLAIM_WAIT,
                           lcf->wait ? "1" : "0", 1);
     ngx_http_idem_cmd_set(cmd, NGX_HTTP_IDEM_CLAIM_WAITED, ctx->waited_op,
                           ctx->waited ? NGX_HTTP_IDEM_TOKEN_HEX : 0);
+    ngx_http_idem_cmd_set(cmd, NGX_HTTP_IDEM_CLAIM_APPROVED,
+                          ctx->confirm == NGX_HTTP_IDEM_CONFIRM_APPROVED
+                          ? "1" : "0", 1);
 
     return cmd;
 }
@@ -304,12 +326,24 @@ ngx_http_idem_claim_held(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
         return NGX_HTTP_IDEM_ANS_NONE;
     }
 
+    /* only claim.lua may turn a proposal into a claim, with its approval */
+    if (same && v->state == 'a'
+        && ctx->confirm == NGX_HTTP_IDEM_CONFIRM_APPROVED)
+    {
+        return NGX_HTTP_IDEM_ANS_NONE;
+    }
+
     if (ngx_http_idem_claim_record(r, ctx, v) != NGX_OK) {
         return NGX_HTTP_IDEM_ANS_STORE_ERROR;
     }
 
     if (!same) {
         return NGX_HTTP_IDEM_ANS_MISMATCH;
+    }
+
+    if (v->state == 'a') {
+        ctx->proposal_expires = v->expires;
+        return NGX_HTTP_IDEM_ANS_CONFIRM;
     }
 
     return v->state == 'c' ? NGX_HTTP_IDEM_ANS_COMPLETED
@@ -326,6 +360,14 @@ ngx_http_idem_claim_decoded(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
     switch (c->kind) {
 
     case IDEM_CLAIM_CLAIMED:
+        if (ctx->confirm == NGX_HTTP_IDEM_CONFIRM_PROPOSE) {
+            /* what was written is the proposal: nothing may run */
+            ngx_http_idem_set_state(ctx, 'a');
+            ctx->proposal_expires = ctx->created
+                                    + ngx_http_idem_claim_ttl(ctx);
+            return NGX_HTTP_IDEM_ANS_CONFIRM;
+        }
+
         ngx_http_idem_set_state(ctx, 'i');
         return NGX_HTTP_IDEM_ANS_CLAIMED;
 
@@ -458,6 +500,11 @@ ngx_http_idem_claim_orphan(ngx_http_idem_cmd_t *cmd, redisReply *reply)
                                   cmd->script == NGX_HTTP_IDEM_SCRIPT_CLAIM
                                   ? NGX_HTTP_IDEM_CLAIM_VALUE
                                   : NGX_HTTP_IDEM_SET_VALUE);
+
+    /* a proposal blocks nothing that an approval does not unblock */
+    if (value.len > 1 && value.data[1] == 'a') {
+        return;
+    }
 
     ngx_http_idem_give_back(cmd->redis, &key, &value);
 }

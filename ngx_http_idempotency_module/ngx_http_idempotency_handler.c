@@ -266,7 +266,22 @@ static ngx_int_t
 ngx_http_idem_claim_fingerprinted(ngx_http_request_t *r,
     ngx_http_idem_ctx_t *ctx)
 {
+    ngx_int_t  rc;
+
     if (!ctx->fingerprinted || ngx_http_idem_tokens(r, ctx) != NGX_OK) {
+        return ngx_http_idem_finalize(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
+    }
+
+    /* an approval is checked before Redis: a refused one costs no write */
+    rc = ngx_http_idem_confirm_check(r, ctx);
+
+    if (rc == NGX_DECLINED) {
+        ctx->phase = NGX_HTTP_IDEM_DONE;
+        ngx_str_null(&ctx->op_id);
+        return ngx_http_idem_finalize(r, ngx_http_idem_confirm_send(r, ctx));
+    }
+
+    if (rc != NGX_OK) {
         return ngx_http_idem_finalize(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
     }
 
@@ -320,6 +335,10 @@ ngx_http_idem_act(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
     }
 
     ctx->phase = NGX_HTTP_IDEM_DONE;
+
+    if (ctx->answer == NGX_HTTP_IDEM_ANS_CONFIRM) {
+        return ngx_http_idem_finalize(r, ngx_http_idem_confirm_send(r, ctx));
+    }
 
     return ngx_http_idem_finalize(r, ngx_http_idem_send_answer(r, ctx));
 }

@@ -233,6 +233,34 @@ static ngx_command_t  ngx_http_idem_commands[] = {
       0,
       NULL },
 
+    { ngx_string("idempotency_confirm"),
+      NGX_HTTP_IDEM_CONF_ANY|NGX_CONF_TAKE1,
+      ngx_http_idem_confirm_conf,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      0,
+      NULL },
+
+    { ngx_string("idempotency_confirm_key"),
+      NGX_HTTP_IDEM_CONF_ANY|NGX_CONF_TAKE23,
+      ngx_http_idem_confirm_key_conf,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      0,
+      NULL },
+
+    { ngx_string("idempotency_confirm_show"),
+      NGX_HTTP_IDEM_CONF_ANY|NGX_CONF_1MORE,
+      ngx_http_idem_confirm_show_conf,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      0,
+      NULL },
+
+    { ngx_string("idempotency_confirm_ttl"),
+      NGX_HTTP_IDEM_CONF_ANY|NGX_CONF_TAKE1,
+      ngx_conf_set_sec_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_idem_loc_conf_t, confirm_ttl),
+      &ngx_http_idem_positive_sec },
+
     { ngx_string("idempotency_metrics_label"),
       NGX_HTTP_IDEM_CONF_ANY|NGX_CONF_TAKE1,
       ngx_http_idem_metrics_label,
@@ -349,6 +377,10 @@ ngx_http_idem_create_loc_conf(ngx_conf_t *cf)
     conf->thread_pool = NGX_CONF_UNSET_PTR;
     conf->metrics_label = NGX_CONF_UNSET_UINT;
     conf->thread_min = NGX_CONF_UNSET_SIZE;
+    conf->confirm = NGX_CONF_UNSET_PTR;
+    conf->confirm_keys = NGX_CONF_UNSET_PTR;
+    conf->confirm_show = NGX_CONF_UNSET_PTR;
+    conf->confirm_ttl = NGX_CONF_UNSET;
 
     return conf;
 }
@@ -528,6 +560,36 @@ ngx_http_idem_merge_redis_wait(ngx_conf_t *cf, ngx_http_idem_loc_conf_t *prev,
 }
 
 
+/* values inherited as a whole: the release statuses, the thread pool */
+static char *
+ngx_http_idem_merge_lists(ngx_conf_t *cf, ngx_http_idem_loc_conf_t *prev,
+    ngx_http_idem_loc_conf_t *conf)
+{
+    if (conf->release_statuses == NGX_CONF_UNSET_PTR) {
+        if (prev->release_statuses == NGX_CONF_UNSET_PTR) {
+            prev->release_statuses = ngx_http_idem_default_releases(cf);
+            if (prev->release_statuses == NULL) {
+                return NGX_CONF_ERROR;
+            }
+        }
+
+        conf->release_statuses = prev->release_statuses;
+    }
+
+    /* the pool and its threshold are one directive, inherited together */
+    if (conf->thread_pool == NGX_CONF_UNSET_PTR) {
+        conf->thread_pool = prev->thread_pool;
+        conf->thread_min = prev->thread_min;
+    }
+
+    ngx_conf_merge_ptr_value(conf->thread_pool, NGX_CONF_UNSET_PTR, NULL);
+    ngx_conf_merge_size_value(conf->thread_min, NGX_CONF_UNSET_SIZE,
+                              NGX_HTTP_IDEM_THREAD_MIN);
+
+    return NGX_CONF_OK;
+}
+
+
 static char *
 ngx_http_idem_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
 {
@@ -566,29 +628,10 @@ ngx_http_idem_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
     ngx_conf_merge_uint_value(conf->metrics_label, prev->metrics_label, 0);
     ngx_conf_merge_ptr_value(conf->fp_exclude, prev->fp_exclude, NULL);
 
-    if (conf->release_statuses == NGX_CONF_UNSET_PTR) {
-        if (prev->release_statuses == NGX_CONF_UNSET_PTR) {
-            prev->release_statuses = ngx_http_idem_default_releases(cf);
-            if (prev->release_statuses == NULL) {
-                return NGX_CONF_ERROR;
-            }
-        }
-
-        conf->release_statuses = prev->release_statuses;
-    }
-
-    /* the pool and its threshold are one directive, inherited together */
-    if (conf->thread_pool == NGX_CONF_UNSET_PTR) {
-        conf->thread_pool = prev->thread_pool;
-        conf->thread_min = prev->thread_min;
-    }
-
-    ngx_conf_merge_ptr_value(conf->thread_pool, NGX_CONF_UNSET_PTR, NULL);
-    ngx_conf_merge_size_value(conf->thread_min, NGX_CONF_UNSET_SIZE,
-                              NGX_HTTP_IDEM_THREAD_MIN);
-
-    if (ngx_http_idem_check_fp_headers(cf, conf) != NGX_CONF_OK
-        || ngx_http_idem_merge_redis_wait(cf, prev, conf) != NGX_CONF_OK)
+    if (ngx_http_idem_merge_lists(cf, prev, conf) != NGX_CONF_OK
+        || ngx_http_idem_check_fp_headers(cf, conf) != NGX_CONF_OK
+        || ngx_http_idem_merge_redis_wait(cf, prev, conf) != NGX_CONF_OK
+        || ngx_http_idem_confirm_merge(cf, prev, conf) != NGX_CONF_OK)
     {
         return NGX_CONF_ERROR;
     }

@@ -67,6 +67,11 @@ ngx_http_idem_status_body(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
     p = ngx_slprintf(p, end, ",\"completed_at\":");
     p = ngx_http_idem_json_time(p, end, st->rec.completed);
 
+    if (st->rec.state == 'a') {
+        p = ngx_slprintf(p, end, ",\"expires_at\":");
+        p = ngx_http_idem_json_time(p, end, st->rec.expires);
+    }
+
     if (st->rec.state == 'c') {
         p = ngx_slprintf(p, end, ",\"response_status\":%d", st->rec.status);
 

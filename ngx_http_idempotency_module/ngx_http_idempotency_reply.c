@@ -90,7 +90,23 @@ static ngx_http_idem_problem_t  ngx_http_idem_problems[] = {
       0, 1, 0, 1,
       "the attempt this request waited for was answered by the upstream "
       "with a status meaning \"not done, try later\" and was not "
-      "recorded; retry with the same key after Retry-After" }
+      "recorded; retry with the same key after Retry-After" },
+
+    { "confirmation-required", "Confirmation required",
+      428, 0, 0, 0,
+      "this request needs an approval bound to its idempotency key and "
+      "fingerprint; nothing was executed: send the same request again "
+      "with an Idempotency-Confirmation header (see proposal)" },
+
+    { "confirmation-invalid", "Confirmation refused",
+      428, 0, 0, 0,
+      "the Idempotency-Confirmation header is not a valid approval of this "
+      "request (see reason); nothing was executed" },
+
+    { "confirmation-expired", "Confirmation expired",
+      428, 0, 0, 0,
+      "the approval in the Idempotency-Confirmation header has expired; "
+      "nothing was executed: ask for a new approval" }
 };
 
 
@@ -287,6 +303,11 @@ ngx_http_idem_problem_members(u_char *p, u_char *end,
         }
     }
 
+    /* members of one answer only, already JSON (the confirmation's) */
+    if (ctx->problem_extra.len) {
+        p = ngx_slprintf(p, end, "%V", &ctx->problem_extra);
+    }
+
     return ngx_slprintf(p, end, "}\n");
 }
 
@@ -309,7 +330,7 @@ ngx_http_idem_send_problem(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
     location = pt->stored ? ngx_http_idem_stored_location(r, ctx) : NULL;
 
     len = 512 + ngx_strlen(detail) * 6 + ctx->key.len * 6
-          + (location ? location->len * 6 : 0);
+          + (location ? location->len * 6 : 0) + ctx->problem_extra.len;
 
     body = ngx_pnalloc(r->pool, len);
     if (body == NULL) {

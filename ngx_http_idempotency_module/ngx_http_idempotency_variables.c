@@ -14,7 +14,8 @@ ngx_str_t  ngx_http_idem_outcome_names[] = {
     ngx_string("in_progress"),
     ngx_string("unknown"),
     ngx_string("rejected"),
-    ngx_string("bypassed")
+    ngx_string("bypassed"),
+    ngx_string("confirm_required")
 };
 
 typedef char  ngx_http_idem_outcome_names_complete_t[
@@ -29,7 +30,8 @@ enum {
     NGX_HTTP_IDEM_VAR_OUTCOME,
     NGX_HTTP_IDEM_VAR_FINGERPRINT,
     NGX_HTTP_IDEM_VAR_OPERATION_ID,
-    NGX_HTTP_IDEM_VAR_BODY_FORM
+    NGX_HTTP_IDEM_VAR_BODY_FORM,
+    NGX_HTTP_IDEM_VAR_APPROVER
 };
 
 
@@ -65,6 +67,10 @@ ngx_http_idem_variable(ngx_http_request_t *r, ngx_http_variable_value_t *v,
 
         case NGX_HTTP_IDEM_VAR_OPERATION_ID:
             value = ctx->op_id;
+            break;
+
+        case NGX_HTTP_IDEM_VAR_APPROVER:
+            value = ctx->approver;
             break;
 
         default: /* NGX_HTTP_IDEM_VAR_BODY_FORM */
@@ -108,6 +114,9 @@ static ngx_http_variable_t  ngx_http_idem_vars[] = {
 
     { ngx_string("idempotency_body_form"), NULL, ngx_http_idem_variable,
       NGX_HTTP_IDEM_VAR_BODY_FORM, NGX_HTTP_VAR_NOCACHEABLE, 0 },
+
+    { ngx_string("idempotency_approver"), NULL, ngx_http_idem_variable,
+      NGX_HTTP_IDEM_VAR_APPROVER, NGX_HTTP_VAR_NOCACHEABLE, 0 },
 
       ngx_http_null_variable
 };

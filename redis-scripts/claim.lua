@@ -5,7 +5,7 @@
 -- failed.  One script, so the check and the claim are one atomic step.
 --
 --: needs fields layout1
---: args fp owner value ttl wait waited
+--: args fp owner value ttl wait waited approved
 --
 -- KEYS[1]  record key
 -- fp       the request's fingerprint
@@ -14,6 +14,8 @@
 -- ttl      its TTL in ms
 -- wait     "1" when the caller waits for an attempt in flight
 -- waited   the operation id of the attempt this caller waited on, or ""
+-- approved "1" when the request carries a valid approval
+--          (idempotency_confirm): only then is a proposal claimed
 --
 -- Replies: {"claimed"} | {"record", value} | {"in_progress", value, left}
 --          | {"released", marker}
@@ -70,6 +72,13 @@ if state == 'r' then
     then
         return {'released', v}
     end
+    redis.call('SET', KEYS[1], value, 'PX', ttl)
+    return {'claimed'}
+end
+
+-- A proposal (awaiting_confirmation) becomes the claim of the request
+-- it proposed, and only with an approval of that same fingerprint.
+if state == 'a' and approved == '1' and string.sub(v, 36, 99) == fp then
     redis.call('SET', KEYS[1], value, 'PX', ttl)
     return {'claimed'}
 end

@@ -113,6 +113,73 @@ for my $c (
     like($out, qr/\[emerg\]/, "nginx -t: $what: reported as [emerg]");
 }
 
+# ---- idempotency_confirm: key files are read by nginx -t, each fault named
+{
+    my $p = $t->prefix;
+    system("openssl genpkey -algorithm ed25519 -out $p/c-ed.key 2>/dev/null") == 0
+        && system("openssl pkey -in $p/c-ed.key -pubout -out $p/c-ed.pub 2>/dev/null") == 0
+        && system("openssl genpkey -algorithm x25519 -out $p/c-x.key 2>/dev/null") == 0
+        && system("openssl pkey -in $p/c-x.key -pubout -out $p/c-x.pub 2>/dev/null") == 0
+        or BAIL_OUT('openssl genpkey');
+    my $spew = sub { open my $f, '>', "$p/$_[0]" or die; print $f $_[1]; close $f };
+    $spew->('c-hs', ('s' x 40) . "\n");
+    $spew->('c-short', ('s' x 31) . "\n");
+    $spew->('c-empty', '');
+    mkdir "$p/c-dir";
+    my $ok = "idempotency on; $R idempotency_confirm on;";
+
+    for my $c (
+        [ 'Ed25519 and HS256 keys with kids', "$ok idempotency_confirm_key ed25519 $p/c-ed.pub kid=a; idempotency_confirm_key hs256 $p/c-hs kid=b; idempotency_confirm_show /amount /to; idempotency_confirm_ttl 10m;" ],
+        [ 'a kid-less key', "$ok idempotency_confirm_key hs256 $p/c-hs;" ],
+        [ 'a variable', "idempotency on; $R idempotency_confirm \$http_x_risk; idempotency_confirm_key hs256 $p/c-hs;" ],
+        [ 'off without keys', "idempotency on; $R idempotency_confirm off;" ],
+    ) {
+        my ($rc, $out) = $t->nginx_test_conf(conf($c->[1]));
+        is($rc, 0, "nginx -t accepts idempotency_confirm: $c->[0]") or diag($out);
+    }
+
+    for my $c (
+        [ 'missing key file', qr/"idempotency_confirm_key": ".*c-none" cannot be read: No such file/,
+          "$ok idempotency_confirm_key hs256 $p/c-none;" ],
+        [ 'unreadable key file (a directory)', qr/"idempotency_confirm_key": ".*c-dir" cannot be read/,
+          "$ok idempotency_confirm_key ed25519 $p/c-dir;" ],
+        [ 'empty key file', qr/"idempotency_confirm_key": ".*c-empty" is empty/,
+          "$ok idempotency_confirm_key hs256 $p/c-empty;" ],
+        [ 'HS256 secret of 31 bytes', qr/"idempotency_confirm_key": .*holds 31 bytes/,
+          "$ok idempotency_confirm_key hs256 $p/c-short;" ],
+        [ 'a PEM file as HS256 secret', qr/"idempotency_confirm_key": .*is a PEM file, not an HS256 secret/,
+          "$ok idempotency_confirm_key hs256 $p/c-ed.pub;" ],
+        [ 'an HS256 secret as Ed25519 key', qr/"idempotency_confirm_key": .*is not a PEM public key/,
+          "$ok idempotency_confirm_key ed25519 $p/c-hs;" ],
+        [ 'a private key as Ed25519 public key', qr/"idempotency_confirm_key": .*holds a private key/,
+          "$ok idempotency_confirm_key ed25519 $p/c-ed.key;" ],
+        [ 'an X25519 key', qr/"idempotency_confirm_key": .*holds a X25519 key, not Ed25519/,
+          "$ok idempotency_confirm_key ed25519 $p/c-x.pub;" ],
+        [ 'unknown key type', qr/"idempotency_confirm_key": unknown type "rs256"/,
+          "$ok idempotency_confirm_key rs256 $p/c-hs;" ],
+        [ 'bad parameter', qr/"idempotency_confirm_key": invalid parameter "id=a"/,
+          "$ok idempotency_confirm_key hs256 $p/c-hs id=a;" ],
+        [ 'bad kid', qr/"idempotency_confirm_key": kid must be/,
+          "$ok idempotency_confirm_key hs256 $p/c-hs kid=a\"b;" ],
+        [ 'duplicate kid', qr/"idempotency_confirm_key": duplicate "kid=a"/,
+          "$ok idempotency_confirm_key hs256 $p/c-hs kid=a; idempotency_confirm_key ed25519 $p/c-ed.pub kid=a;" ],
+        [ 'confirm without a key', qr/"idempotency_confirm" needs at least one "idempotency_confirm_key"/,
+          $ok ],
+        [ 'show not a pointer', qr/"idempotency_confirm_show": "amount" is not a JSON pointer/,
+          "$ok idempotency_confirm_key hs256 $p/c-hs; idempotency_confirm_show amount;" ],
+        [ 'ttl zero', qr/idempotency_confirm_ttl/,
+          "$ok idempotency_confirm_key hs256 $p/c-hs; idempotency_confirm_ttl 0;" ],
+        [ 'confirm twice', qr/"idempotency_confirm" directive is duplicate/,
+          "$ok idempotency_confirm on; idempotency_confirm_key hs256 $p/c-hs;" ],
+    ) {
+        my ($what, $re, $loc) = @$c;
+        my ($rc, $out) = $t->nginx_test_conf(conf($loc));
+        isnt($rc, 0, "nginx -t rejects idempotency_confirm: $what");
+        like($out, qr/\[emerg\].*$re/, "nginx -t: $what: [emerg] names the directive and the fault")
+            or diag($out);
+    }
+}
+
 # ---- reload with live Redis connections
 $t->start_redis;
 $t->start_upstream;

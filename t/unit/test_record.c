@@ -329,6 +329,15 @@ state_diff(const idem_value_t *in, const idem_value_t *out, const char *base,
         }
         break;
 
+    case 'a':
+        if (out->created != in->created) {
+            return "created";
+        }
+        if (out->expires != in->expires) {
+            return "expires";
+        }
+        break;
+
     default:
         if (out->status != in->status) {
             return "status";
@@ -553,9 +562,32 @@ test_roundtrip_unknown_released(void)
 }
 
 
+/* idempotency_confirm's proposal: no owner, nothing runs yet */
+static void
+test_roundtrip_awaiting(void)
+{
+    idem_value_t  v, out;
+
+    v = value('a', 0, NULL);
+    v.created = 1796222500440LL;
+    v.expires = 1796226100440LL;
+    ROUNDTRIP("awaiting_confirmation", &v,
+              "2a0" OP FP DASHES "13:1796222500440,13:1796226100440,");
+
+    ok(idem_value_decode("2a0" OP FP OWNER "1:1,1:2,", 131 + 8, &out) == -1,
+       "awaiting_confirmation with an owner refused");
+    ok(idem_value_decode("2a0" OP FP DASHES "1:1,", 131 + 4, &out) == -1,
+       "awaiting_confirmation without expiry refused");
+    ok(idem_value_decode("2a0" OP FP DASHES "1:1,0:,", 131 + 7, &out) == -1,
+       "awaiting_confirmation with an empty expiry refused");
+    is_str(idem_state_name('a'), "awaiting_confirmation", "state name a");
+}
+
+
 static void
 test_value_roundtrip(void)
 {
+    test_roundtrip_awaiting();
     test_roundtrip_in_progress();
     test_roundtrip_completed();
     test_roundtrip_unknown_released();

@@ -1,0 +1,690 @@
+/*
+ * idempotency_confirm: a request that needs a person's yes is not executed
+ * until it comes with an approval signed for its key and its fingerprint
+ * (idem_jws.c).  Without one, the claim leaves a proposal in Redis
+ * (awaiting_confirmation) and the client is answered 428 with what to
+ * approve.  Called from the handler after the fingerprint, before the
+ * claim; docs/confirmation.md describes the flow.
+ */
+
+#include <cjson/cJSON.h>
+
+#include "ngx_http_idempotency.h"
+
+
+#define NGX_HTTP_IDEM_CONFIRM_HEADER  "Idempotency-Confirmation"
+
+/* bodies larger than this are not parsed for the proposal's "show" */
+#define NGX_HTTP_IDEM_SHOW_BODY_MAX   (1024 * 1024)
+
+
+/* ------------------------------------------------------ configuration */
+
+char *
+ngx_http_idem_confirm_conf(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_http_idem_loc_conf_t *lcf = conf;
+
+    ngx_str_t                         *value, v;
+    ngx_http_compile_complex_value_t   ccv;
+
+    if (lcf->confirm != NGX_CONF_UNSET_PTR) {
+        return "is duplicate";
+    }
+
+    value = cf->args->elts;
+
+    if (ngx_strcmp(value[1].data, "off") == 0) {
+        lcf->confirm = NULL;
+        return NGX_CONF_OK;
+    }
+
+    v = value[1];
+
+    if (ngx_strcmp(v.data, "on") == 0) {
+        ngx_str_set(&v, "1");
+    }
+
+    lcf->confirm = ngx_palloc(cf->pool, sizeof(ngx_http_complex_value_t));
+    if (lcf->confirm == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    ngx_memzero(&ccv, sizeof(ngx_http_compile_complex_value_t));
+    ccv.cf = cf;
+    ccv.value = &v;
+    ccv.complex_value = lcf->confirm;
+
+    return ngx_http_compile_complex_value(&ccv) == NGX_OK ? NGX_CONF_OK
+                                                           : NGX_CONF_ERROR;
+}
+
+
+static void
+ngx_http_idem_confirm_key_cleanup(void *data)
+{
+    idem_jws_key_free(data);
+}
+
+
+/* "idempotency_confirm_key": the directive's name leads every message */
+static char *
+ngx_http_idem_confirm_key_error(ngx_conf_t *cf, const char *fmt, ngx_str_t *s)
+{
+    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0, fmt, s);
+    return NGX_CONF_ERROR;
+}
+
+
+/* a kid names one key: rotation gives each key its own */
+static char *
+ngx_http_idem_confirm_key_add(ngx_conf_t *cf, ngx_http_idem_loc_conf_t *lcf,
+    idem_jws_key_t *key, ngx_str_t *kid)
+{
+    ngx_uint_t       i;
+    idem_jws_key_t  *k;
+
+    if (lcf->confirm_keys == NGX_CONF_UNSET_PTR) {
+        lcf->confirm_keys = ngx_array_create(cf->pool, 2,
+                                             sizeof(idem_jws_key_t));
+        if (lcf->confirm_keys == NULL) {
+            return NGX_CONF_ERROR;
+        }
+    }
+
+    k = lcf->confirm_keys->elts;
+
+    for (i = 0; kid && key->kid[0] && i < lcf->confirm_keys->nelts; i++) {
+        if (ngx_strcmp(k[i].kid, key->kid) == 0) {
+            return ngx_http_idem_confirm_key_error(cf,
+                       "\"idempotency_confirm_key\": duplicate \"%V\"",
+                       kid);
+        }
+    }
+
+    k = ngx_array_push(lcf->confirm_keys);
+    if (k == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    *k = *key;
+
+    return NGX_CONF_OK;
+}
+
+
+/* idempotency_confirm_key hs256|ed25519 <file> [kid=<id>] */
+char *
+ngx_http_idem_confirm_key_conf(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf)
+{
+    ngx_http_idem_loc_conf_t *lcf = conf;
+
+    char                *kid;
+    char                 err[512];
+    ngx_str_t           *value, file, msg;
+    idem_jws_key_t      *key;
+    idem_jws_alg_e       alg;
+    ngx_pool_cleanup_t  *cln;
+
+    value = cf->args->elts;
+
+    if (ngx_strcmp(value[1].data, "hs256") == 0) {
+        alg = IDEM_JWS_HS256;
+
+    } else if (ngx_strcmp(value[1].data, "ed25519") == 0) {
+        alg = IDEM_JWS_ED25519;
+
+    } else {
+        return ngx_http_idem_confirm_key_error(cf,
+                   "\"idempotency_confirm_key\": unknown type \"%V\", "
+                   "use hs256 or ed25519", &value[1]);
+    }
+
+    kid = NULL;
+
+    if (cf->args->nelts == 4) {
+        if (ngx_strncmp(value[3].data, "kid=", 4) != 0) {
+            return ngx_http_idem_confirm_key_error(cf,
+                       "\"idempotency_confirm_key\": invalid parameter "
+                       "\"%V\", expected kid=<id>", &value[3]);
+        }
+
+        kid = (char *) value[3].data + 4;
+    }
+
+    file = value[2];
+
+    if (ngx_conf_full_name(cf->cycle, &file, 1) != NGX_OK) {
+        return NGX_CONF_ERROR;
+    }
+
+    /* the cleanup owns the key's secret; the array holds a copy of it */
+    cln = ngx_pool_cleanup_add(cf->pool, sizeof(idem_jws_key_t));
+    if (cln == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    key = cln->data;
+    ngx_memzero(key, sizeof(idem_jws_key_t));
+    cln->handler = ngx_http_idem_confirm_key_cleanup;
+
+    if (idem_jws_key_load(key, alg, (char *) file.data, kid, 0, err,
+                          sizeof(err)) != 0)
+    {
+        msg.data = (u_char *) err;
+        msg.len = ngx_strlen(err);
+        return ngx_http_idem_confirm_key_error(cf,
+                   "\"idempotency_confirm_key\": %V", &msg);
+    }
+
+    return ngx_http_idem_confirm_key_add(cf, lcf, key,
+                                         kid ? &value[3] : NULL);
+}
+
+
+/* idempotency_confirm_show /json/pointer ... */
+char *
+ngx_http_idem_confirm_show_conf(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf)
+{
+    ngx_http_idem_loc_conf_t *lcf = conf;
+
+    ngx_str_t   *value, *s;
+    ngx_uint_t   i;
+
+    if (lcf->confirm_show != NGX_CONF_UNSET_PTR) {
+        return "is duplicate";
+    }
+
+    lcf->confirm_show = ngx_array_create(cf->pool, cf->args->nelts,
+                                         sizeof(ngx_str_t));
+    if (lcf->confirm_show == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    value = cf->args->elts;
+
+    for (i = 1; i < cf->args->nelts; i++) {
+        if (value[i].len == 0 || value[i].data[0] != '/') {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "\"idempotency_confirm_show\": \"%V\" is not "
+                               "a JSON pointer (RFC 6901), it must start "
+                               "with /", &value[i]);
+            return NGX_CONF_ERROR;
+        }
+
+        s = ngx_array_push(lcf->confirm_show);
+        if (s == NULL) {
+            return NGX_CONF_ERROR;
+        }
+
+        *s = value[i];
+    }
+
+    return NGX_CONF_OK;
+}
+
+
+char *
+ngx_http_idem_confirm_merge(ngx_conf_t *cf, ngx_http_idem_loc_conf_t *prev,
+    ngx_http_idem_loc_conf_t *conf)
+{
+    ngx_conf_merge_ptr_value(conf->confirm, prev->confirm, NULL);
+    ngx_conf_merge_ptr_value(conf->confirm_keys, prev->confirm_keys, NULL);
+    ngx_conf_merge_ptr_value(conf->confirm_show, prev->confirm_show, NULL);
+    ngx_conf_merge_sec_value(conf->confirm_ttl, prev->confirm_ttl, 3600);
+
+    if (conf->enable && conf->confirm && conf->confirm_keys == NULL) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"idempotency_confirm\" needs at least one "
+                           "\"idempotency_confirm_key\" in the same or an "
+                           "enclosing block");
+        return NGX_CONF_ERROR;
+    }
+
+    return NGX_CONF_OK;
+}
+
+
+/* ------------------------------------------------------------ request */
+
+/* NGX_OK with *h, NGX_DECLINED when absent, NGX_ERROR when sent twice */
+static ngx_int_t
+ngx_http_idem_confirm_header(ngx_http_request_t *r, ngx_table_elt_t **found)
+{
+    ngx_uint_t        i;
+    ngx_list_part_t  *part;
+    ngx_table_elt_t  *h;
+
+    *found = NULL;
+    part = &r->headers_in.headers.part;
+    h = part->elts;
+
+    for (i = 0; /* void */ ; i++) {
+
+        if (i >= part->nelts) {
+            if (part->next == NULL) {
+                break;
+            }
+
+            part = part->next;
+            h = part->elts;
+            i = 0;
+        }
+
+        if (h[i].key.len == sizeof(NGX_HTTP_IDEM_CONFIRM_HEADER) - 1
+            && ngx_strncasecmp(h[i].key.data,
+                               (u_char *) NGX_HTTP_IDEM_CONFIRM_HEADER,
+                               h[i].key.len) == 0)
+        {
+            if (*found) {
+                return NGX_ERROR;
+            }
+
+            *found = &h[i];
+        }
+    }
+
+    return *found ? NGX_OK : NGX_DECLINED;
+}
+
+
+/* whether the location's idempotency_confirm asks it of this request */
+static ngx_int_t
+ngx_http_idem_confirm_wanted(ngx_http_request_t *r,
+    ngx_http_idem_loc_conf_t *lcf, ngx_uint_t *wanted)
+{
+    ngx_str_t  v;
+
+    *wanted = 0;
+
+    if (lcf->confirm == NULL) {
+        return NGX_OK;
+    }
+
+    if (ngx_http_complex_value(r, lcf->confirm, &v) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
+    *wanted = !(v.len == 0
+                || (v.len == 1 && v.data[0] == '0')
+                || (v.len == 3 && ngx_strncmp(v.data, "off", 3) == 0));
+
+    return NGX_OK;
+}
+
+
+/*
+ * NGX_OK: claim, with ctx->confirm saying how; NGX_DECLINED: the approval
+ * is refused (ctx->jws_rc), answer with ngx_http_idem_confirm_send().
+ */
+ngx_int_t
+ngx_http_idem_confirm_check(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
+{
+    ngx_int_t                  rc;
+    ngx_uint_t                 wanted;
+    ngx_table_elt_t           *h;
+    idem_jws_claims_t          claims;
+    ngx_http_idem_loc_conf_t  *lcf;
+
+    lcf = ctx->conf;
+    ctx->confirm = NGX_HTTP_IDEM_CONFIRM_NONE;
+
+    if (ngx_http_idem_confirm_wanted(r, lcf, &wanted) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
+    if (!wanted) {
+        return NGX_OK;
+    }
+
+    rc = ngx_http_idem_confirm_header(r, &h);
+
+    if (rc == NGX_DECLINED) {
+        ctx->confirm = NGX_HTTP_IDEM_CONFIRM_PROPOSE;
+        return NGX_OK;
+    }
+
+    ctx->jws_rc = (rc == NGX_OK)
+                  ? idem_jws_verify((char *) h->value.data, h->value.len,
+                                    lcf->confirm_keys->elts,
+                                    lcf->confirm_keys->nelts,
+                                    (char *) ctx->key.data, ctx->key.len,
+                                    (char *) ctx->fingerprint, ngx_time(),
+                                    &claims)
+                  : IDEM_JWS_MALFORMED;
+
+    if (ctx->jws_rc != IDEM_JWS_OK) {
+        ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
+                      "idempotency: approval of key \"%V\" refused: %s",
+                      &ctx->key, idem_jws_reason(ctx->jws_rc));
+        return NGX_DECLINED;
+    }
+
+    ctx->approver.len = ngx_strlen(claims.sub);
+    ctx->approver.data = ngx_pnalloc(r->pool, ctx->approver.len);
+    if (ctx->approver.data == NULL) {
+        return NGX_ERROR;
+    }
+
+    ngx_memcpy(ctx->approver.data, claims.sub, ctx->approver.len);
+    ctx->confirm = NGX_HTTP_IDEM_CONFIRM_APPROVED;
+
+    ngx_log_error(NGX_LOG_NOTICE, r->connection->log, 0,
+                  "idempotency: key \"%V\" approved by \"%V\" (kid \"%s\")",
+                  &ctx->key, &ctx->approver, claims.kid);
+
+    return NGX_OK;
+}
+
+
+/* a NUL-terminated copy for cJSON; NULL when it is not UTF-8 */
+static char *
+ngx_http_idem_confirm_cstr(ngx_http_request_t *r, u_char *s, size_t len)
+{
+    u_char  *p;
+
+    /* an empty $args has no data at all */
+    if (len == 0) {
+        return "";
+    }
+
+    if (!idem_utf8_valid((const char *) s, len)
+        || ngx_strlchr(s, s + len, '\0'))
+    {
+        return NULL;
+    }
+
+    p = ngx_pnalloc(r->pool, len + 1);
+    if (p == NULL) {
+        return NULL;
+    }
+
+    *ngx_cpymem(p, s, len) = '\0';
+
+    return (char *) p;
+}
+
+
+static void
+ngx_http_idem_confirm_add_str(ngx_http_request_t *r, cJSON *o,
+    const char *name, u_char *s, size_t len)
+{
+    char  *c;
+
+    c = ngx_http_idem_confirm_cstr(r, s, len);
+
+    if (c) {
+        cJSON_AddStringToObject(o, name, c);
+
+    } else {
+        cJSON_AddNullToObject(o, name);
+    }
+}
+
+
+/* the request body in one buffer, NULL when there is none or too much */
+static u_char *
+ngx_http_idem_confirm_body(ngx_http_request_t *r, size_t *len)
+{
+    u_char       *buf, *p;
+    size_t        size;
+    ssize_t       n;
+    ngx_buf_t    *b;
+    ngx_chain_t  *cl;
+
+    if (r->request_body == NULL) {
+        return NULL;
+    }
+
+    size = 0;
+
+    for (cl = r->request_body->bufs; cl; cl = cl->next) {
+        b = cl->buf;
+        size += ngx_buf_in_memory(b) ? (size_t) (b->last - b->pos)
+                : b->in_file ? (size_t) (b->file_last - b->file_pos) : 0;
+    }
+
+    if (size == 0 || size > NGX_HTTP_IDEM_SHOW_BODY_MAX) {
+        return NULL;
+    }
+
+    buf = ngx_pnalloc(r->pool, size);
+    if (buf == NULL) {
+        return NULL;
+    }
+
+    p = buf;
+
+    for (cl = r->request_body->bufs; cl; cl = cl->next) {
+        b = cl->buf;
+
+        if (ngx_buf_in_memory(b)) {
+            p = ngx_cpymem(p, b->pos, b->last - b->pos);
+            continue;
+        }
+
+        if (b->in_file) {
+            n = ngx_read_file(b->file, p, b->file_last - b->file_pos,
+                              b->file_pos);
+            if (n != b->file_last - b->file_pos) {
+                return NULL;
+            }
+
+            p += n;
+        }
+    }
+
+    *len = size;
+
+    return buf;
+}
+
+
+/*
+ * The values idempotency_confirm_show names, from the body the fingerprint
+ * read.  Only a body that was canonical JSON is read: it has no duplicate
+ * member, so what is shown is what the upstream will read.
+ */
+static void
+ngx_http_idem_confirm_show(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
+    cJSON *proposal)
+{
+    u_char       *body;
+    size_t        len;
+    cJSON        *root, *show;
+    ngx_str_t    *ptr;
+    ngx_uint_t    i;
+    const cJSON  *v;
+
+    if (ctx->conf->confirm_show == NULL) {
+        return;
+    }
+
+    show = cJSON_AddObjectToObject(proposal, "show");
+    if (show == NULL) {
+        return;
+    }
+
+    root = NULL;
+
+    if (ctx->body_form == IDEM_BODY_JSON) {
+        body = ngx_http_idem_confirm_body(r, &len);
+        root = body ? cJSON_ParseWithLength((char *) body, len) : NULL;
+    }
+
+    ptr = ctx->conf->confirm_show->elts;
+
+    for (i = 0; i < ctx->conf->confirm_show->nelts; i++) {
+        v = root ? idem_json_pointer(root, (char *) ptr[i].data, ptr[i].len)
+                 : NULL;
+
+        cJSON_AddItemToObject(show, (char *) ptr[i].data,
+                              v ? cJSON_Duplicate(v, 1) : cJSON_CreateNull());
+    }
+
+    cJSON_Delete(root);
+}
+
+
+static void
+ngx_http_idem_confirm_approve(ngx_http_idem_ctx_t *ctx, cJSON *proposal)
+{
+    cJSON           *a, *kids, *claims;
+    ngx_uint_t       i;
+    idem_jws_key_t  *k;
+
+    a = cJSON_AddObjectToObject(proposal, "approve");
+    if (a == NULL) {
+        return;
+    }
+
+    cJSON_AddStringToObject(a, "header", NGX_HTTP_IDEM_CONFIRM_HEADER);
+    cJSON_AddStringToObject(a, "format", "compact JWS, alg EdDSA or HS256, "
+                            "see docs/confirmation.md");
+    cJSON_AddStringToObject(a, "tool", "idempotency-approve --key FILE");
+
+    kids = cJSON_AddArrayToObject(a, "kids");
+    k = ctx->conf->confirm_keys ? ctx->conf->confirm_keys->elts : NULL;
+
+    for (i = 0; kids && k && i < ctx->conf->confirm_keys->nelts; i++) {
+        if (k[i].kid[0]) {
+            cJSON_AddItemToArray(kids, cJSON_CreateString(k[i].kid));
+        }
+    }
+
+    claims = cJSON_AddObjectToObject(a, "claims");
+    if (claims) {
+        cJSON_AddStringToObject(claims, "idk",
+                                cJSON_GetStringValue(cJSON_GetObjectItem(
+                                    proposal, "idempotency_key")));
+        cJSON_AddStringToObject(claims, "fp",
+                                cJSON_GetStringValue(cJSON_GetObjectItem(
+                                    proposal, "fingerprint")));
+    }
+
+    cJSON_AddItemToObject(a, "required_claims",
+                          cJSON_CreateStringArray((const char *[]) {
+                              "idk", "fp", "sub", "iat", "exp" }, 5));
+}
+
+
+/* the proposal's end, as RFC 3339 UTC */
+static void
+ngx_http_idem_confirm_expiry(ngx_http_idem_ctx_t *ctx, cJSON *proposal)
+{
+    u_char    buf[32], *p;
+    ngx_tm_t  tm;
+
+    ngx_gmtime((time_t) (ctx->proposal_expires / 1000), &tm);
+
+    p = ngx_sprintf(buf, "%4d-%02d-%02dT%02d:%02d:%02dZ", tm.ngx_tm_year,
+                    tm.ngx_tm_mon, tm.ngx_tm_mday, tm.ngx_tm_hour,
+                    tm.ngx_tm_min, tm.ngx_tm_sec);
+    *p = '\0';
+
+    cJSON_AddStringToObject(proposal, "expires_at", (char *) buf);
+    cJSON_AddNumberToObject(proposal, "expires",
+                            (double) (ctx->proposal_expires / 1000));
+}
+
+
+static cJSON *
+ngx_http_idem_proposal(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
+{
+    cJSON  *o;
+
+    o = cJSON_CreateObject();
+    if (o == NULL) {
+        return NULL;
+    }
+
+    ngx_http_idem_confirm_add_str(r, o, "operation_id", ctx->op_id.data,
+                                  ctx->op_id.len);
+    ngx_http_idem_confirm_add_str(r, o, "idempotency_key", ctx->key.data,
+                                  ctx->key.len);
+    ngx_http_idem_confirm_add_str(r, o, "fingerprint", ctx->fingerprint,
+                                  IDEM_FP_HEX_LEN);
+    ngx_http_idem_confirm_add_str(r, o, "method", r->method_name.data,
+                                  r->method_name.len);
+    ngx_http_idem_confirm_add_str(r, o, "route", ctx->route.data,
+                                  ctx->route.len);
+    ngx_http_idem_confirm_add_str(r, o, "query", r->args.data, r->args.len);
+
+    ngx_http_idem_confirm_show(r, ctx, o);
+    ngx_http_idem_confirm_expiry(ctx, o);
+    ngx_http_idem_confirm_approve(ctx, o);
+
+    return o;
+}
+
+
+/* ctx->problem_extra: ",\"name\":" and the JSON text of o, freed here */
+static ngx_int_t
+ngx_http_idem_confirm_extra(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
+    const char *name, cJSON *o)
+{
+    char    *text;
+    size_t   len;
+    u_char  *p;
+
+    text = o ? cJSON_PrintUnformatted(o) : NULL;
+    cJSON_Delete(o);
+
+    if (text == NULL) {
+        return NGX_ERROR;
+    }
+
+    len = ngx_strlen(text);
+    p = ngx_pnalloc(r->pool, len + ngx_strlen(name) + 4);
+
+    if (p == NULL) {
+        cJSON_free(text);
+        return NGX_ERROR;
+    }
+
+    ctx->problem_extra.data = p;
+    p = ngx_sprintf(p, ",\"%s\":", name);
+    p = ngx_cpymem(p, text, len);
+    ctx->problem_extra.len = p - ctx->problem_extra.data;
+
+    cJSON_free(text);
+
+    return NGX_OK;
+}
+
+
+/* the 428 answers: a proposal, or why the approval was refused */
+ngx_int_t
+ngx_http_idem_confirm_send(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
+{
+    ngx_int_t                rc;
+    ngx_http_idem_problem_e  problem;
+
+    ctx->outcome = NGX_HTTP_IDEM_OUT_CONFIRM_REQUIRED;
+
+    if (ctx->answer == NGX_HTTP_IDEM_ANS_CONFIRM) {
+        problem = NGX_HTTP_IDEM_P_CONFIRM_REQUIRED;
+        rc = ngx_http_idem_confirm_extra(r, ctx, "proposal",
+                                         ngx_http_idem_proposal(r, ctx));
+
+    } else if (ctx->jws_rc == IDEM_JWS_EXPIRED) {
+        problem = NGX_HTTP_IDEM_P_CONFIRM_EXPIRED;
+        rc = NGX_OK;
+
+    } else {
+        problem = NGX_HTTP_IDEM_P_CONFIRM_INVALID;
+        rc = ngx_http_idem_confirm_extra(r, ctx, "reason",
+                 cJSON_CreateString(idem_jws_reason(ctx->jws_rc)));
+    }
+
+    if (rc != NGX_OK) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    /* nginx has no reason phrase of its own for 428 (RFC 6585) */
+    ngx_str_set(&r->headers_out.status_line, "428 Precondition Required");
+
+    return ngx_http_idem_send_problem(r, ctx, problem, NULL);
+}
