@@ -185,7 +185,7 @@ valgrind-check: module
 
 fuzz-build: $(FUZZ_BINS)
 
-$(ASAN_BUILD)/fuzz/fuzz_%: fuzz/fuzz_%.c fuzz/fuzz_common.h $(TEST_SRCS) $(TEST_HDRS) \
+$(ASAN_BUILD)/fuzz/fuzz_%: fuzz/fuzz_%.c fuzz/fuzz_common.h fuzz/fuzz_value.h $(TEST_SRCS) $(TEST_HDRS) \
                           $(CORE_SRCS) $(CORE_HDRS)
 	@mkdir -p $(ASAN_BUILD)/fuzz
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -I$(MODDIR) -It/unit -o $@ $< $(TEST_SRCS) \

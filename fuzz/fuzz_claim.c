@@ -48,6 +48,7 @@
 #include "idem_reply.h"
 
 #include "fuzz_common.h"
+#include "fuzz_value.h"
 
 
 #define FUZZ_MAX_ELEMS  8
@@ -631,125 +632,6 @@ check_close(const uint8_t *data, size_t size)
 
 /* ----------------------------------------- good answers, from the input */
 
-typedef struct {
-    const uint8_t  *p;
-    size_t          n;
-    size_t          i;
-} fuzz_reader_t;
-
-
-static unsigned
-rd8(fuzz_reader_t *r)
-{
-    return r->i < r->n ? r->p[r->i++] : 0;
-}
-
-
-static unsigned long long
-rd64(fuzz_reader_t *r)
-{
-    unsigned long long  x;
-    int                 i;
-
-    for (i = 0, x = 0; i < 8; i++) {
-        x = (x << 8) | rd8(r);
-    }
-
-    return x;
-}
-
-
-static long long
-rd_num(fuzz_reader_t *r, long long min, long long max)
-{
-    unsigned long long  x, span;
-
-    x = rd64(r);
-    span = (unsigned long long) (max - min);
-
-    switch (rd8(r) & 3) {
-    case 0:
-        return min + (long long) (x % 4 > span ? span : x % 4);
-    case 1:
-        return max - (long long) (x % 4 > span ? span : x % 4);
-    default:
-        return min + (long long) (x % (span + 1));
-    }
-}
-
-
-typedef struct {
-    idem_value_t   v;
-    char           hex[IDEM_TOKEN_LEN + IDEM_FP_LEN + IDEM_TOKEN_LEN];
-} fuzz_value_t;
-
-
-/* a valid record of the given state, its fields from the input */
-static void
-value_from_input(fuzz_reader_t *r, char state, fuzz_value_t *fv)
-{
-    static const char   hex[] = "0123456789abcdef";
-    size_t              i, rest, hlen;
-    unsigned            b;
-    unsigned long long  x;
-    idem_value_t       *v;
-
-    memset(fv, 0, sizeof(*fv));
-    v = &fv->v;
-
-    b = rd8(r);
-    x = rd64(r);
-
-    for (i = 0; i < sizeof(fv->hex); i++) {
-        x = x * 6364136223846793005ULL + 1442695040888963407ULL;
-        fv->hex[i] = hex[x >> 60];
-    }
-
-    v->state = state;
-    v->waiters = b & 1;
-    v->op = fv->hex;
-    v->fp = fv->hex + IDEM_TOKEN_LEN;
-    v->owner = (state == 'i' || (state == 'r' && (b & 2)))
-               ? fv->hex + IDEM_TOKEN_LEN + IDEM_FP_LEN : NULL;
-    v->created = v->completed = v->unknown_at = v->retry_after = -1;
-
-    switch (state) {
-
-    case 'i':
-        v->created = rd_num(r, 0, IDEM_TIME_MS_MAX);
-        v->lease_ms = rd_num(r, 1, IDEM_TIME_MS_MAX);
-        v->ttl_ms = rd_num(r, 1, IDEM_TIME_MS_MAX);
-        break;
-
-    case 'c':
-        v->created = rd_num(r, 0, IDEM_TIME_MS_MAX);
-        v->completed = rd_num(r, 0, IDEM_TIME_MS_MAX);
-        v->status = (int) rd_num(r, 200, 599);
-        v->stored = (b >> 2) & 1;
-        v->resolved = (b >> 3) & 1;
-        rest = r->n - r->i;
-        hlen = rest ? rd8(r) % (rest + 1) : 0;
-        rest = r->n - r->i;
-        hlen = hlen > rest ? rest : hlen;
-        v->hdr = (const char *) r->p + r->i;
-        v->hdr_len = hlen;
-        v->body = v->hdr + hlen;
-        v->body_len = rest - hlen;
-        r->i = r->n;
-        break;
-
-    case 'u':
-        v->created = rd_num(r, 0, IDEM_TIME_MS_MAX);
-        v->unknown_at = rd_num(r, 0, IDEM_TIME_MS_MAX);
-        break;
-
-    default:
-        v->status = (b & 4) ? 0 : (int) rd_num(r, 200, 599);
-        v->retry_after = (b & 8) ? -1 : rd_num(r, 0, IDEM_TIME_MS_MAX);
-        break;
-    }
-}
-
 
 static void
 check_accepts(const uint8_t *data, size_t size)
@@ -769,7 +651,7 @@ check_accepts(const uint8_t *data, size_t size)
     b = rd8(&r);
 
     /* claim.lua */
-    value_from_input(&r, states[b & 3], &fv);
+    fuzz_value_from_input(&r, states[b & 3], rd8(&r), &fv);
     enc = encode_exact(&fv.v, &len);
     el[1] = rv_str(enc, len);
 
@@ -822,7 +704,7 @@ check_accepts(const uint8_t *data, size_t size)
 
     /* status.lua: a record that is no marker, lapsed only when a claim */
     r.i = 1;
-    value_from_input(&r, held[(b >> 2) % 3], &fv);
+    fuzz_value_from_input(&r, held[(b >> 2) % 3], rd8(&r), &fv);
     enc = encode_exact(&fv.v, &len);
     el[0] = rv_str(enc, len);
     el[1] = rv_str((fv.v.state == 'i' && (b & 0x40)) ? "1" : "0", 1);

@@ -36,6 +36,7 @@
 #include "idem_record.h"
 
 #include "fuzz_common.h"
+#include "fuzz_value.h"
 
 
 /* ------------------------------------------------------ stored headers */
@@ -516,146 +517,15 @@ check_accepted(const char *in, size_t size, const idem_value_t *v)
 
 /* ------------------------------------------------ values from the input */
 
-typedef struct {
-    const uint8_t  *p;
-    size_t          n;
-    size_t          i;
-} fuzz_reader_t;
-
-
-static unsigned
-rd8(fuzz_reader_t *r)
-{
-    return r->i < r->n ? r->p[r->i++] : 0;
-}
-
-
-static unsigned long long
-rd64(fuzz_reader_t *r)
-{
-    unsigned long long  x;
-    int                 i;
-
-    x = 0;
-    for (i = 0; i < 8; i++) {
-        x = (x << 8) | rd8(r);
-    }
-
-    return x;
-}
-
-
-/* min..max, often at either end */
-static long long
-rd_num(fuzz_reader_t *r, long long min, long long max)
-{
-    unsigned            mode;
-    unsigned long long  x, span;
-
-    mode = rd8(r) & 3;
-    x = rd64(r);
-    span = (unsigned long long) (max - min);
-
-    switch (mode) {
-    case 0:
-        return min + (long long) (x % 10 > span ? span : x % 10);
-    case 1:
-        return max - (long long) (x % 10 > span ? span : x % 10);
-    default:
-        return min + (long long) (x % (span + 1));
-    }
-}
-
-
-/* n lowercase hex digits from 8 bytes of the input */
-static void
-rd_hex(fuzz_reader_t *r, char *out, size_t n)
-{
-    static const char   hex[] = "0123456789abcdef";
-    size_t              i;
-    unsigned long long  x;
-
-    x = rd64(r);
-
-    for (i = 0; i < n; i++) {
-        x = x * 6364136223846793005ULL + 1442695040888963407ULL;
-        out[i] = hex[x >> 60];
-    }
-}
-
-
-typedef struct {
-    idem_value_t   v;
-    char           op[IDEM_TOKEN_LEN];
-    char           fp[IDEM_FP_LEN];
-    char           owner[IDEM_TOKEN_LEN];
-} fuzz_value_t;
-
-
 /* a valid value (as far as its fields go) from the input's bytes */
 static void
 value_from_input(fuzz_reader_t *r, fuzz_value_t *fv)
 {
     static const char   states[] = "icur";
     unsigned            b;
-    size_t              rest, hlen;
-    idem_value_t       *v;
-
-    v = &fv->v;
-    memset(fv, 0, sizeof(*fv));
 
     b = rd8(r);
-    v->state = states[b & 3];
-    v->waiters = (b >> 2) & 1;
-
-    rd_hex(r, fv->op, IDEM_TOKEN_LEN);
-    rd_hex(r, fv->fp, IDEM_FP_LEN);
-    rd_hex(r, fv->owner, IDEM_TOKEN_LEN);
-
-    v->op = fv->op;
-    v->fp = fv->fp;
-    v->owner = (v->state == 'i' || (v->state == 'r' && (b & 8)))
-               ? fv->owner : NULL;
-
-    v->created = v->completed = v->unknown_at = v->retry_after = -1;
-
-    switch (v->state) {
-
-    case 'i':
-        v->created = rd_num(r, 0, IDEM_TIME_MS_MAX);
-        v->lease_ms = rd_num(r, 1, IDEM_TIME_MS_MAX);
-        v->ttl_ms = rd_num(r, 1, IDEM_TIME_MS_MAX);
-        break;
-
-    case 'c':
-        v->created = rd_num(r, 0, IDEM_TIME_MS_MAX);
-        v->completed = rd_num(r, 0, IDEM_TIME_MS_MAX);
-        v->status = (int) rd_num(r, 200, 599);
-        v->stored = (b >> 4) & 1;
-        v->resolved = (b >> 5) & 1;
-
-        /* headers and body: what is left of the input, cut in two */
-        rest = r->n - r->i;
-        hlen = rest ? rd8(r) % (rest + 1) : 0;
-        rest = r->n - r->i;
-        hlen = hlen > rest ? rest : hlen;
-        v->hdr = (const char *) r->p + r->i;
-        v->hdr_len = hlen;
-        v->body = v->hdr + hlen;
-        v->body_len = rest - hlen;
-        r->i = r->n;
-        break;
-
-    case 'u':
-        v->created = rd_num(r, 0, IDEM_TIME_MS_MAX);
-        v->unknown_at = rd_num(r, 0, IDEM_TIME_MS_MAX);
-        break;
-
-    default:
-        v->status = (b & 16) ? 0 : (int) rd_num(r, 200, 599);
-        v->retry_after = (b & 32) ? -1 : rd_num(r, 0, IDEM_TIME_MS_MAX);
-        break;
-    }
+    fuzz_value_from_input(r, states[b & 3], b >> 2, fv);
 }
 
 
