@@ -61,6 +61,7 @@ typedef struct {
     ngx_uint_t                   wait_replicas;    /* 0: no WAIT */
     ngx_msec_t                   wait_replicas_timeout;
     ngx_uint_t                   ops;    /* status or admin location */
+    ngx_http_handler_pt          content;  /* the module's, not inherited */
     ngx_uint_t                   metrics_label;    /* in metrics_labels */
 #if (NGX_THREADS)
     ngx_thread_pool_t           *thread_pool;      /* NULL: off */

@@ -590,6 +590,32 @@ ngx_http_idem_merge_lists(ngx_conf_t *cf, ngx_http_idem_loc_conf_t *prev,
 }
 
 
+/* a later directive took the location from the module's content handler */
+static char *
+ngx_http_idem_check_content(ngx_conf_t *cf, ngx_http_idem_loc_conf_t *conf)
+{
+    ngx_http_core_loc_conf_t  *clcf;
+
+    if (conf->content == NULL) {
+        return NGX_CONF_OK;
+    }
+
+    clcf = ngx_http_conf_get_module_loc_conf(cf, ngx_http_core_module);
+
+    if (clcf->handler == conf->content) {
+        return NGX_CONF_OK;
+    }
+
+    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                       "location \"%V\" has \"idempotency_status\", "
+                       "\"idempotency_admin\" or \"idempotency_metrics\" "
+                       "and another content handler (proxy_pass, return...)",
+                       &clcf->name);
+
+    return NGX_CONF_ERROR;
+}
+
+
 static char *
 ngx_http_idem_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
 {
@@ -633,6 +659,10 @@ ngx_http_idem_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
         || ngx_http_idem_merge_redis_wait(cf, prev, conf) != NGX_CONF_OK
         || ngx_http_idem_confirm_merge(cf, prev, conf) != NGX_CONF_OK)
     {
+        return NGX_CONF_ERROR;
+    }
+
+    if (ngx_http_idem_check_content(cf, conf) != NGX_CONF_OK) {
         return NGX_CONF_ERROR;
     }
 
@@ -1478,20 +1508,41 @@ ngx_http_idem_redis_sentinel(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 }
 
 
-/* a content handler that needs Redis like "idempotency on" does */
+/*
+ * The module's content handler for this location.  A directive of another
+ * module that comes later (proxy_pass, return...) would replace it without
+ * a word, so the merge checks that it is still the location's handler.
+ */
 static char *
-ngx_http_idem_ops_location(ngx_conf_t *cf, ngx_http_handler_pt handler)
+ngx_http_idem_set_content(ngx_conf_t *cf, ngx_http_handler_pt handler)
 {
-    ngx_http_core_loc_conf_t   *clcf;
-    ngx_http_idem_main_conf_t  *mcf;
+    ngx_http_idem_loc_conf_t  *lcf;
+    ngx_http_core_loc_conf_t  *clcf;
 
     clcf = ngx_http_conf_get_module_loc_conf(cf, ngx_http_core_module);
 
     if (clcf->handler) {
-        return "is duplicate: the location already has a content handler";
+        return NGX_CONF_ERROR;
     }
 
     clcf->handler = handler;
+
+    lcf = ngx_http_conf_get_module_loc_conf(cf, ngx_http_idempotency_module);
+    lcf->content = handler;
+
+    return NGX_CONF_OK;
+}
+
+
+/* a content handler that needs Redis like "idempotency on" does */
+static char *
+ngx_http_idem_ops_location(ngx_conf_t *cf, ngx_http_handler_pt handler)
+{
+    ngx_http_idem_main_conf_t  *mcf;
+
+    if (ngx_http_idem_set_content(cf, handler) != NGX_CONF_OK) {
+        return "is duplicate: the location already has a content handler";
+    }
 
     mcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_idempotency_module);
     mcf->used = 1;
@@ -1541,7 +1592,6 @@ ngx_http_idem_admin(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 static char *
 ngx_http_idem_metrics_conf(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 {
-    ngx_http_core_loc_conf_t   *clcf;
     ngx_http_idem_main_conf_t  *mcf;
 
     mcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_idempotency_module);
@@ -1550,13 +1600,11 @@ ngx_http_idem_metrics_conf(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
         return "needs \"idempotency_metrics_zone\" before it in http{}";
     }
 
-    clcf = ngx_http_conf_get_module_loc_conf(cf, ngx_http_core_module);
-
-    if (clcf->handler) {
+    if (ngx_http_idem_set_content(cf, ngx_http_idem_metrics_handler)
+        != NGX_CONF_OK)
+    {
         return "is duplicate: the location already has a content handler";
     }
-
-    clcf->handler = ngx_http_idem_metrics_handler;
 
     return NGX_CONF_OK;
 }

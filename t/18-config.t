@@ -180,6 +180,40 @@ for my $c (
     }
 }
 
+# ---- a content handler of another module after the module's own: nginx
+# would run that one and never say so
+for my $c (
+    [ 'status then proxy_pass', "idempotency_status; $R proxy_pass http://127.0.0.1:1;" ],
+    [ 'admin then stub_status', "idempotency_admin on; $R stub_status;" ],
+    [ 'metrics then proxy_pass', 'idempotency_metrics; proxy_pass http://127.0.0.1:1;',
+      'idempotency_metrics_zone idem_m 1m;' ],
+) {
+    my ($what, $loc, $http) = @$c;
+    my ($rc, $out) = $t->nginx_test_conf(($http // '') . <<"EOF");
+server {
+    listen 127.0.0.1:%%PORT%%;
+    location /ops { $loc }
+}
+EOF
+    isnt($rc, 0, "nginx -t rejects: $what");
+    like($out, qr/\[emerg\].*location "\/ops" has "idempotency_status", "idempotency_admin" or "idempotency_metrics" and another content handler/,
+         "nginx -t: $what: [emerg] names the location and the directives") or diag($out);
+}
+for my $c (
+    [ 'status alone', "idempotency_status; $R" ],
+    [ 'proxy_pass in the location, status in a nested one',
+      "$R proxy_pass http://127.0.0.1:1; location /ops/s { idempotency_status; }" ],
+) {
+    my ($what, $loc) = @$c;
+    my ($rc, $out) = $t->nginx_test_conf(<<"EOF");
+server {
+    listen 127.0.0.1:%%PORT%%;
+    location /ops { $loc }
+}
+EOF
+    is($rc, 0, "nginx -t accepts: $what") or diag($out);
+}
+
 # ---- reload with live Redis connections
 $t->start_redis;
 $t->start_upstream;
