@@ -262,6 +262,7 @@ struct ngx_http_idem_ctx_s {
     void                        *approval;     /* idempotency_approve's */
 
     unsigned                     fingerprinted:1;
+    unsigned                     reclaimed:1;   /* a recorded approval */
     unsigned                     claimed:1;
     unsigned                     capturing:1;
     unsigned                     too_large:1;

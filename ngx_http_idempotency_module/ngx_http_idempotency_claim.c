@@ -461,9 +461,20 @@ ngx_http_idem_claim_decoded(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
     case IDEM_CLAIM_RECORD:
         answer = ngx_http_idem_claim_held(r, ctx, &c->rec);
 
-        /* claim.lua decides in flight claims and markers itself */
-        return (answer == NGX_HTTP_IDEM_ANS_NONE && script)
-               ? NGX_HTTP_IDEM_ANS_STORE_ERROR : answer;
+        /*
+         * claim.lua decides in flight claims and markers itself; only a
+         * recorded approval it found for a caller that sent a proposal
+         * (a duplicate that waited) is claimed once more, with a claim.
+         */
+        if (answer == NGX_HTTP_IDEM_ANS_NONE && script) {
+            if (c->rec.state != 'p' || ctx->reclaimed) {
+                return NGX_HTTP_IDEM_ANS_STORE_ERROR;
+            }
+
+            ctx->reclaimed = 1;
+        }
+
+        return answer;
 
     case IDEM_CLAIM_IN_PROGRESS:
         if (ngx_http_idem_claim_record(r, ctx, &c->rec) != NGX_OK) {
