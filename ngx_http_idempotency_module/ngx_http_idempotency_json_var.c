@@ -10,6 +10,8 @@
 
 #include <cjson/cJSON.h>
 
+#include "idem_jcs.h"
+
 
 typedef struct {
     ngx_str_t   name;
@@ -69,12 +71,55 @@ ngx_http_idem_json_var_root(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
 }
 
 
-/* a string member gives its value; anything else its compact JSON text */
+typedef struct {
+    ngx_pool_t  *pool;
+    ngx_str_t   *out;
+    size_t       size;
+} ngx_http_idem_json_var_sink_t;
+
+
+/* the canonical text, appended to a pool buffer that doubles when full */
+static int
+ngx_http_idem_json_var_write(idem_sink_t *sink, const char *p, size_t n)
+{
+    ngx_http_idem_json_var_sink_t *s = sink->data;
+
+    u_char  *buf;
+    size_t   size;
+
+    if (s->out->len + n > s->size) {
+        size = ngx_max(2 * s->size, s->out->len + n);
+
+        buf = ngx_pnalloc(s->pool, size);
+        if (buf == NULL) {
+            return -1;
+        }
+
+        ngx_memcpy(buf, s->out->data, s->out->len);
+        s->out->data = buf;
+        s->size = size;
+    }
+
+    ngx_memcpy(s->out->data + s->out->len, p, n);
+    s->out->len += n;
+
+    return 0;
+}
+
+
+/*
+ * A string member gives its value; anything else its RFC 8785 text, the
+ * form the fingerprint reads it in (members sorted, numbers as ECMAScript
+ * prints them), so equal values give equal variables.
+ */
 static ngx_int_t
 ngx_http_idem_json_var_text(ngx_http_request_t *r, const cJSON *node,
     ngx_str_t *value)
 {
-    char  *s;
+    char                           *s;
+    idem_sink_t                     sink;
+    idem_jcs_rc_t                   rc;
+    ngx_http_idem_json_var_sink_t   out;
 
     if (cJSON_IsString(node)) {
         value->data = (u_char *) node->valuestring;
@@ -87,16 +132,17 @@ ngx_http_idem_json_var_text(ngx_http_request_t *r, const cJSON *node,
         return NGX_ERROR;
     }
 
-    value->len = ngx_strlen(s);
-    value->data = ngx_pnalloc(r->pool, value->len);
+    out.pool = r->pool;
+    out.out = value;
+    out.size = 0;
+    sink.write = ngx_http_idem_json_var_write;
+    sink.data = &out;
 
-    if (value->data != NULL) {
-        ngx_memcpy(value->data, s, value->len);
-    }
+    rc = idem_jcs_canonicalize(s, ngx_strlen(s), &sink);
 
     cJSON_free(s);
 
-    return value->data ? NGX_OK : NGX_ERROR;
+    return rc == IDEM_JCS_OK ? NGX_OK : NGX_ERROR;
 }
 
 

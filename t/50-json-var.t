@@ -2,7 +2,7 @@
 # idempotency_json_var: a variable that is a member of the JSON request
 # body, named by a JSON pointer (RFC 6901), read from the body the module
 # already read (parsed once per request).  Strings give their value, other
-# members their compact JSON text, and a member that is absent, a body that
+# members their RFC 8785 (canonical JSON) text, and a member that is absent, a body that
 # is not JSON, or a request whose body the module did not read give "".
 # It works in proxy_set_header, map, log_format and idempotency_confirm.
 
@@ -82,12 +82,12 @@ my $EMPTY = '[][][][][][][][][][other]';
 {
     my $k = $t->key('all');
     my $body = '{"source_event_id":"alert-7c91","a/b":{"c~d":"esc"},"items":[10,"second"],'
-             . '"n":1.5,"t":true,"z":null,"o":{"k":[1,2]}}';
+             . '"n":1.0e2,"t":true,"z":null,"o":{"z":"\u00e9","k":[1,2.50]}}';
     my $r = post('/j/a', $k, $body);
     is($r->{status}, 201, 'JSON body: executes') or diag($t->show($r));
     is($r->{headers}{'x-v'},
-       '[alert-7c91][esc][second][1.5][true][null][{"k":[1,2]}][][][matched]',
-       'string value, ~1 ~0 escapes, array index, number/true/null/object as JSON text, absent empty, map');
+       "[alert-7c91][esc][second][100][true][null][{\"k\":[1,2.5],\"z\":\"\xc3\xa9\"}][][][matched]",
+       'string value, ~1 ~0 escapes, array index, number/true/null/object as RFC 8785 text, absent empty, map');
     is($t->effects(key => $k), 1, 'one effect');
     like(logged('/j/a'), qr/^J\|\/j\/a\|\[alert-7c91\]\|\[second\]\|\[matched\]\|executed$/,
          'log_format sees the variables');
