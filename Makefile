@@ -73,12 +73,13 @@ $(BUILD)/idempotency-fingerprint: tools/idempotency-fingerprint.c $(CORE_SRCS) $
 	$(CC) $(CFLAGS) $(CPPFLAGS) -I$(MODDIR) -o $@ $< $(CORE_SRCS) $(LDFLAGS) $(CORE_LIBS)
 
 # of the core only the JWS signer, the one the module verifies with (and
-# the pointers and text layer it reads a proposal with)
+# the pointers and text layer it reads a proposal with); libcurl for
+# --endpoint
 APPROVE_CORE := $(MODDIR)/idem_jws.c $(MODDIR)/idem_pointer.c $(MODDIR)/idem_text.c
 $(BUILD)/idempotency-approve: tools/idempotency-approve.c $(APPROVE_CORE) $(CORE_HDRS)
 	@mkdir -p $(BUILD)
-	$(CC) $(CFLAGS) $(CPPFLAGS) -I$(MODDIR) -o $@ $< $(APPROVE_CORE) \
-	    $(LDFLAGS) -lcjson -lcrypto -lm
+	$(CC) $(CFLAGS) $(CPPFLAGS) -I$(MODDIR) $(shell pkg-config --cflags libcurl) -o $@ $< \
+	    $(APPROVE_CORE) $(LDFLAGS) $(shell pkg-config --libs libcurl) -lcjson -lcrypto -lm
 
 # libcurl (libcurl4-openssl-dev) for HTTP; of the core only the text layer
 $(BUILD)/idempotency-call: tools/idempotency-call.c $(MODDIR)/idem_text.c $(MODDIR)/idem_text.h

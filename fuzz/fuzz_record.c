@@ -355,6 +355,21 @@ value_diff(const idem_value_t *in, const idem_value_t *out)
         }
         return NULL;
 
+    case 'a':
+    case 'p':
+        if (out->created != in->created || out->expires != in->expires
+            || (in->state == 'p' && out->approved_until != in->approved_until))
+        {
+            return "proposal numbers";
+        }
+        if (in->state == 'p'
+            && !same_bytes(out->approver, out->approver_len, in->approver,
+                           in->approver_len))
+        {
+            return "approver";
+        }
+        return NULL;
+
     default:
         if (out->status != in->status || out->retry_after != in->retry_after)
         {
@@ -489,6 +504,22 @@ check_accepted(const char *in, size_t size, const idem_value_t *v)
                    "unknown numbers %lld %lld", v->created, v->unknown_at);
         break;
 
+    case 'a':
+    case 'p':
+        FUZZ_CHECK(in_range(v->created, 0, IDEM_TIME_MS_MAX)
+                   && in_range(v->expires, 0, IDEM_TIME_MS_MAX)
+                   && (v->state == 'a'
+                       || in_range(v->approved_until, 0, IDEM_TIME_MS_MAX)),
+                   "proposal numbers %lld %lld %lld", v->created, v->expires,
+                   v->approved_until);
+        FUZZ_CHECK(v->state == 'a'
+                   || (v->approver != NULL && v->approver_len >= 1
+                       && v->approver_len <= IDEM_APPROVER_MAX
+                       && v->approver >= in + IDEM_HEAD_LEN
+                       && v->approver + v->approver_len < in + size),
+                   "approver outside the value or of a bad length");
+        break;
+
     default:
         FUZZ_CHECK((v->status == 0 || in_range(v->status, 200, 599))
                    && in_range(v->retry_after, -1, IDEM_TIME_MS_MAX),
@@ -517,15 +548,27 @@ check_accepted(const char *in, size_t size, const idem_value_t *v)
 
 /* ------------------------------------------------ values from the input */
 
+/* more bytes than an approver may have */
+static const char *
+fuzz_long_name(void)
+{
+    static char  name[IDEM_APPROVER_MAX + 1];
+
+    memset(name, 'n', sizeof(name));
+
+    return name;
+}
+
+
 /* a valid value (as far as its fields go) from the input's bytes */
 static void
 value_from_input(fuzz_reader_t *r, fuzz_value_t *fv)
 {
-    static const char   states[] = "icur";
+    static const char   states[] = "icurapi";
     unsigned            b;
 
     b = rd8(r);
-    fuzz_value_from_input(r, states[b & 3], b >> 2, fv);
+    fuzz_value_from_input(r, states[b % 7], b / 7, fv);
 }
 
 
@@ -658,6 +701,18 @@ check_near_miss(fuzz_reader_t *r, const fuzz_value_t *fv, const char *enc,
             break;
         case 'u':
             w.unknown_at = IDEM_TIME_MS_MAX + 1 + at;
+            break;
+        case 'a':
+            w.expires = IDEM_TIME_MS_MAX + 1 + at;
+            break;
+        case 'p':
+            if (at & 1) {
+                w.approved_until = IDEM_TIME_MS_MAX + 1 + at;
+            } else {
+                /* the approver's length is its range */
+                w.approver_len = (at & 2) ? 0 : IDEM_APPROVER_MAX + 1;
+                w.approver = fuzz_long_name();
+            }
             break;
         default:
             if (at & 1) {

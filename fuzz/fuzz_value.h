@@ -115,6 +115,7 @@ fuzz_value_from_input(fuzz_reader_t *r, char state, unsigned b,
     v->fp = fv->fp;
     v->owner = (state == 'i' || (state == 'r' && (b & 2))) ? fv->owner : NULL;
     v->created = v->completed = v->unknown_at = v->retry_after = -1;
+    v->expires = v->approved_until = -1;
 
     switch (state) {
 
@@ -145,6 +146,22 @@ fuzz_value_from_input(fuzz_reader_t *r, char state, unsigned b,
     case 'u':
         v->created = rd_num(r, 0, IDEM_TIME_MS_MAX);
         v->unknown_at = rd_num(r, 0, IDEM_TIME_MS_MAX);
+        break;
+
+    case 'a':
+    case 'p':
+        v->created = rd_num(r, 0, IDEM_TIME_MS_MAX);
+        v->expires = rd_num(r, 0, IDEM_TIME_MS_MAX);
+
+        if (state == 'p') {
+            v->approved_until = rd_num(r, 0, IDEM_TIME_MS_MAX);
+            rest = r->n - r->i;
+            hlen = rest ? 1 + rd8(r) % IDEM_APPROVER_MAX : 1;
+            rest = r->n - r->i;
+            v->approver = rest >= hlen ? (const char *) r->p + r->i : "x";
+            v->approver_len = rest >= hlen ? hlen : 1;
+            r->i += rest >= hlen ? hlen : 0;
+        }
         break;
 
     default:

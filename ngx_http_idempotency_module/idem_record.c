@@ -216,6 +216,8 @@ idem_state_name(char state)
         return "released";
     case 'a':
         return "awaiting_confirmation";
+    case 'p':
+        return "approved";
     default:
         return NULL;
     }
@@ -330,6 +332,18 @@ idem_value_fields(idem_fields_t *f, idem_value_t *v)
         v->expires = idem_fields_num(f, 0, IDEM_TIME_MS_MAX, 0);
         break;
 
+    case 'p':
+        v->created = idem_fields_num(f, 0, IDEM_TIME_MS_MAX, 0);
+        v->expires = idem_fields_num(f, 0, IDEM_TIME_MS_MAX, 0);
+        v->approved_until = idem_fields_num(f, 0, IDEM_TIME_MS_MAX, 0);
+        v->approver = idem_fields_str(f, &v->approver_len);
+
+        if (v->approver_len == 0 || v->approver_len > IDEM_APPROVER_MAX) {
+            f->bad = 1;
+        }
+
+        break;
+
     default: /* 'r' */
         n = idem_fields_num(f, 200, 599, 1);
         v->status = n < 0 ? 0 : (int) n;
@@ -384,6 +398,7 @@ idem_value_decode(const char *p, size_t len, idem_value_t *v)
 
     memset(v, 0, sizeof(*v));
     v->created = v->completed = v->unknown_at = v->expires = -1;
+    v->approved_until = -1;
     v->retry_after = -1;
 
     if (idem_value_head(p, len, v) != 0) {
@@ -469,6 +484,13 @@ idem_value_len(const idem_value_t *v)
                + idem_ns_len(idem_num_len(v->expires));
         break;
 
+    case 'p':
+        len += idem_ns_len(idem_num_len(v->created))
+               + idem_ns_len(idem_num_len(v->expires))
+               + idem_ns_len(idem_num_len(v->approved_until))
+               + idem_ns_len(v->approver_len);
+        break;
+
     default: /* 'r' */
         len += idem_ns_len(idem_num_len(v->status ? v->status : -1))
                + idem_ns_len(idem_num_len(v->retry_after));
@@ -526,6 +548,12 @@ idem_value_encode(char *p, const idem_value_t *v)
     case 'a':
         p = idem_num_put(p, v->created);
         return idem_num_put(p, v->expires);
+
+    case 'p':
+        p = idem_num_put(p, v->created);
+        p = idem_num_put(p, v->expires);
+        p = idem_num_put(p, v->approved_until);
+        return idem_netstring_put(p, v->approver, v->approver_len);
 
     default: /* 'r' */
         p = idem_num_put(p, v->status ? v->status : -1);

@@ -24,6 +24,17 @@
                               + sizeof(IDEM_RECORD_SUFFIX) - 1)
 
 /*
+ * A proposal's operation id names its record key for the approval
+ * endpoint: IDEM_OPERATION_PREFIX + op id + IDEM_OPERATION_SUFFIX holds
+ * the record key while the proposal lives.  It is as long as a record
+ * key, which is the length of every key the transport sends.
+ */
+#define IDEM_OPERATION_PREFIX  "idem:{"
+#define IDEM_OPERATION_SUFFIX  "}:o"
+#define IDEM_OPERATION_KEY_LEN (sizeof(IDEM_OPERATION_PREFIX) - 1 + 32      \
+                                + sizeof(IDEM_OPERATION_SUFFIX) - 1)
+
+/*
  * The digest is SHA-256 over a length-prefixed scope and the key, so that
  * neither value appears in Redis and no (scope, key) pair can collide
  * with another by moving bytes across the boundary.  The hash tag keeps
@@ -68,7 +79,8 @@ int idem_is_hex(const char *p, size_t len);
  *   0       1     '2', the layout
  *   1       1     state: i in_progress, c completed, u unknown,
  *                 r released (a marker, see below),
- *                 a awaiting_confirmation (idempotency_confirm)
+ *                 a awaiting_confirmation (idempotency_confirm),
+ *                 p approved (a recorded approval, idempotency_approve)
  *   2       1     waiters: '1' once a duplicate waits (idempotency_wait)
  *   3       32    operation id, lowercase hex
  *   35      64    fingerprint, lowercase hex
@@ -80,6 +92,8 @@ int idem_is_hex(const char *p, size_t len);
  *     u  created, became unknown
  *     r  status, Retry-After (both may be empty)
  *     a  created, proposal expires (ms); no owner: nothing runs yet
+ *     p  created, proposal expires, approval expires (ms), approver;
+ *        no owner: the next attempt with its fingerprint claims it
  *
  * Times are milliseconds since the epoch.  An in_progress record lives
  * for "ttl ms" from its claim or its last renewal (PEXPIRE), so Redis's
@@ -100,9 +114,10 @@ int idem_is_hex(const char *p, size_t len);
 #define IDEM_TOKEN_LEN       32
 #define IDEM_FP_LEN          64
 #define IDEM_NUM_MAX         18      /* digits of a decimal field */
+#define IDEM_APPROVER_MAX    256     /* bytes of an approver's name */
 
 typedef struct {
-    char                 state;       /* 'i', 'c', 'u', 'r', 'a' */
+    char                 state;       /* 'i', 'c', 'u', 'r', 'a', 'p' */
     int                  waiters;
     const char          *op;          /* IDEM_TOKEN_LEN hex */
     const char          *fp;          /* IDEM_FP_LEN hex */
@@ -110,7 +125,10 @@ typedef struct {
     long long            created;     /* i, c, u */
     long long            completed;   /* c */
     long long            unknown_at;  /* u */
-    long long            expires;     /* a: the proposal's end */
+    long long            expires;     /* a, p: the proposal's end */
+    long long            approved_until; /* p: the approval's end */
+    const char          *approver;    /* p, at most IDEM_APPROVER_MAX */
+    size_t               approver_len;
     long long            lease_ms;    /* i */
     long long            ttl_ms;      /* i */
     int                  status;      /* c: 200..599; r: 0 (none) or that */

@@ -188,9 +188,63 @@ idem_admin_decode(const idem_rv_t *el, size_t n, const char **state)
             *state = idem_state_name('c');
             return IDEM_ADMIN_REFUSED;
         }
+
+        if (idem_rv_is(&el[1], "awaiting_confirmation")) {
+            *state = idem_state_name('a');
+            return IDEM_ADMIN_REFUSED;
+        }
+
+        if (idem_rv_is(&el[1], "approved")) {
+            *state = idem_state_name('p');
+            return IDEM_ADMIN_REFUSED;
+        }
     }
 
     return IDEM_ADMIN_INVALID;
+}
+
+
+idem_approve_kind_e
+idem_approve_decode(const idem_rv_t *el, size_t n, const char **state,
+    long long *until)
+{
+    static const char   states[] = "icu";
+    const char         *name;
+    size_t              i;
+
+    *state = NULL;
+    *until = -1;
+
+    if (n == 1 && idem_rv_is(&el[0], "none")) {
+        return IDEM_APPROVE_NONE;
+    }
+
+    if (n == 1 && idem_rv_is(&el[0], "mismatch")) {
+        return IDEM_APPROVE_MISMATCH;
+    }
+
+    if (n == 2 && idem_rv_is(&el[0], "refused") && el[1].is_str) {
+        for (i = 0; states[i]; i++) {
+            name = idem_state_name(states[i]);
+
+            if (idem_rv_is(&el[1], name)) {
+                *state = name;
+                return IDEM_APPROVE_REFUSED;
+            }
+        }
+    }
+
+    if (n == 2 && idem_rv_is(&el[0], "approved")) {
+        *until = idem_rv_decimal(&el[1]);
+
+        if (*until >= 0 && *until <= IDEM_TIME_MS_MAX) {
+            return IDEM_APPROVE_APPROVED;
+        }
+
+        *until = -1;
+    }
+
+    return IDEM_APPROVE_INVALID;
 }
 
 

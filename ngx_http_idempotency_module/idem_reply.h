@@ -89,11 +89,34 @@ typedef enum {
 } idem_admin_kind_e;
 
 /*
- * *state is set for REFUSED only: "in_progress" or "completed" (static),
- * the states an operator may not resolve; NULL otherwise.
+ * *state is set for REFUSED only: "in_progress", "completed",
+ * "awaiting_confirmation" or "approved" (static), the states an operator
+ * may not resolve; NULL otherwise.
  */
 idem_admin_kind_e idem_admin_decode(const idem_rv_t *el, size_t n,
     const char **state);
+
+
+/*
+ * approve.lua: {"approved", until ms} | {"none"} | {"mismatch"}
+ *              | {"refused", state}
+ */
+#define IDEM_APPROVE_ELEMS  2
+
+typedef enum {
+    IDEM_APPROVE_INVALID = 0,
+    IDEM_APPROVE_NONE,
+    IDEM_APPROVE_MISMATCH,
+    IDEM_APPROVE_REFUSED,
+    IDEM_APPROVE_APPROVED
+} idem_approve_kind_e;
+
+/*
+ * *state is set for REFUSED only ("in_progress", "completed", "unknown",
+ * static); *until for APPROVED only.
+ */
+idem_approve_kind_e idem_approve_decode(const idem_rv_t *el, size_t n,
+    const char **state, long long *until);
 
 
 /* what complete, release, fail and renew answer: an integer */

@@ -117,6 +117,7 @@ typedef enum {
     NGX_HTTP_IDEM_ANS_UNKNOWN,
     NGX_HTTP_IDEM_ANS_RELEASED,      /* the attempt waited on: "later" */
     NGX_HTTP_IDEM_ANS_CONFIRM,       /* awaiting_confirmation: 428 */
+    NGX_HTTP_IDEM_ANS_APPROVAL_EXPIRED,  /* approved, but no longer: 428 */
     NGX_HTTP_IDEM_ANS_STORE_DOWN,    /* no reply: connection, timeout */
     NGX_HTTP_IDEM_ANS_NOT_REPLICATED,   /* claimed, then released: WAIT */
     NGX_HTTP_IDEM_ANS_STORE_ERROR    /* a reply we do not understand */
@@ -127,7 +128,8 @@ typedef enum {
 typedef enum {
     NGX_HTTP_IDEM_CONFIRM_NONE = 0,   /* not asked: claim as always */
     NGX_HTTP_IDEM_CONFIRM_PROPOSE,    /* asked, no approval: a proposal */
-    NGX_HTTP_IDEM_CONFIRM_APPROVED    /* asked, a valid approval came */
+    NGX_HTTP_IDEM_CONFIRM_APPROVED,   /* asked, a valid approval came */
+    NGX_HTTP_IDEM_CONFIRM_RECORDED    /* the record holds an approval */
 } ngx_http_idem_confirm_e;
 
 
@@ -161,6 +163,9 @@ typedef enum {
     NGX_HTTP_IDEM_P_CONFIRM_REQUIRED,
     NGX_HTTP_IDEM_P_CONFIRM_INVALID,
     NGX_HTTP_IDEM_P_CONFIRM_EXPIRED,
+    NGX_HTTP_IDEM_P_BAD_APPROVAL,
+    NGX_HTTP_IDEM_P_APPROVAL_MISMATCH,
+    NGX_HTTP_IDEM_P_NOT_APPROVABLE,
     NGX_HTTP_IDEM_NPROBLEMS
 } ngx_http_idem_problem_e;
 
@@ -252,11 +257,13 @@ struct ngx_http_idem_ctx_s {
     /* idempotency_confirm */
     ngx_http_idem_confirm_e      confirm;
     idem_jws_rc_t                jws_rc;       /* a refused approval */
-    ngx_str_t                    approver;     /* the approval's sub */
+    ngx_str_t                    approver;     /* sub, or the recorded */
     int64_t                      proposal_expires;   /* ms */
     ngx_str_t                    problem_extra;   /* ",..." members */
+    void                        *approval;     /* idempotency_approve's */
 
     unsigned                     fingerprinted:1;
+    unsigned                     reclaimed:1;   /* a recorded approval */
     unsigned                     claimed:1;
     unsigned                     capturing:1;
     unsigned                     too_large:1;
@@ -359,6 +366,10 @@ u_char *ngx_http_idem_json_str(u_char *p, u_char *end, u_char *s,
 ngx_int_t ngx_http_idem_status_handler(ngx_http_request_t *r);
 ngx_int_t ngx_http_idem_admin_handler(ngx_http_request_t *r);
 ngx_int_t ngx_http_idem_metrics_handler(ngx_http_request_t *r);
+u_char *ngx_http_idem_json_time(u_char *p, u_char *end, long long ms);
+
+/* ngx_http_idempotency_approve.c: idempotency_approve */
+ngx_int_t ngx_http_idem_approve_handler(ngx_http_request_t *r);
 
 /* ngx_http_idempotency_variables.c */
 ngx_int_t ngx_http_idem_add_variables(ngx_conf_t *cf);

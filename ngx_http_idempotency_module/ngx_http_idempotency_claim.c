@@ -307,8 +307,48 @@ ngx_http_idem_claim_record(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
 
 
 /*
+ * A proposal of this request's fingerprint, or its recorded approval:
+ * only claim.lua may turn it into a claim, with the approval the request
+ * carries or the one the record holds (ctx->op_id, the proposal's, is then
+ * the operation's).
+ */
+static ngx_http_idem_answer_e
+ngx_http_idem_claim_proposal(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
+    idem_value_t *v)
+{
+    ctx->proposal_expires = v->expires;
+
+    if (ctx->confirm == NGX_HTTP_IDEM_CONFIRM_APPROVED) {
+        return NGX_HTTP_IDEM_ANS_NONE;
+    }
+
+    if (v->state == 'a') {
+        return NGX_HTTP_IDEM_ANS_CONFIRM;
+    }
+
+    /* RECORDED: claim.lua has refused it already, by Redis's clock */
+    if (ctx->confirm == NGX_HTTP_IDEM_CONFIRM_RECORDED
+        || v->approved_until <= ngx_http_idem_now_ms())
+    {
+        return NGX_HTTP_IDEM_ANS_APPROVAL_EXPIRED;
+    }
+
+    ctx->approver.data = ngx_pnalloc(r->pool, v->approver_len);
+    if (ctx->approver.data == NULL) {
+        return NGX_HTTP_IDEM_ANS_STORE_ERROR;
+    }
+
+    ngx_memcpy(ctx->approver.data, v->approver, v->approver_len);
+    ctx->approver.len = v->approver_len;
+    ctx->confirm = NGX_HTTP_IDEM_CONFIRM_RECORDED;
+
+    return NGX_HTTP_IDEM_ANS_NONE;
+}
+
+
+/*
  * What a record that holds the key means for this request: NONE when only
- * claim.lua can tell (a claim in flight, a marker).
+ * claim.lua can tell (a claim in flight, a marker, an approved proposal).
  */
 static ngx_http_idem_answer_e
 ngx_http_idem_claim_held(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
@@ -326,13 +366,6 @@ ngx_http_idem_claim_held(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
         return NGX_HTTP_IDEM_ANS_NONE;
     }
 
-    /* only claim.lua may turn a proposal into a claim, with its approval */
-    if (same && v->state == 'a'
-        && ctx->confirm == NGX_HTTP_IDEM_CONFIRM_APPROVED)
-    {
-        return NGX_HTTP_IDEM_ANS_NONE;
-    }
-
     if (ngx_http_idem_claim_record(r, ctx, v) != NGX_OK) {
         return NGX_HTTP_IDEM_ANS_STORE_ERROR;
     }
@@ -341,13 +374,66 @@ ngx_http_idem_claim_held(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
         return NGX_HTTP_IDEM_ANS_MISMATCH;
     }
 
-    if (v->state == 'a') {
-        ctx->proposal_expires = v->expires;
-        return NGX_HTTP_IDEM_ANS_CONFIRM;
+    if (v->state == 'a' || v->state == 'p') {
+        return ngx_http_idem_claim_proposal(r, ctx, v);
     }
 
     return v->state == 'c' ? NGX_HTTP_IDEM_ANS_COMPLETED
                            : NGX_HTTP_IDEM_ANS_UNKNOWN;
+}
+
+
+/*
+ * The operation id of a new proposal names its record for the approval
+ * endpoint (idempotency_approve), which is given the id and not the key:
+ * SET <IDEM_OPERATION_PREFIX><op id>} <record key> PX <proposal TTL>.
+ * It is sent before the 428 leaves, so Redis has it before anybody can
+ * read the id; if it fails, the approval endpoint answers 404 and a
+ * signed approval still works.
+ */
+typedef char  ngx_http_idem_index_len_check[
+    IDEM_OPERATION_KEY_LEN == IDEM_RECORD_KEY_LEN ? 1 : -1];
+
+enum {
+    NGX_HTTP_IDEM_INDEX_VALUE = 0,
+    NGX_HTTP_IDEM_INDEX_PX,
+    NGX_HTTP_IDEM_INDEX_TTL,
+    NGX_HTTP_IDEM_INDEX_NARGS
+};
+
+static void
+ngx_http_idem_claim_index(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
+{
+    u_char               *key, *p;
+    size_t                len;
+    ngx_http_idem_cmd_t  *cmd;
+
+    key = ngx_pnalloc(r->pool, IDEM_OPERATION_KEY_LEN + 1);
+    if (key == NULL) {
+        return;
+    }
+
+    p = ngx_cpymem(key, IDEM_OPERATION_PREFIX,
+                   sizeof(IDEM_OPERATION_PREFIX) - 1);
+    p = ngx_cpymem(p, ctx->op_id.data, ctx->op_id.len);
+    p = ngx_cpymem(p, IDEM_OPERATION_SUFFIX, sizeof(IDEM_OPERATION_SUFFIX));
+
+    len = ngx_strlen(ctx->rkey);
+
+    cmd = ngx_http_idem_cmd_native(ctx->conf->redis, &ngx_http_idem_set,
+                                   NGX_HTTP_IDEM_INDEX_NARGS, key,
+                                   len + NGX_INT64_LEN + 2,
+                                   r->connection->log);
+    if (cmd == NULL) {
+        return;
+    }
+
+    ngx_http_idem_cmd_set(cmd, NGX_HTTP_IDEM_INDEX_VALUE, ctx->rkey, len);
+    ngx_http_idem_cmd_set(cmd, NGX_HTTP_IDEM_INDEX_PX, "PX", 2);
+    ngx_http_idem_cmd_set_num(cmd, NGX_HTTP_IDEM_INDEX_TTL,
+                              ngx_http_idem_claim_ttl(ctx));
+
+    (void) ngx_http_idem_cmd_send(cmd, NULL, NULL);
 }
 
 
@@ -365,6 +451,7 @@ ngx_http_idem_claim_decoded(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
             ngx_http_idem_set_state(ctx, 'a');
             ctx->proposal_expires = ctx->created
                                     + ngx_http_idem_claim_ttl(ctx);
+            ngx_http_idem_claim_index(r, ctx);
             return NGX_HTTP_IDEM_ANS_CONFIRM;
         }
 
@@ -374,9 +461,20 @@ ngx_http_idem_claim_decoded(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
     case IDEM_CLAIM_RECORD:
         answer = ngx_http_idem_claim_held(r, ctx, &c->rec);
 
-        /* claim.lua decides in flight claims and markers itself */
-        return (answer == NGX_HTTP_IDEM_ANS_NONE && script)
-               ? NGX_HTTP_IDEM_ANS_STORE_ERROR : answer;
+        /*
+         * claim.lua decides in flight claims and markers itself; only a
+         * recorded approval it found for a caller that sent a proposal
+         * (a duplicate that waited) is claimed once more, with a claim.
+         */
+        if (answer == NGX_HTTP_IDEM_ANS_NONE && script) {
+            if (c->rec.state != 'p' || ctx->reclaimed) {
+                return NGX_HTTP_IDEM_ANS_STORE_ERROR;
+            }
+
+            ctx->reclaimed = 1;
+        }
+
+        return answer;
 
     case IDEM_CLAIM_IN_PROGRESS:
         if (ngx_http_idem_claim_record(r, ctx, &c->rec) != NGX_OK) {

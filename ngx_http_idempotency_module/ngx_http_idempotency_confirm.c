@@ -669,7 +669,9 @@ ngx_http_idem_confirm_send(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
         rc = ngx_http_idem_confirm_extra(r, ctx, "proposal",
                                          ngx_http_idem_proposal(r, ctx));
 
-    } else if (ctx->jws_rc == IDEM_JWS_EXPIRED) {
+    } else if (ctx->jws_rc == IDEM_JWS_EXPIRED
+               || ctx->answer == NGX_HTTP_IDEM_ANS_APPROVAL_EXPIRED)
+    {
         problem = NGX_HTTP_IDEM_P_CONFIRM_EXPIRED;
         rc = NGX_OK;
 

@@ -336,7 +336,9 @@ ngx_http_idem_act(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
 
     ctx->phase = NGX_HTTP_IDEM_DONE;
 
-    if (ctx->answer == NGX_HTTP_IDEM_ANS_CONFIRM) {
+    if (ctx->answer == NGX_HTTP_IDEM_ANS_CONFIRM
+        || ctx->answer == NGX_HTTP_IDEM_ANS_APPROVAL_EXPIRED)
+    {
         return ngx_http_idem_finalize(r, ngx_http_idem_confirm_send(r, ctx));
     }
 

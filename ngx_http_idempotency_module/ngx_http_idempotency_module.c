@@ -41,6 +41,8 @@ static char *ngx_http_idem_thread_pool(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 static char *ngx_http_idem_status(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
+static char *ngx_http_idem_approve_conf(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
 static char *ngx_http_idem_admin(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 static char *ngx_http_idem_metrics_conf(ngx_conf_t *cf, ngx_command_t *cmd,
@@ -264,6 +266,13 @@ static ngx_command_t  ngx_http_idem_commands[] = {
     { ngx_string("idempotency_metrics_label"),
       NGX_HTTP_IDEM_CONF_ANY|NGX_CONF_TAKE1,
       ngx_http_idem_metrics_label,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      0,
+      NULL },
+
+    { ngx_string("idempotency_approve"),
+      NGX_HTTP_LOC_CONF|NGX_CONF_NOARGS,
+      ngx_http_idem_approve_conf,
       NGX_HTTP_LOC_CONF_OFFSET,
       0,
       NULL },
@@ -618,8 +627,9 @@ ngx_http_idem_check_content(ngx_conf_t *cf, ngx_http_idem_loc_conf_t *conf)
 
     ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                        "location \"%V\" has \"idempotency_status\", "
-                       "\"idempotency_admin\" or \"idempotency_metrics\" "
-                       "and another content handler (proxy_pass, return...)",
+                       "\"idempotency_admin\", \"idempotency_approve\" or "
+                       "\"idempotency_metrics\" and another content "
+                       "handler (proxy_pass, return...)",
                        &clcf->name);
 
     return NGX_CONF_ERROR;
@@ -687,7 +697,7 @@ ngx_http_idem_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
                            "\"idempotency_redis_sentinel\") "
                            "in the same or an enclosing block",
                            conf->enable ? "idempotency on"
-                                        : "idempotency_status/admin");
+                                        : "idempotency_status/admin/approve");
         return NGX_CONF_ERROR;
     }
 
@@ -1596,6 +1606,18 @@ ngx_http_idem_admin(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     lcf->ops = 1;
 
     return ngx_http_idem_ops_location(cf, ngx_http_idem_admin_handler);
+}
+
+
+/* idempotency_approve: recorded approvals, protected by the operator */
+static char *
+ngx_http_idem_approve_conf(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_http_idem_loc_conf_t  *lcf = conf;
+
+    lcf->ops = 1;
+
+    return ngx_http_idem_ops_location(cf, ngx_http_idem_approve_handler);
 }
 
 

@@ -24,7 +24,7 @@ typedef struct {
 
 
 /* ms since the epoch (at most IDEM_TIME_MS_MAX) as RFC 3339 UTC; -1: null */
-static u_char *
+u_char *
 ngx_http_idem_json_time(u_char *p, u_char *end, long long ms)
 {
     ngx_tm_t  tm;
@@ -49,7 +49,7 @@ ngx_http_idem_status_body(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
     u_char  *p, *end;
     size_t   size;
 
-    size = 512 + ctx->key.len * 6;
+    size = 640 + ctx->key.len * 6 + st->rec.approver_len * 6;
 
     out->body = ngx_pnalloc(r->pool, size);
     if (out->body == NULL) {
@@ -67,9 +67,17 @@ ngx_http_idem_status_body(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
     p = ngx_slprintf(p, end, ",\"completed_at\":");
     p = ngx_http_idem_json_time(p, end, st->rec.completed);
 
-    if (st->rec.state == 'a') {
+    if (st->rec.state == 'a' || st->rec.state == 'p') {
         p = ngx_slprintf(p, end, ",\"expires_at\":");
         p = ngx_http_idem_json_time(p, end, st->rec.expires);
+    }
+
+    if (st->rec.state == 'p') {
+        p = ngx_slprintf(p, end, ",\"approved_by\":");
+        p = ngx_http_idem_json_str(p, end, (u_char *) st->rec.approver,
+                                   st->rec.approver_len);
+        p = ngx_slprintf(p, end, ",\"approval_expires_at\":");
+        p = ngx_http_idem_json_time(p, end, st->rec.approved_until);
     }
 
     if (st->rec.state == 'c') {

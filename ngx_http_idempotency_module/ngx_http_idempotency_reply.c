@@ -105,8 +105,23 @@ static ngx_http_idem_problem_t  ngx_http_idem_problems[] = {
 
     { "confirmation-expired", "Confirmation expired",
       428, 0, 0, 0,
-      "the approval in the Idempotency-Confirmation header has expired; "
-      "nothing was executed: ask for a new approval" }
+      "the approval of this request has expired; nothing was executed: "
+      "ask for a new approval" },
+
+    { "bad-approval-request", "Malformed approval",
+      NGX_HTTP_BAD_REQUEST, 0, 0, 0,
+      "send a JSON object with operation_id (32 hex), fingerprint (64 hex), "
+      "approved_by (1 to 256 bytes) and expires_in (seconds)" },
+
+    { "approval-mismatch", "Approval of another request",
+      NGX_HTTP_CONFLICT, 0, 0, 0,
+      "the fingerprint is not the proposal's: what was approved is not "
+      "the request that waits; nothing was approved" },
+
+    { "not-approvable", "Operation is not awaiting confirmation",
+      NGX_HTTP_CONFLICT, 0, 0, 0,
+      "only an operation awaiting confirmation (or approved, to renew the "
+      "approval) can be approved; this one has run or is running" }
 };
 
 

@@ -13,7 +13,9 @@
 --
 -- Replies: {"released"} | {"completed"} | {"none"} | {"refused", state}
 
-local names = { i = 'in_progress', c = 'completed', u = 'unknown' }
+-- a proposal (a, p) has not run: nothing to resolve, it expires
+local names = { i = 'in_progress', c = 'completed', u = 'unknown',
+                a = 'awaiting_confirmation', p = 'approved' }
 local now = now_ms()
 local v = redis.pcall('GET', KEYS[1])
 local state, stuck, head, created

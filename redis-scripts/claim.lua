@@ -15,7 +15,8 @@
 -- wait     "1" when the caller waits for an attempt in flight
 -- waited   the operation id of the attempt this caller waited on, or ""
 -- approved "1" when the request carries a valid approval
---          (idempotency_confirm): only then is a proposal claimed
+--          (idempotency_confirm): only then, or with an approval recorded
+--          in the record (state p), is a proposal claimed
 --
 -- Replies: {"claimed"} | {"record", value} | {"in_progress", value, left}
 --          | {"released", marker}
@@ -77,9 +78,17 @@ if state == 'r' then
 end
 
 -- A proposal (awaiting_confirmation) becomes the claim of the request
--- it proposed, and only with an approval of that same fingerprint.
-if state == 'a' and approved == '1' and string.sub(v, 36, 99) == fp then
-    redis.call('SET', KEYS[1], value, 'PX', ttl)
+-- it proposed, and only with an approval of that same fingerprint: one
+-- the request carries, or one recorded (approved) that has not expired
+-- by Redis's clock.  The claim keeps the proposal's operation id: that
+-- is what the person approved.
+if (state == 'a' or state == 'p') and string.sub(v, 36, 99) == fp
+   and string.sub(value, 2, 2) == 'i'
+   and (approved == '1'
+        or (state == 'p' and tonumber(f[3]) > now_ms()))
+then
+    redis.call('SET', KEYS[1], string.sub(value, 1, 3) .. string.sub(v, 4, 35)
+                               .. string.sub(value, 36), 'PX', ttl)
     return {'claimed'}
 end
 

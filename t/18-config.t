@@ -219,6 +219,7 @@ for my $c (
 for my $c (
     [ 'status then proxy_pass', "idempotency_status; $R proxy_pass http://127.0.0.1:1;" ],
     [ 'admin then stub_status', "idempotency_admin on; $R stub_status;" ],
+    [ 'approve then proxy_pass', "idempotency_approve; $R proxy_pass http://127.0.0.1:1;" ],
     [ 'metrics then proxy_pass', 'idempotency_metrics; proxy_pass http://127.0.0.1:1;',
       'idempotency_metrics_zone idem_m 1m;' ],
 ) {
@@ -230,11 +231,32 @@ server {
 }
 EOF
     isnt($rc, 0, "nginx -t rejects: $what");
-    like($out, qr/\[emerg\].*location "\/ops" has "idempotency_status", "idempotency_admin" or "idempotency_metrics" and another content handler/,
+    like($out, qr/\[emerg\].*location "\/ops" has "idempotency_status", "idempotency_admin", "idempotency_approve" or "idempotency_metrics" and another content handler/,
          "nginx -t: $what: [emerg] names the location and the directives") or diag($out);
 }
 for my $c (
+    [ 'approve without idempotency_redis', 'idempotency_approve;',
+      qr/"idempotency_status\/admin\/approve" needs "idempotency_redis"/ ],
+    [ 'approve with an argument', "idempotency_approve on; $R",
+      qr/invalid number of arguments in "idempotency_approve"/ ],
+    [ 'approve in server{}', '',
+      qr/"idempotency_approve" directive is not allowed here/, "idempotency_approve; $R" ],
+) {
+    my ($what, $loc, $re, $srv) = @$c;
+    $srv //= '';
+    my ($rc, $out) = $t->nginx_test_conf(<<"EOF");
+server {
+    listen 127.0.0.1:%%PORT%%;
+    $srv
+    location /ops { $loc }
+}
+EOF
+    isnt($rc, 0, "nginx -t rejects: $what");
+    like($out, qr/\[emerg\].*$re/, "nginx -t: $what: [emerg] names the directive") or diag($out);
+}
+for my $c (
     [ 'status alone', "idempotency_status; $R" ],
+    [ 'approve alone', "idempotency_approve; $R" ],
     [ 'proxy_pass in the location, status in a nested one',
       "$R proxy_pass http://127.0.0.1:1; location /ops/s { idempotency_status; }" ],
 ) {

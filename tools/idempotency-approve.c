@@ -3,6 +3,8 @@
  *
  *   idempotency-approve --key FILE [--kid ID] [--sub NAME] [--ttl SECONDS]
  *                       [--yes] [ANSWER.json | -]
+ *   idempotency-approve --endpoint URL [--header 'Name: value']...
+ *                       [--sub NAME] [--ttl SECONDS] [--yes] [ANSWER.json | -]
  *   idempotency-approve --keygen ed25519 DIR
  *
  * Reads the 428 confirmation-required answer (a file, or stdin), shows its
@@ -11,7 +13,10 @@
  * compact JWS for the Idempotency-Confirmation header, on stdout.  The
  * key file is an Ed25519 private key PEM or an HS256 secret, told apart
  * by the PEM armour.  The token is signed with idem_jws.c, the code the
- * module verifies with; docs/confirmation.md describes both.
+ * module verifies with; docs/confirmation.md describes both.  With
+ * --endpoint it signs nothing: it posts the recorded approval to an
+ * idempotency_approve location (its --header lines carry the operator's
+ * credentials) and prints that endpoint's answer.
  *
  * Exit: 0 approved (token printed), 1 declined, 2 usage or input error.
  */
@@ -26,6 +31,7 @@
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
+#include <curl/curl.h>
 #include <openssl/pem.h>
 
 #include "idem_jws.h"
@@ -36,7 +42,9 @@
 
 
 typedef struct {
-    const char  *key;
+    const char         *key;
+    const char         *endpoint;
+    struct curl_slist  *headers;
     const char  *kid;
     const char  *sub;
     const char  *input;
@@ -51,6 +59,8 @@ usage(void)
     fprintf(stderr,
         "usage: idempotency-approve --key FILE [--kid ID] [--sub NAME] "
         "[--ttl SECONDS] [--yes] [ANSWER.json | -]\n"
+        "       idempotency-approve --endpoint URL [--header 'Name: value']... "
+        "[--sub NAME] [--ttl SECONDS] [--yes] [ANSWER.json | -]\n"
         "       idempotency-approve --keygen ed25519 DIR\n");
     return 2;
 }
@@ -227,6 +237,103 @@ load_signing_key(const char *path, const char *kid, idem_jws_key_t *key)
 }
 
 
+static size_t
+collect(char *data, size_t size, size_t n, void *arg)
+{
+    FILE  *out = arg;
+
+    return fwrite(data, size, n, out);
+}
+
+
+/* the recorded approval, POSTed to an idempotency_approve location */
+static int
+post_approval(const approve_opts_t *o, const cJSON *p)
+{
+    int                 rc;
+    long                status;
+    char               *body;
+    CURL               *c;
+    cJSON              *a;
+    CURLcode            crc;
+    struct curl_slist  *h;
+
+    a = cJSON_CreateObject();
+    cJSON_AddStringToObject(a, "operation_id", member(p, "operation_id"));
+    cJSON_AddStringToObject(a, "fingerprint", member(p, "fingerprint"));
+    cJSON_AddStringToObject(a, "approved_by", o->sub);
+    cJSON_AddNumberToObject(a, "expires_in", (double) o->ttl);
+    body = cJSON_PrintUnformatted(a);
+    cJSON_Delete(a);
+
+    h = curl_slist_append(o->headers, "Content-Type: application/json");
+    c = curl_easy_init();
+
+    if (body == NULL || h == NULL || c == NULL) {
+        fprintf(stderr, "idempotency-approve: out of memory\n");
+        return 2;
+    }
+
+    curl_easy_setopt(c, CURLOPT_URL, o->endpoint);
+    curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
+    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT, 30L);
+    curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
+    curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, collect);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, stdout);
+
+    crc = curl_easy_perform(c);
+    status = 0;
+    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
+    rc = (crc == CURLE_OK && status == 200) ? 0 : 2;
+
+    if (crc != CURLE_OK) {
+        fprintf(stderr, "idempotency-approve: %s: %s\n", o->endpoint,
+                curl_easy_strerror(crc));
+
+    } else if (rc) {
+        fprintf(stderr, "idempotency-approve: %s answered %ld\n",
+                o->endpoint, status);
+    }
+
+    curl_easy_cleanup(c);
+    curl_slist_free_all(h);
+    cJSON_free(body);
+
+    return rc;
+}
+
+
+static int
+approve_recorded(const approve_opts_t *o)
+{
+    int     rc;
+    cJSON  *doc, *p;
+
+    doc = NULL;
+    p = read_proposal(o->input, &doc);
+
+    if (p == NULL) {
+        cJSON_Delete(doc);
+        return 2;
+    }
+
+    show_proposal(p);
+
+    if (!o->yes && !ask()) {
+        fprintf(stderr, "idempotency-approve: not approved\n");
+        cJSON_Delete(doc);
+        return 1;
+    }
+
+    rc = post_approval(o, p);
+    cJSON_Delete(doc);
+
+    return rc;
+}
+
+
 static int
 approve(const approve_opts_t *o)
 {
@@ -354,6 +461,15 @@ main(int argc, char **argv)
         } else if (i + 1 < argc && strcmp(argv[i], "--key") == 0) {
             o.key = argv[++i];
 
+        } else if (i + 1 < argc && strcmp(argv[i], "--endpoint") == 0) {
+            o.endpoint = argv[++i];
+
+        } else if (i + 1 < argc && strcmp(argv[i], "--header") == 0) {
+            if (strchr(argv[i + 1], ':') == NULL) {
+                return usage();
+            }
+            o.headers = curl_slist_append(o.headers, argv[++i]);
+
         } else if (i + 1 < argc && strcmp(argv[i], "--kid") == 0) {
             o.kid = argv[++i];
 
@@ -382,11 +498,13 @@ main(int argc, char **argv)
                                                    : usage();
     }
 
-    if (o.key == NULL || o.sub == NULL || o.sub[0] == '\0') {
-        fprintf(stderr, "idempotency-approve: --key is needed, and --sub "
-                "(or $USER) names the approver\n");
+    if ((o.key == NULL) == (o.endpoint == NULL)
+        || o.sub == NULL || o.sub[0] == '\0')
+    {
+        fprintf(stderr, "idempotency-approve: --key or --endpoint is needed "
+                "(one of them), and --sub (or $USER) names the approver\n");
         return usage();
     }
 
-    return approve(&o);
+    return o.endpoint ? approve_recorded(&o) : approve(&o);
 }

@@ -270,6 +270,30 @@ inside(const char *p, size_t n, const char *base, size_t len)
 }
 
 
+/* a proposal, or its recorded approval */
+static const char *
+proposal_diff(const idem_value_t *in, const idem_value_t *out,
+    const char *base, size_t len)
+{
+    if (out->created != in->created) {
+        return "created";
+    }
+    if (out->expires != in->expires) {
+        return "expires";
+    }
+    if (in->state == 'p' && out->approved_until != in->approved_until) {
+        return "approved_until";
+    }
+    if (in->state == 'p'
+        && (!inside(out->approver, out->approver_len, base, len)
+            || !bytes_at(out->approver, out->approver_len, in->approver,
+                         in->approver_len)))
+    {
+        return "approver";
+    }
+    return NULL;
+}
+
 /*
  * The first field of in's state that out gets wrong, or NULL: only the
  * head is common to all states, the rest depends on the state.
@@ -330,13 +354,8 @@ state_diff(const idem_value_t *in, const idem_value_t *out, const char *base,
         break;
 
     case 'a':
-        if (out->created != in->created) {
-            return "created";
-        }
-        if (out->expires != in->expires) {
-            return "expires";
-        }
-        break;
+    case 'p':
+        return proposal_diff(in, out, base, len);
 
     default:
         if (out->status != in->status) {
@@ -584,10 +603,46 @@ test_roundtrip_awaiting(void)
 }
 
 
+/* a recorded approval (idempotency_approve): no owner, an approver */
+static void
+test_roundtrip_approved(void)
+{
+    char          big[IDEM_HEAD_LEN + 64 + IDEM_APPROVER_MAX + 8], *e;
+    char          name[IDEM_APPROVER_MAX + 1];
+    idem_value_t  v, out;
+
+    v = value('p', 0, NULL);
+    v.created = 1796222500440LL;
+    v.expires = 1796226100440LL;
+    v.approved_until = 1796223100000LL;
+    v.approver = "alice@example.com";
+    v.approver_len = 17;
+    ROUNDTRIP("approved", &v,
+              "2p0" OP FP DASHES "13:1796222500440,13:1796226100440,"
+              "13:1796223100000,17:alice@example.com,");
+
+    ok(idem_value_decode("2p0" OP FP OWNER "1:1,1:2,1:3,1:a,", 131 + 16,
+                         &out) == -1, "approved with an owner refused");
+    ok(idem_value_decode("2p0" OP FP DASHES "1:1,1:2,1:3,0:,", 131 + 15,
+                         &out) == -1, "approved without approver refused");
+    ok(idem_value_decode("2p0" OP FP DASHES "1:1,1:2,1:a,", 131 + 12, &out)
+       == -1, "approved without approval expiry refused");
+
+    memset(name, 'x', sizeof(name));
+    v.approver = name;
+    v.approver_len = IDEM_APPROVER_MAX + 1;
+    e = idem_value_encode(big, &v);
+    ok(idem_value_decode(big, e - big, &out) == -1,
+       "approver longer than IDEM_APPROVER_MAX refused");
+    is_str(idem_state_name('p'), "approved", "state name p");
+}
+
+
 static void
 test_value_roundtrip(void)
 {
     test_roundtrip_awaiting();
+    test_roundtrip_approved();
     test_roundtrip_in_progress();
     test_roundtrip_completed();
     test_roundtrip_unknown_released();
@@ -1245,6 +1300,13 @@ test_admin_decode(void)
     ok(ADMIN(&state, 2, S("refused"), S("completed")) == IDEM_ADMIN_REFUSED
        && state != NULL && strcmp(state, "completed") == 0,
        "refused, completed");
+    ok(ADMIN(&state, 2, S("refused"), S("awaiting_confirmation"))
+       == IDEM_ADMIN_REFUSED && state != NULL
+       && strcmp(state, "awaiting_confirmation") == 0,
+       "refused, a proposal");
+    ok(ADMIN(&state, 2, S("refused"), S("approved")) == IDEM_ADMIN_REFUSED
+       && state != NULL && strcmp(state, "approved") == 0,
+       "refused, an approved proposal");
     ok(ADMIN(&state, 2, S("refused"), S("unknown")) == IDEM_ADMIN_INVALID
        && state == NULL,
        "refused an unknown record: not an answer admin.lua gives");
@@ -1267,6 +1329,47 @@ test_admin_decode(void)
     ok(ADMIN(&state, 1, S("nonE")) == IDEM_ADMIN_INVALID, "nonE: invalid");
     ok(ADMIN(&state, 0, NIL) == IDEM_ADMIN_INVALID, "no elements: invalid");
     ok(ADMIN(&state, 1, NIL) == IDEM_ADMIN_INVALID, "nil: invalid");
+}
+
+
+#define APPROVE(st, u, n, ...)                                               \
+    idem_approve_decode(elems(RV(__VA_ARGS__), n, IDEM_APPROVE_ELEMS), n,    \
+                        st, u)
+
+static void
+test_approve_decode(void)
+{
+    long long    until;
+    const char  *state;
+
+    ok(APPROVE(&state, &until, 2, S("approved"), S("1796223100000"))
+       == IDEM_APPROVE_APPROVED && until == 1796223100000LL && state == NULL,
+       "approve: approved, with its end");
+    ok(APPROVE(&state, &until, 1, S("none")) == IDEM_APPROVE_NONE
+       && until == -1, "approve: none");
+    ok(APPROVE(&state, &until, 1, S("mismatch")) == IDEM_APPROVE_MISMATCH,
+       "approve: mismatch");
+    ok(APPROVE(&state, &until, 2, S("refused"), S("completed"))
+       == IDEM_APPROVE_REFUSED && state && strcmp(state, "completed") == 0,
+       "approve: refused, completed");
+    ok(APPROVE(&state, &until, 2, S("refused"), S("unknown"))
+       == IDEM_APPROVE_REFUSED && state && strcmp(state, "unknown") == 0,
+       "approve: refused, unknown");
+    ok(APPROVE(&state, &until, 2, S("refused"), S("approved"))
+       == IDEM_APPROVE_INVALID && state == NULL,
+       "approve: refused an approved record is not an answer it gives");
+    ok(APPROVE(&state, &until, 2, S("approved"), S("-1"))
+       == IDEM_APPROVE_INVALID && until == -1, "approve: a negative end");
+    ok(APPROVE(&state, &until, 2, S("approved"), S("253402300800000"))
+       == IDEM_APPROVE_INVALID, "approve: an end after 9999");
+    ok(APPROVE(&state, &until, 2, S("approved"), T("1"))
+       == IDEM_APPROVE_INVALID, "approve: the end not a string");
+    ok(APPROVE(&state, &until, 1, S("approved")) == IDEM_APPROVE_INVALID,
+       "approve: approved without its end");
+    ok(APPROVE(&state, &until, 2, S("none"), NIL) == IDEM_APPROVE_INVALID,
+       "approve: none with an extra element");
+    ok(APPROVE(&state, &until, 0, NIL) == IDEM_APPROVE_INVALID,
+       "approve: no elements");
 }
 
 
@@ -1298,6 +1401,7 @@ main(void)
     test_claim_decode();
     test_status_decode();
     test_admin_decode();
+    test_approve_decode();
     test_close_decode();
 
     free_all();

@@ -1,0 +1,62 @@
+-- A person's recorded approval (idempotency_approve): the proposal of
+-- this operation, with this fingerprint, becomes approved until the given
+-- time, by the given approver.  The next attempt with the same key and
+-- fingerprint claims it (claim.lua) without carrying anything.
+--
+--: needs fields
+--: args op fp approver expires_in
+--
+-- KEYS[1]     record key
+-- op          the operation id the person approved
+-- fp          the fingerprint the person saw
+-- approver    who approved (non-empty, checked by the module)
+-- expires_in  how long the approval holds, in ms
+--
+-- Replies: {"approved", until_ms} | {"none"} | {"mismatch"}
+--          | {"refused", state}
+
+local names = { i = 'in_progress', c = 'completed', u = 'unknown' }
+local v = redis.pcall('GET', KEYS[1])
+
+if type(v) == 'table' or not v then
+    -- layout 1 never had proposals
+    return {'none'}
+end
+
+local f = layout2(v)
+
+if not f then
+    return corrupt('layout')
+end
+
+local state = string.sub(v, 2, 2)
+
+-- another operation under the same key is not what the person saw
+if state == 'r' or string.sub(v, 4, 35) ~= op then
+    return {'none'}
+end
+
+if state ~= 'a' and state ~= 'p' then
+    return {'refused', names[state]}
+end
+
+if string.sub(v, 36, 99) ~= fp then
+    return {'mismatch'}
+end
+
+local now = now_ms()
+local untl = now + tonumber(expires_in)
+
+-- it lives until the approval ends, and never less than the proposal
+local left = redis.call('PTTL', KEYS[1])
+
+if left < tonumber(expires_in) then
+    left = tonumber(expires_in)
+end
+
+redis.call('SET', KEYS[1],
+           '2p' .. string.sub(v, 3, 131) .. ns(f[1]) .. ns(f[2])
+           .. ns(ms(untl)) .. ns(approver),
+           'PX', ms(left))
+
+return {'approved', ms(untl)}
