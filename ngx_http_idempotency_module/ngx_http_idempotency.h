@@ -38,6 +38,7 @@ typedef struct {
     ngx_uint_t                   used;
     ngx_shm_zone_t              *metrics_zone;
     ngx_array_t                  metrics_labels;   /* ngx_str_t; [0] "" */
+    ngx_array_t                  json_vars;  /* idempotency_json_var */
 } ngx_http_idem_main_conf_t;
 
 
@@ -266,6 +267,10 @@ struct ngx_http_idem_ctx_s {
     unsigned                     claimed:1;
     unsigned                     capturing:1;
     unsigned                     too_large:1;
+
+    /* idempotency_json_var: the body parsed once, NULL if not JSON */
+    void                        *json_root;   /* cJSON * */
+    unsigned                     json_parsed:1;
 };
 
 
@@ -317,6 +322,10 @@ ngx_int_t ngx_http_idem_confirm_check(ngx_http_request_t *r,
     ngx_http_idem_ctx_t *ctx);
 ngx_int_t ngx_http_idem_confirm_send(ngx_http_request_t *r,
     ngx_http_idem_ctx_t *ctx);
+u_char *ngx_http_idem_confirm_body(ngx_http_request_t *r, size_t *len);
+
+/* ngx_http_idempotency_json_var.c: idempotency_json_var */
+char *ngx_http_idem_json_var(ngx_conf_t *cf, ngx_command_t *cmd, void *conf);
 
 /* ngx_http_idempotency_claim.c: the claim and its answer */
 ngx_int_t ngx_http_idem_tokens(ngx_http_request_t *r,

@@ -425,7 +425,7 @@ ngx_http_idem_confirm_add_str(ngx_http_request_t *r, cJSON *o,
 
 
 /* the request body in one buffer, NULL when there is none or too much */
-static u_char *
+u_char *
 ngx_http_idem_confirm_body(ngx_http_request_t *r, size_t *len)
 {
     u_char       *buf, *p;

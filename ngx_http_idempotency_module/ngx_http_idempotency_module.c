@@ -277,6 +277,13 @@ static ngx_command_t  ngx_http_idem_commands[] = {
       0,
       NULL },
 
+    { ngx_string("idempotency_json_var"),
+      NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE2,
+      ngx_http_idem_json_var,
+      NGX_HTTP_MAIN_CONF_OFFSET,
+      0,
+      NULL },
+
       ngx_null_command
 };
 
@@ -333,7 +340,10 @@ ngx_http_idem_create_main_conf(ngx_conf_t *cf)
     }
 
     if (ngx_array_init(&mcf->metrics_labels, cf->pool, 4, sizeof(ngx_str_t))
-        != NGX_OK)
+        != NGX_OK
+        || ngx_array_init(&mcf->json_vars, cf->pool, 4,
+                          sizeof(ngx_str_t) * 2)
+           != NGX_OK)
     {
         return NULL;
     }

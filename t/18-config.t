@@ -113,6 +113,40 @@ for my $c (
     like($out, qr/\[emerg\]/, "nginx -t: $what: reported as [emerg]");
 }
 
+# ---- idempotency_json_var (http context): the name, the pointer, duplicates
+{
+    my ($rc, $out) = $t->nginx_test_conf('idempotency_json_var $ev /source_event_id; idempotency_json_var $e2 /a~1b/0;' . conf("idempotency on; $R"));
+    is($rc, 0, 'nginx -t accepts idempotency_json_var') or diag($out);
+
+    for my $c (
+        [ 'name without $', qr/"idempotency_json_var".*needs a variable name that starts with "\$"/,
+          'idempotency_json_var ev /a;' ],
+        [ 'just $', qr/"idempotency_json_var".*needs a variable name/, 'idempotency_json_var $ /a;' ],
+        [ 'pointer without /', qr/"idempotency_json_var": "a" is not a JSON pointer/,
+          'idempotency_json_var $ev a;' ],
+        [ 'empty pointer', qr/"idempotency_json_var": "" is not a JSON pointer/,
+          "idempotency_json_var \$ev '';" ],
+        [ 'bad escape', qr/"idempotency_json_var": "\/a~2" is not a JSON pointer/,
+          'idempotency_json_var $ev /a~2;' ],
+        [ 'duplicate', qr/"idempotency_json_var": duplicate variable "\$EV"/,
+          'idempotency_json_var $ev /a; idempotency_json_var $EV /b;' ],
+        [ 'a built-in variable', qr/duplicate "uri" variable/, 'idempotency_json_var $uri /a;' ],
+        [ 'one argument', qr/invalid number of arguments in "idempotency_json_var"/,
+          'idempotency_json_var $ev;' ],
+    ) {
+        my ($what, $re, $http) = @$c;
+        ($rc, $out) = $t->nginx_test_conf($http . conf("idempotency on; $R"));
+        isnt($rc, 0, "nginx -t rejects idempotency_json_var: $what");
+        like($out, qr/\[emerg\].*$re/, "nginx -t: json_var $what: [emerg] names the directive and the fault")
+            or diag($out);
+    }
+
+    ($rc, $out) = $t->nginx_test_conf(conf("idempotency on; $R idempotency_json_var \$ev /a;"));
+    isnt($rc, 0, 'nginx -t rejects idempotency_json_var in a location');
+    like($out, qr/\[emerg\].*"idempotency_json_var" directive is not allowed here/,
+         'nginx -t: json_var in a location: [emerg] names the directive') or diag($out);
+}
+
 # ---- idempotency_confirm: key files are read by nginx -t, each fault named
 {
     my $p = $t->prefix;

@@ -1,0 +1,260 @@
+/*
+ * idempotency_json_var $name /json/pointer: a variable whose value is the
+ * member of the request's JSON body that the pointer (RFC 6901) names.
+ * It is evaluated when read, from the body the module already read for
+ * the fingerprint; the body is parsed once per request, however many such
+ * variables are read, and the tree lives as long as the request's pool.
+ */
+
+#include "ngx_http_idempotency.h"
+
+#include <cjson/cJSON.h>
+
+#include "idem_jcs.h"
+
+
+typedef struct {
+    ngx_str_t   name;
+    ngx_str_t   pointer;
+} ngx_http_idem_json_var_t;
+
+
+static void
+ngx_http_idem_json_var_free(void *data)
+{
+    cJSON_Delete(data);
+}
+
+
+/*
+ * The parsed body, NULL when there is none to read: no fingerprinted
+ * body, or one that was not canonical JSON (so no duplicate member can
+ * make what a variable gives differ from what the upstream reads).
+ */
+static cJSON *
+ngx_http_idem_json_var_root(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
+{
+    u_char              *body;
+    size_t               len;
+    ngx_pool_cleanup_t  *cln;
+
+    if (ctx->json_parsed) {
+        return ctx->json_root;
+    }
+
+    /* read too early (a "set" before the body is read): nothing yet */
+    if (!ctx->fingerprinted) {
+        return NULL;
+    }
+
+    ctx->json_parsed = 1;
+
+    if (ctx->body_form != IDEM_BODY_JSON) {
+        return NULL;
+    }
+
+    body = ngx_http_idem_confirm_body(r, &len);
+    if (body == NULL) {
+        return NULL;
+    }
+
+    cln = ngx_pool_cleanup_add(r->pool, 0);
+    if (cln == NULL) {
+        return NULL;
+    }
+
+    ctx->json_root = cJSON_ParseWithLength((char *) body, len);
+    cln->handler = ngx_http_idem_json_var_free;
+    cln->data = ctx->json_root;
+
+    return ctx->json_root;
+}
+
+
+typedef struct {
+    ngx_pool_t  *pool;
+    ngx_str_t   *out;
+    size_t       size;
+} ngx_http_idem_json_var_sink_t;
+
+
+/* the canonical text, appended to a pool buffer that doubles when full */
+static int
+ngx_http_idem_json_var_write(idem_sink_t *sink, const char *p, size_t n)
+{
+    ngx_http_idem_json_var_sink_t *s = sink->data;
+
+    u_char  *buf;
+    size_t   size;
+
+    if (s->out->len + n > s->size) {
+        size = ngx_max(2 * s->size, s->out->len + n);
+
+        buf = ngx_pnalloc(s->pool, size);
+        if (buf == NULL) {
+            return -1;
+        }
+
+        ngx_memcpy(buf, s->out->data, s->out->len);
+        s->out->data = buf;
+        s->size = size;
+    }
+
+    ngx_memcpy(s->out->data + s->out->len, p, n);
+    s->out->len += n;
+
+    return 0;
+}
+
+
+/*
+ * A string member gives its value; anything else its RFC 8785 text, the
+ * form the fingerprint reads it in (members sorted, numbers as ECMAScript
+ * prints them), so equal values give equal variables.
+ */
+static ngx_int_t
+ngx_http_idem_json_var_text(ngx_http_request_t *r, const cJSON *node,
+    ngx_str_t *value)
+{
+    char                           *s;
+    idem_sink_t                     sink;
+    idem_jcs_rc_t                   rc;
+    ngx_http_idem_json_var_sink_t   out;
+
+    if (cJSON_IsString(node)) {
+        value->data = (u_char *) node->valuestring;
+        value->len = ngx_strlen(node->valuestring);
+        return NGX_OK;
+    }
+
+    s = cJSON_PrintUnformatted(node);
+    if (s == NULL) {
+        return NGX_ERROR;
+    }
+
+    out.pool = r->pool;
+    out.out = value;
+    out.size = 0;
+    sink.write = ngx_http_idem_json_var_write;
+    sink.data = &out;
+
+    rc = idem_jcs_canonicalize(s, ngx_strlen(s), &sink);
+
+    cJSON_free(s);
+
+    return rc == IDEM_JCS_OK ? NGX_OK : NGX_ERROR;
+}
+
+
+static ngx_int_t
+ngx_http_idem_json_var_get(ngx_http_request_t *r,
+    ngx_http_variable_value_t *v, uintptr_t data)
+{
+    ngx_http_idem_json_var_t *jv = (ngx_http_idem_json_var_t *) data;
+
+    ngx_str_t             value;
+    cJSON                *root;
+    const cJSON          *node;
+    ngx_http_idem_ctx_t  *ctx;
+
+    ctx = ngx_http_idem_get_ctx(r->main);
+    root = ctx ? ngx_http_idem_json_var_root(r->main, ctx) : NULL;
+    node = root ? idem_json_pointer(root, (char *) jv->pointer.data,
+                                    jv->pointer.len)
+                : NULL;
+
+    ngx_str_null(&value);
+
+    if (node && ngx_http_idem_json_var_text(r, node, &value) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
+    v->data = value.data;
+    v->len = value.len;
+    v->valid = 1;
+    /* a read before the body is read must not stick */
+    v->no_cacheable = 1;
+    v->not_found = (node == NULL);
+
+    return NGX_OK;
+}
+
+
+static char *
+ngx_http_idem_json_var_check(ngx_conf_t *cf, ngx_http_idem_main_conf_t *mcf,
+    ngx_str_t *value)
+{
+    ngx_uint_t                 i;
+    idem_ptr_t                 p;
+    idem_ptr_rc_t              rc;
+    ngx_http_idem_json_var_t  *jv;
+
+    if (value[1].len < 2 || value[1].data[0] != '$') {
+        return "needs a variable name that starts with \"$\"";
+    }
+
+    jv = mcf->json_vars.elts;
+
+    for (i = 0; i < mcf->json_vars.nelts; i++) {
+        if (jv[i].name.len == value[1].len - 1
+            && ngx_strncasecmp(jv[i].name.data, value[1].data + 1,
+                               jv[i].name.len) == 0)
+        {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "\"idempotency_json_var\": duplicate "
+                               "variable \"%V\"", &value[1]);
+            return NGX_CONF_ERROR;
+        }
+    }
+
+    rc = idem_ptr_parse((char *) value[2].data, value[2].len, &p);
+    idem_ptr_free(&p);
+
+    if (rc != IDEM_PTR_OK) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"idempotency_json_var\": \"%V\" is not a JSON "
+                           "pointer (RFC 6901) of a member: %s",
+                           &value[2], idem_ptr_strerror(rc));
+        return NGX_CONF_ERROR;
+    }
+
+    return NGX_CONF_OK;
+}
+
+
+char *
+ngx_http_idem_json_var(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_http_idem_main_conf_t *mcf = conf;
+
+    char                      *rv;
+    ngx_str_t                 *value;
+    ngx_http_variable_t       *var;
+    ngx_http_idem_json_var_t  *jv;
+
+    value = cf->args->elts;
+
+    rv = ngx_http_idem_json_var_check(cf, mcf, value);
+    if (rv != NGX_CONF_OK) {
+        return rv;
+    }
+
+    jv = ngx_array_push(&mcf->json_vars);
+    if (jv == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    jv->name.data = value[1].data + 1;
+    jv->name.len = value[1].len - 1;
+    jv->pointer = value[2];
+
+    var = ngx_http_add_variable(cf, &jv->name, 0);
+    if (var == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    var->get_handler = ngx_http_idem_json_var_get;
+    var->data = (uintptr_t) jv;
+
+    return NGX_CONF_OK;
+}
