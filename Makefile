@@ -16,7 +16,8 @@ CORE_SRCS := $(MODDIR)/idem_text.c $(MODDIR)/idem_number.c \
              $(MODDIR)/idem_jcs_parse.c $(MODDIR)/idem_jcs.c \
              $(MODDIR)/idem_fingerprint.c $(MODDIR)/idem_key.c \
              $(MODDIR)/idem_record.c $(MODDIR)/idem_reply.c \
-             $(MODDIR)/idem_pointer.c $(MODDIR)/idem_jws.c
+             $(MODDIR)/idem_pointer.c $(MODDIR)/idem_jws.c \
+             $(MODDIR)/idem_slot.c
 CORE_HDRS := $(wildcard $(MODDIR)/idem_*.h)
 NGX_SRCS  := $(wildcard $(MODDIR)/ngx_http_idempotency*.c) \
              $(wildcard $(MODDIR)/ngx_http_idempotency*.h)

@@ -318,6 +318,73 @@ sub _start_instance {
     return $port;
 }
 
+# start_cluster(masters => 3, replicas => 1, node_timeout => ms (2000)):
+# a Redis Cluster of cluster-enabled redis-servers named c1, c2, ... in the
+# prefix (masters first, as "redis-cli --cluster create" pairs them), slots
+# spread by redis-cli; waits until every node says cluster_state:ok.  The
+# nodes' ports, masters first; each is stopped by PID like any instance.
+# a free port P <= 55535 whose cluster bus port P + 10000 is free too
+sub _cluster_port {
+    for (1 .. 200) {
+        my $p = 20000 + int(rand(35000));
+        my @s = map { IO::Socket::INET->new(LocalAddr => '127.0.0.1', LocalPort => $_,
+                                            Proto => 'tcp', Listen => 1, ReuseAddr => 1) }
+                ($p, $p + 10000);
+        my $ok = @s == 2 && $s[0] && $s[1];
+        $_ && close $_ for @s;
+        return $p if $ok;
+    }
+    die "no free cluster port pair";
+}
+
+sub start_cluster {
+    my ($self, %o) = @_;
+    my $masters = $o{masters} // 3;
+    my $n = $masters * (1 + ($o{replicas} // 1));
+    my @ports;
+    for my $i (1 .. $n) {
+        push @ports, $self->start_redis_instance(name => "c$i", port => _cluster_port(), args => [
+            '--cluster-enabled', 'yes',
+            '--cluster-config-file', "$self->{prefix}/c$i/nodes.conf",
+            '--cluster-node-timeout', $o{node_timeout} // 2000 ]);
+    }
+    my $cli = _which('redis-cli') // '/usr/bin/redis-cli';
+    my $out = `$cli --cluster create @{[ map { "127.0.0.1:$_" } @ports ]} --cluster-replicas @{[ $o{replicas} // 1 ]} --cluster-yes 2>&1`;
+    die "redis-cli --cluster create failed:\n$out" if $?;
+    $self->{cluster} = [@ports];
+    $self->wait_cluster_ok(20) or die "the cluster did not reach cluster_state:ok";
+    return @ports;
+}
+
+# wait_cluster_ok(seconds): every running node of the cluster says
+# cluster_state:ok and knows the same number of nodes
+sub wait_cluster_ok {
+    my ($self, $secs) = @_;
+    return $self->wait_for(sub {
+        for my $i (1 .. @{ $self->{cluster} }) {
+            next unless $self->instance_pid("c$i");
+            my $info = $self->redis_at($self->instance_port("c$i"), 'CLUSTER', 'INFO');
+            return 0 if ref($info) || $info !~ /cluster_state:ok/;
+        }
+        1;
+    }, $secs // 20);
+}
+
+# cluster_masters(): { port => [[first, last], ...] } from CLUSTER SLOTS of a
+# running node
+sub cluster_masters {
+    my ($self) = @_;
+    for my $i (1 .. @{ $self->{cluster} // [] }) {
+        next unless $self->instance_pid("c$i");
+        my $slots = $self->redis_at($self->instance_port("c$i"), 'CLUSTER', 'SLOTS');
+        next if ref($slots) ne 'ARRAY';
+        my %m;
+        push @{ $m{ $_->[2][1] } }, [ $_->[0], $_->[1] ] for @$slots;
+        return \%m;
+    }
+    return {};
+}
+
 sub instance_port { ($_[0]{instances}{$_[1]} // {})->{port} }
 sub instance_pid  { ($_[0]{instances}{$_[1]} // {})->{pid} }
 
