@@ -33,11 +33,11 @@ else
     if not v then
         return {'none'}
     end
-    local f = layout2(v)
+    local f, st = readable(v)
     if not f then
-        return corrupt('layout')
+        return st
     end
-    state = string.sub(v, 2, 2)
+    state = st
     if state == 'r' then
         return {'none'}
     end

@@ -23,13 +23,11 @@ if type(v) == 'table' or not v then
     return {'none'}
 end
 
-local f = layout2(v)
+local f, state = readable(v)
 
 if not f then
-    return corrupt('layout')
+    return state
 end
-
-local state = string.sub(v, 2, 2)
 
 -- another operation under the same key is not what the person saw
 if state == 'r' or string.sub(v, 4, 35) ~= op then

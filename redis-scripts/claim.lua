@@ -56,13 +56,11 @@ if not v then
     return {'claimed'}
 end
 
-local f = layout2(v)
+local f, state = readable(v)
 
 if not f then
-    return corrupt('layout')
+    return state
 end
-
-local state = string.sub(v, 2, 2)
 
 if state == 'r' then
     -- A claim from a connection its worker gave up on must not take the

@@ -57,6 +57,16 @@ local function layout2(v)
     return f
 end
 
+-- A value the scripts may read: its fields and its state, or nil and the
+-- error reply that refuses it.
+local function readable(v)
+    local f = layout2(v)
+    if not f then
+        return nil, corrupt('layout')
+    end
+    return f, string.sub(v, 2, 2)
+end
+
 -- How long ago the owner of a claim last spoke, by Redis's clock: the
 -- claim and each renewal set its TTL to its "ttl ms" field (the third).
 local function lapsed(key, f)

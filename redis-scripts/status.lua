@@ -24,13 +24,11 @@ if not v then
     return {}
 end
 
-local f = layout2(v)
+local f, state = readable(v)
 
 if not f then
-    return corrupt('layout')
+    return state
 end
-
-local state = string.sub(v, 2, 2)
 
 if state == 'r' then
     return {}
