@@ -74,8 +74,11 @@ ngx_http_idem_approve_text(ngx_http_request_t *r, size_t *len,
 
     p = text;
 
+    /* an empty buffer may carry a NULL pos, which memcpy must not see */
     for (cl = r->request_body->bufs; cl; cl = cl->next) {
-        p = ngx_cpymem(p, cl->buf->pos, cl->buf->last - cl->buf->pos);
+        if (cl->buf->last != cl->buf->pos) {
+            p = ngx_cpymem(p, cl->buf->pos, cl->buf->last - cl->buf->pos);
+        }
     }
 
     *p = '\0';

@@ -95,7 +95,11 @@ ngx_http_idem_json_var_write(idem_sink_t *sink, const char *p, size_t n)
             return -1;
         }
 
-        ngx_memcpy(buf, s->out->data, s->out->len);
+        /* the first growth starts from no buffer at all */
+        if (s->out->len) {
+            ngx_memcpy(buf, s->out->data, s->out->len);
+        }
+
         s->out->data = buf;
         s->size = size;
     }
