@@ -17,6 +17,16 @@ int
 idem_record_key(const char *scope, size_t scope_len, const char *key,
     size_t key_len, char out[IDEM_RECORD_KEY_LEN + 1])
 {
+    return idem_derived_key("idem-record-v1", scope, scope_len, key, key_len,
+                            IDEM_RECORD_SUFFIX, out);
+}
+
+
+int
+idem_derived_key(const char *domain, const char *scope, size_t scope_len,
+    const char *value, size_t value_len, const char *suffix,
+    char out[IDEM_RECORD_KEY_LEN + 1])
+{
     int             i, ok;
     unsigned int    n;
     unsigned char   prefix[8], md[EVP_MAX_MD_SIZE];
@@ -32,10 +42,10 @@ idem_record_key(const char *scope, size_t scope_len, const char *key,
     }
 
     ok = EVP_DigestInit_ex(md_ctx, idem_sha256(), NULL)
-         && EVP_DigestUpdate(md_ctx, "idem-record-v1", 15)
+         && EVP_DigestUpdate(md_ctx, domain, strlen(domain) + 1)
          && EVP_DigestUpdate(md_ctx, prefix, sizeof(prefix))
          && EVP_DigestUpdate(md_ctx, scope, scope_len)
-         && EVP_DigestUpdate(md_ctx, key, key_len)
+         && EVP_DigestUpdate(md_ctx, value, value_len)
          && EVP_DigestFinal_ex(md_ctx, md, &n);
 
     EVP_MD_CTX_free(md_ctx);
@@ -52,7 +62,7 @@ idem_record_key(const char *scope, size_t scope_len, const char *key,
         out[2 * i + 1] = idem_hexdigits[md[i] & 0xf];
     }
 
-    memcpy(out + 32, IDEM_RECORD_SUFFIX, sizeof(IDEM_RECORD_SUFFIX));
+    memcpy(out + 32, suffix, sizeof(IDEM_RECORD_SUFFIX));
 
     return 0;
 }
@@ -218,6 +228,8 @@ idem_state_name(char state)
         return "awaiting_confirmation";
     case 'p':
         return "approved";
+    case 's':
+        return "alias";
     default:
         return NULL;
     }
@@ -299,9 +311,26 @@ idem_fields_str(idem_fields_t *f, size_t *len)
 }
 
 
+/* what idem_record_key() writes */
+static int
+idem_is_record_key(const char *p, size_t len)
+{
+    size_t  pre;
+
+    pre = sizeof(IDEM_RECORD_PREFIX) - 1;
+
+    return len == IDEM_RECORD_KEY_LEN
+           && memcmp(p, IDEM_RECORD_PREFIX, pre) == 0
+           && idem_is_hex(p + pre, 32)
+           && memcmp(p + pre + 32, IDEM_RECORD_SUFFIX,
+                     sizeof(IDEM_RECORD_SUFFIX) - 1) == 0;
+}
+
+
 static void
 idem_value_fields(idem_fields_t *f, idem_value_t *v)
 {
+    size_t     len;
     long long  n;
 
     switch (v->state) {
@@ -339,6 +368,16 @@ idem_value_fields(idem_fields_t *f, idem_value_t *v)
         v->approver = idem_fields_str(f, &v->approver_len);
 
         if (v->approver_len == 0 || v->approver_len > IDEM_APPROVER_MAX) {
+            f->bad = 1;
+        }
+
+        break;
+
+    case 's':
+        v->created = idem_fields_num(f, 0, IDEM_TIME_MS_MAX, 0);
+        v->target = idem_fields_str(f, &len);
+
+        if (v->target && !idem_is_record_key(v->target, len)) {
             f->bad = 1;
         }
 
@@ -491,6 +530,11 @@ idem_value_len(const idem_value_t *v)
                + idem_ns_len(v->approver_len);
         break;
 
+    case 's':
+        len += idem_ns_len(idem_num_len(v->created))
+               + idem_ns_len(IDEM_RECORD_KEY_LEN);
+        break;
+
     default: /* 'r' */
         len += idem_ns_len(idem_num_len(v->status ? v->status : -1))
                + idem_ns_len(idem_num_len(v->retry_after));
@@ -554,6 +598,10 @@ idem_value_encode(char *p, const idem_value_t *v)
         p = idem_num_put(p, v->expires);
         p = idem_num_put(p, v->approved_until);
         return idem_netstring_put(p, v->approver, v->approver_len);
+
+    case 's':
+        p = idem_num_put(p, v->created);
+        return idem_netstring_put(p, v->target, IDEM_RECORD_KEY_LEN);
 
     default: /* 'r' */
         p = idem_num_put(p, v->status ? v->status : -1);

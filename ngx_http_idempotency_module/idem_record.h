@@ -35,6 +35,19 @@
                                 + sizeof(IDEM_OPERATION_SUFFIX) - 1)
 
 /*
+ * idempotency_unique and idempotency_lock name keys of their own, as long
+ * as a record key: IDEM_RECORD_PREFIX + 32 hex + one of these.  A unique
+ * key (of a scope and a business identity) holds the record key of the
+ * operation that holds the identity; a lock key (of a value, across
+ * scopes) holds the record key of the operation that holds the lock and
+ * the scope tag of its scope (IDEM_SCOPE_SUFFIX: never a Redis key, only
+ * compared).
+ */
+#define IDEM_UNIQUE_SUFFIX   "}:u"
+#define IDEM_LOCK_SUFFIX     "}:l"
+#define IDEM_SCOPE_SUFFIX    "}:s"
+
+/*
  * The digest is SHA-256 over a length-prefixed scope and the key, so that
  * neither value appears in Redis and no (scope, key) pair can collide
  * with another by moving bytes across the boundary.  The hash tag keeps
@@ -42,6 +55,17 @@
  */
 int idem_record_key(const char *scope, size_t scope_len, const char *key,
     size_t key_len, char out[IDEM_RECORD_KEY_LEN + 1]);
+
+/*
+ * The same derivation for the other names: domain (with its NUL) first,
+ * then the length-prefixed scope and the value, and the suffix.
+ * idem_record_key() is domain "idem-record-v1"; the unique key is
+ * "idem-unique-v1" (scope, value), the lock key "idem-lock-v1" (no scope,
+ * value), the scope tag "idem-scope-v1" (scope, no value).
+ */
+int idem_derived_key(const char *domain, const char *scope, size_t scope_len,
+    const char *value, size_t value_len, const char *suffix,
+    char out[IDEM_RECORD_KEY_LEN + 1]);
 
 /*
  * Stored headers are a sequence of netstrings, name then value:
@@ -80,7 +104,9 @@ int idem_is_hex(const char *p, size_t len);
  *   1       1     state: i in_progress, c completed, u unknown,
  *                 r released (a marker, see below),
  *                 a awaiting_confirmation (idempotency_confirm),
- *                 p approved (a recorded approval, idempotency_approve)
+ *                 p approved (a recorded approval, idempotency_approve),
+ *                 s alias (idempotency_unique: this key's request reused
+ *                 the operation of another key)
  *   2       1     waiters: '1' once a duplicate waits (idempotency_wait)
  *   3       32    operation id, lowercase hex
  *   35      64    fingerprint, lowercase hex
@@ -94,6 +120,8 @@ int idem_is_hex(const char *p, size_t len);
  *     a  created, proposal expires (ms); no owner: nothing runs yet
  *     p  created, proposal expires, approval expires (ms), approver;
  *        no owner: the next attempt with its fingerprint claims it
+ *     s  created, the record key of the operation it reuses; the head's
+ *        operation id is that operation's, the fingerprint this key's
  *
  * Times are milliseconds since the epoch.  An in_progress record lives
  * for "ttl ms" from its claim or its last renewal (PEXPIRE), so Redis's
@@ -117,12 +145,12 @@ int idem_is_hex(const char *p, size_t len);
 #define IDEM_APPROVER_MAX    256     /* bytes of an approver's name */
 
 typedef struct {
-    char                 state;       /* 'i', 'c', 'u', 'r', 'a', 'p' */
+    char                 state;       /* 'i', 'c', 'u', 'r', 'a', 'p', 's' */
     int                  waiters;
     const char          *op;          /* IDEM_TOKEN_LEN hex */
     const char          *fp;          /* IDEM_FP_LEN hex */
     const char          *owner;       /* IDEM_TOKEN_LEN hex, or NULL */
-    long long            created;     /* i, c, u */
+    long long            created;     /* i, c, u, a, p, s */
     long long            completed;   /* c */
     long long            unknown_at;  /* u */
     long long            expires;     /* a, p: the proposal's end */
@@ -139,6 +167,7 @@ typedef struct {
     size_t               hdr_len;
     const char          *body;        /* c */
     size_t               body_len;
+    const char          *target;      /* s: IDEM_RECORD_KEY_LEN bytes */
 } idem_value_t;
 
 /*

@@ -64,6 +64,57 @@ idem_claim_set_decode(const char *data, size_t len, idem_claim_t *c)
 }
 
 
+/* {"locked", lease ms left | "", holder's op id | ""} */
+static idem_claim_kind_e
+idem_claim_locked(const idem_rv_t *el, size_t n, idem_claim_t *c)
+{
+    long long  left;
+
+    if (n != 3 || !el[1].is_str || !el[2].is_str) {
+        return IDEM_CLAIM_INVALID;
+    }
+
+    left = el[1].len ? idem_rv_decimal(&el[1]) : 0;
+
+    if (left < 0
+        || (el[2].len != 0 && (el[2].len != IDEM_TOKEN_LEN
+                               || !idem_is_hex(el[2].data, el[2].len))))
+    {
+        return IDEM_CLAIM_INVALID;
+    }
+
+    c->lease_left = (unsigned long long) left;
+    c->lock_op = el[2].len ? el[2].data : NULL;
+
+    return IDEM_CLAIM_LOCKED;
+}
+
+
+/* {"reused", value}, or with the lease left of the claim it holds */
+static idem_claim_kind_e
+idem_claim_reused(const idem_rv_t *el, size_t n, idem_claim_t *c)
+{
+    long long  left;
+
+    if (n == 2 && (c->rec.state == 'u'
+                   || (c->rec.state == 'c' && c->rec.status < 300)))
+    {
+        return IDEM_CLAIM_REUSED;
+    }
+
+    if (n == 3 && c->rec.state == 'i') {
+        left = idem_rv_decimal(&el[2]);
+
+        if (left > 0 && left <= c->rec.lease_ms) {
+            c->lease_left = (unsigned long long) left;
+            return IDEM_CLAIM_REUSED;
+        }
+    }
+
+    return IDEM_CLAIM_INVALID;
+}
+
+
 static idem_claim_kind_e
 idem_claim_kind(const idem_rv_t *el, size_t n, idem_claim_t *c)
 {
@@ -71,6 +122,10 @@ idem_claim_kind(const idem_rv_t *el, size_t n, idem_claim_t *c)
 
     if (n == 1 && idem_rv_is(&el[0], "claimed")) {
         return IDEM_CLAIM_CLAIMED;
+    }
+
+    if (n >= 1 && idem_rv_is(&el[0], "locked")) {
+        return idem_claim_locked(el, n, c);
     }
 
     if (n < 2 || !el[1].is_str
@@ -85,6 +140,10 @@ idem_claim_kind(const idem_rv_t *el, size_t n, idem_claim_t *c)
 
     if (n == 2 && idem_rv_is(&el[0], "released") && c->rec.state == 'r') {
         return IDEM_CLAIM_RELEASED;
+    }
+
+    if (idem_rv_is(&el[0], "reused")) {
+        return idem_claim_reused(el, n, c);
     }
 
     if (n == 3 && idem_rv_is(&el[0], "in_progress") && c->rec.state == 'i') {
@@ -122,12 +181,28 @@ idem_status_kind(const idem_rv_t *el, size_t n, idem_status_t *s)
         return IDEM_STATUS_NONE;
     }
 
-    if (n != IDEM_STATUS_ELEMS || !el[0].is_str
+    if ((n != 2 && n != 3) || !el[0].is_str
         || idem_value_decode(el[0].data, el[0].len, &s->rec) != 0
         || s->rec.state == 'r'
         || !(idem_rv_is(&el[1], "0") || idem_rv_is(&el[1], "1")))
     {
         return IDEM_STATUS_INVALID;
+    }
+
+    /* an alias comes with the state of the operation it reuses, or "" */
+    if ((s->rec.state == 's') != (n == 3)) {
+        return IDEM_STATUS_INVALID;
+    }
+
+    if (n == 3) {
+        if (!el[2].is_str || el[2].len > 1
+            || (el[2].len == 1 && (el[2].data[0] == 's'
+                                   || idem_state_name(el[2].data[0]) == NULL)))
+        {
+            return IDEM_STATUS_INVALID;
+        }
+
+        s->alias_state = el[2].len ? idem_state_name(el[2].data[0]) : NULL;
     }
 
     /* only a claim can lapse */
@@ -164,6 +239,11 @@ idem_status_decode(const idem_rv_t *el, size_t n, idem_status_t *s)
 idem_admin_kind_e
 idem_admin_decode(const idem_rv_t *el, size_t n, const char **state)
 {
+    size_t  i;
+
+    /* the states an operator may not resolve */
+    static const char  states[] = "icaps";
+
     *state = NULL;
 
     if (n == 1 && idem_rv_is(&el[0], "none")) {
@@ -179,24 +259,11 @@ idem_admin_decode(const idem_rv_t *el, size_t n, const char **state)
     }
 
     if (n == 2 && idem_rv_is(&el[0], "refused")) {
-        if (idem_rv_is(&el[1], "in_progress")) {
-            *state = idem_state_name('i');
-            return IDEM_ADMIN_REFUSED;
-        }
-
-        if (idem_rv_is(&el[1], "completed")) {
-            *state = idem_state_name('c');
-            return IDEM_ADMIN_REFUSED;
-        }
-
-        if (idem_rv_is(&el[1], "awaiting_confirmation")) {
-            *state = idem_state_name('a');
-            return IDEM_ADMIN_REFUSED;
-        }
-
-        if (idem_rv_is(&el[1], "approved")) {
-            *state = idem_state_name('p');
-            return IDEM_ADMIN_REFUSED;
+        for (i = 0; states[i]; i++) {
+            if (idem_rv_is(&el[1], idem_state_name(states[i]))) {
+                *state = idem_state_name(states[i]);
+                return IDEM_ADMIN_REFUSED;
+            }
         }
     }
 

@@ -31,13 +31,16 @@ typedef enum {
     IDEM_CLAIM_CLAIMED,        /* the key is this attempt's */
     IDEM_CLAIM_RECORD,         /* rec holds the key */
     IDEM_CLAIM_IN_PROGRESS,    /* rec is a live claim: lease_left ms */
-    IDEM_CLAIM_RELEASED        /* rec: the marker of the attempt waited on */
+    IDEM_CLAIM_RELEASED,       /* rec: the marker of the attempt waited on */
+    IDEM_CLAIM_REUSED,         /* rec: the operation holding the identity */
+    IDEM_CLAIM_LOCKED          /* another operation holds the lock */
 } idem_claim_kind_e;
 
 typedef struct {
     idem_claim_kind_e    kind;
     idem_value_t         rec;
-    unsigned long long   lease_left;
+    unsigned long long   lease_left;   /* LOCKED: 0 when not in flight */
+    const char          *lock_op;      /* LOCKED: IDEM_TOKEN_LEN, or NULL */
 } idem_claim_t;
 
 /*
@@ -49,7 +52,10 @@ idem_claim_kind_e idem_claim_set_decode(const char *data, size_t len,
 
 /*
  * claim.lua's answers: {"claimed"}, {"record", value},
- * {"in_progress", value, lease ms left}, {"released", marker}.  el holds
+ * {"in_progress", value, lease ms left}, {"released", marker},
+ * {"reused", value[, lease ms left]} (idempotency_unique: a completed 2xx,
+ * an unknown or a live claim of another key), {"locked", lease ms left
+ * | "", op id | ""} (idempotency_lock).  el holds
  * the first min(n, IDEM_CLAIM_ELEMS) elements of a reply of n.
  */
 #define IDEM_CLAIM_ELEMS  3
@@ -58,8 +64,12 @@ idem_claim_kind_e idem_claim_decode(const idem_rv_t *el, size_t n,
     idem_claim_t *c);
 
 
-/* status.lua: {} when there is no record, else {value, lapsed "0"|"1"} */
-#define IDEM_STATUS_ELEMS  2
+/*
+ * status.lua: {} when there is no record, else {value, lapsed "0"|"1"},
+ * and for an alias the state letter of the operation it reuses ("" when
+ * that one holds nothing any more).
+ */
+#define IDEM_STATUS_ELEMS  3
 
 typedef enum {
     IDEM_STATUS_INVALID = 0,
@@ -71,6 +81,7 @@ typedef struct {
     idem_status_kind_e   kind;
     idem_value_t         rec;
     const char          *state;    /* as shown: a lapsed claim is unknown */
+    const char          *alias_state;   /* s: its operation's, or NULL */
 } idem_status_t;
 
 idem_status_kind_e idem_status_decode(const idem_rv_t *el, size_t n,

@@ -42,6 +42,18 @@ typedef struct {
 } ngx_http_idem_main_conf_t;
 
 
+/*
+ * A value of idempotency_unique or idempotency_lock, and its variables
+ * alone ("tickets:$id" and "${id}"): the value holds nothing when they
+ * are all empty, such as when the body lacks the member.
+ */
+typedef struct {
+    ngx_http_complex_value_t     value;
+    ngx_http_complex_value_t     vars;
+    unsigned                     has_vars:1;
+} ngx_http_idem_business_t;
+
+
 typedef struct {
     ngx_flag_t                   enable;
     ngx_http_idem_redis_t       *redis;
@@ -76,6 +88,10 @@ typedef struct {
     ngx_array_t                 *confirm_keys;     /* idem_jws_key_t */
     ngx_array_t                 *confirm_show;     /* ngx_str_t, pointers */
     time_t                       confirm_ttl;
+
+    /* idempotency_unique, idempotency_lock: NULL when off */
+    ngx_http_idem_business_t    *unique;
+    ngx_http_idem_business_t    *lock;
 } ngx_http_idem_loc_conf_t;
 
 
@@ -103,6 +119,8 @@ typedef enum {
     NGX_HTTP_IDEM_OUT_REJECTED,
     NGX_HTTP_IDEM_OUT_BYPASSED,
     NGX_HTTP_IDEM_OUT_CONFIRM_REQUIRED,
+    NGX_HTTP_IDEM_OUT_REUSED,         /* idempotency_unique */
+    NGX_HTTP_IDEM_OUT_LOCKED,         /* idempotency_lock */
     NGX_HTTP_IDEM_NOUTCOME_NAMES     /* with "none" */
 } ngx_http_idem_outcome_e;
 
@@ -118,6 +136,8 @@ typedef enum {
     NGX_HTTP_IDEM_ANS_RELEASED,      /* the attempt waited on: "later" */
     NGX_HTTP_IDEM_ANS_CONFIRM,       /* awaiting_confirmation: 428 */
     NGX_HTTP_IDEM_ANS_APPROVAL_EXPIRED,  /* approved, but no longer: 428 */
+    NGX_HTTP_IDEM_ANS_REUSED,        /* another key's stored 2xx */
+    NGX_HTTP_IDEM_ANS_LOCKED,        /* idempotency_lock held: 409 */
     NGX_HTTP_IDEM_ANS_STORE_DOWN,    /* no reply: connection, timeout */
     NGX_HTTP_IDEM_ANS_NOT_REPLICATED,   /* claimed, then released: WAIT */
     NGX_HTTP_IDEM_ANS_STORE_ERROR    /* a reply we do not understand */
@@ -166,6 +186,7 @@ typedef enum {
     NGX_HTTP_IDEM_P_BAD_APPROVAL,
     NGX_HTTP_IDEM_P_APPROVAL_MISMATCH,
     NGX_HTTP_IDEM_P_NOT_APPROVABLE,
+    NGX_HTTP_IDEM_P_LOCK_HELD,
     NGX_HTTP_IDEM_NPROBLEMS
 } ngx_http_idem_problem_e;
 
@@ -271,6 +292,17 @@ struct ngx_http_idem_ctx_s {
     /* idempotency_json_var: the body parsed once, NULL if not JSON */
     void                        *json_root;   /* cJSON * */
     unsigned                     json_parsed:1;
+
+    /*
+     * idempotency_unique and idempotency_lock: their keys, "" when the
+     * location has none or the value is empty; the scope's tag with a lock
+     */
+    u_char                       ukey[IDEM_RECORD_KEY_LEN + 1];
+    u_char                       lkey[IDEM_RECORD_KEY_LEN + 1];
+    u_char                       stag[IDEM_RECORD_KEY_LEN + 1];
+    ngx_str_t                    lock_op;      /* LOCKED: the holder's */
+    unsigned                     reused:1;     /* another key's operation */
+    unsigned                     business:1;   /* ukey, lkey are set */
 };
 
 
@@ -323,6 +355,14 @@ ngx_int_t ngx_http_idem_confirm_check(ngx_http_request_t *r,
 ngx_int_t ngx_http_idem_confirm_send(ngx_http_request_t *r,
     ngx_http_idem_ctx_t *ctx);
 u_char *ngx_http_idem_confirm_body(ngx_http_request_t *r, size_t *len);
+
+/* ngx_http_idempotency_business.c: idempotency_unique, idempotency_lock */
+char *ngx_http_idem_business_conf(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+ngx_int_t ngx_http_idem_business_keys(ngx_http_request_t *r,
+    ngx_http_idem_ctx_t *ctx);
+ngx_uint_t ngx_http_idem_business_args(ngx_http_idem_ctx_t *ctx,
+    u_char **keys);
 
 /* ngx_http_idempotency_json_var.c: idempotency_json_var */
 char *ngx_http_idem_json_var(ngx_conf_t *cf, ngx_command_t *cmd, void *conf);

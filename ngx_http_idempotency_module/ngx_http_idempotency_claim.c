@@ -168,18 +168,24 @@ static ngx_http_idem_cmd_t *
 ngx_http_idem_claim_script_cmd(ngx_http_request_t *r,
     ngx_http_idem_ctx_t *ctx)
 {
-    u_char                    *p;
+    u_char                    *p, *keys[2];
+    ngx_uint_t                 n;
     ngx_http_idem_cmd_t       *cmd;
     ngx_http_idem_loc_conf_t  *lcf;
 
     lcf = ctx->conf;
 
-    cmd = ngx_http_idem_cmd_create(lcf->redis, NGX_HTTP_IDEM_SCRIPT_CLAIM,
-                                   ctx->rkey, IDEM_FP_HEX_LEN
-                                   + 2 * NGX_HTTP_IDEM_TOKEN_HEX
-                                   + NGX_HTTP_IDEM_CLAIM_VALUE_MAX
-                                   + NGX_INT64_LEN + 1,
-                                   r->connection->log);
+    n = ngx_http_idem_business_args(ctx, keys);
+
+    cmd = ngx_http_idem_cmd_create_keys(lcf->redis,
+                                        NGX_HTTP_IDEM_SCRIPT_CLAIM,
+                                        ctx->rkey, keys, n,
+                                        IDEM_FP_HEX_LEN
+                                        + 2 * NGX_HTTP_IDEM_TOKEN_HEX
+                                        + NGX_HTTP_IDEM_CLAIM_VALUE_MAX
+                                        + NGX_INT64_LEN + 1
+                                        + IDEM_RECORD_KEY_LEN,
+                                        r->connection->log);
     if (cmd == NULL) {
         return NULL;
     }
@@ -200,6 +206,8 @@ ngx_http_idem_claim_script_cmd(ngx_http_request_t *r,
     ngx_http_idem_cmd_set(cmd, NGX_HTTP_IDEM_CLAIM_APPROVED,
                           ctx->confirm == NGX_HTTP_IDEM_CONFIRM_APPROVED
                           ? "1" : "0", 1);
+    ngx_http_idem_cmd_set(cmd, NGX_HTTP_IDEM_CLAIM_SCOPE, ctx->stag,
+                          ngx_strlen(ctx->stag));
 
     return cmd;
 }
@@ -238,10 +246,19 @@ ngx_http_idem_claim_send(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
 {
     ctx->phase = NGX_HTTP_IDEM_CLAIMING;
 
-    if (ngx_http_idem_tokens(r, ctx) == NGX_OK) {
+    if (ngx_http_idem_tokens(r, ctx) == NGX_OK
+        && ngx_http_idem_business_keys(r, ctx) == NGX_OK)
+    {
         ctx->created = ngx_http_idem_now_ms();
 
-        if (ngx_http_idem_claim_go(r, ctx, ctx->waiting) == NGX_OK) {
+        /*
+         * SET NX cannot look at a business identity or a lock: with one
+         * of them the first look is claim.lua's
+         */
+        if (ngx_http_idem_claim_go(r, ctx, ctx->waiting || ctx->ukey[0]
+                                           || ctx->lkey[0])
+            == NGX_OK)
+        {
             return NGX_OK;
         }
     }
@@ -360,6 +377,13 @@ ngx_http_idem_claim_held(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
         return NGX_HTTP_IDEM_ANS_NONE;
     }
 
+    /* an alias (idempotency_unique) answers what the operation it names does */
+    if (v->state == 's'
+        && ngx_memcmp(v->fp, ctx->fingerprint, IDEM_FP_HEX_LEN) == 0)
+    {
+        return NGX_HTTP_IDEM_ANS_NONE;
+    }
+
     same = ngx_memcmp(v->fp, ctx->fingerprint, IDEM_FP_HEX_LEN) == 0;
 
     if (same && v->state == 'i') {
@@ -437,6 +461,68 @@ ngx_http_idem_claim_index(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
 }
 
 
+/*
+ * idempotency_unique: the operation of another key holds the request's
+ * business identity; its answer is this request's, under its id.
+ */
+static ngx_http_idem_answer_e
+ngx_http_idem_claim_reused(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
+    idem_claim_t *c)
+{
+    if (ngx_http_idem_claim_record(r, ctx, &c->rec) != NGX_OK) {
+        return NGX_HTTP_IDEM_ANS_STORE_ERROR;
+    }
+
+    ctx->reused = 1;
+    ngx_str_set(&ctx->problem_extra, ",\"reused\":true");
+
+    switch (c->rec.state) {
+
+    case 'c':
+        return NGX_HTTP_IDEM_ANS_REUSED;
+
+    case 'i':
+        ctx->lease_left = (ngx_msec_t) c->lease_left;
+        return NGX_HTTP_IDEM_ANS_IN_PROGRESS;
+
+    default: /* 'u' */
+        return NGX_HTTP_IDEM_ANS_UNKNOWN;
+    }
+}
+
+
+/*
+ * idempotency_lock: another operation holds the lock; nothing was
+ * written.  Its id is told only to a request of its own scope.
+ */
+static ngx_http_idem_answer_e
+ngx_http_idem_claim_locked(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
+    idem_claim_t *c)
+{
+    u_char  *op;
+
+    ngx_str_null(&ctx->op_id);
+
+    /* in flight: as soon as it may end; unknown: an operator resolves it */
+    ctx->retry_after = c->lease_left ? 1 : 60;
+
+    if (c->lock_op == NULL) {
+        return NGX_HTTP_IDEM_ANS_LOCKED;
+    }
+
+    op = ngx_pnalloc(r->pool, NGX_HTTP_IDEM_TOKEN_HEX);
+    if (op == NULL) {
+        return NGX_HTTP_IDEM_ANS_STORE_ERROR;
+    }
+
+    ngx_memcpy(op, c->lock_op, NGX_HTTP_IDEM_TOKEN_HEX);
+    ctx->op_id.data = op;
+    ctx->op_id.len = NGX_HTTP_IDEM_TOKEN_HEX;
+
+    return NGX_HTTP_IDEM_ANS_LOCKED;
+}
+
+
 static ngx_http_idem_answer_e
 ngx_http_idem_claim_decoded(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
     idem_claim_t *c, ngx_uint_t script)
@@ -485,6 +571,12 @@ ngx_http_idem_claim_decoded(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
         ctx->waited = 1;
         ctx->lease_left = (ngx_msec_t) c->lease_left;
         return NGX_HTTP_IDEM_ANS_IN_PROGRESS;
+
+    case IDEM_CLAIM_REUSED:
+        return ngx_http_idem_claim_reused(r, ctx, c);
+
+    case IDEM_CLAIM_LOCKED:
+        return ngx_http_idem_claim_locked(r, ctx, c);
 
     case IDEM_CLAIM_RELEASED:
         if (ngx_http_idem_claim_record(r, ctx, &c->rec) != NGX_OK) {

@@ -162,16 +162,19 @@ ngx_http_idem_closed(ngx_http_idem_cmd_t *cmd, redisReply *reply)
 }
 
 
-/* a fenced script that names the record and the owner, then its own args */
+/*
+ * A fenced script that names the record, n more keys (renew: the unique
+ * and lock keys), and the owner, then its own args
+ */
 static ngx_http_idem_cmd_t *
-ngx_http_idem_fenced_cmd(ngx_http_idem_redis_t *rd,
-    ngx_http_idem_script_e script, const u_char *key, const u_char *owner,
-    size_t size, ngx_log_t *log)
+ngx_http_idem_fenced_cmd_keys(ngx_http_idem_redis_t *rd,
+    ngx_http_idem_script_e script, const u_char *key, u_char **keys,
+    ngx_uint_t n, const u_char *owner, size_t size, ngx_log_t *log)
 {
     ngx_http_idem_cmd_t  *cmd;
 
-    cmd = ngx_http_idem_cmd_create(rd, script, key,
-                                   NGX_HTTP_IDEM_TOKEN_HEX + size, log);
+    cmd = ngx_http_idem_cmd_create_keys(rd, script, key, keys, n,
+                                        NGX_HTTP_IDEM_TOKEN_HEX + size, log);
     if (cmd == NULL) {
         return NULL;
     }
@@ -181,6 +184,17 @@ ngx_http_idem_fenced_cmd(ngx_http_idem_redis_t *rd,
     cmd->durable = (script != NGX_HTTP_IDEM_SCRIPT_RENEW);
 
     return cmd;
+}
+
+
+/* the same, of the record alone */
+static ngx_http_idem_cmd_t *
+ngx_http_idem_fenced_cmd(ngx_http_idem_redis_t *rd,
+    ngx_http_idem_script_e script, const u_char *key, const u_char *owner,
+    size_t size, ngx_log_t *log)
+{
+    return ngx_http_idem_fenced_cmd_keys(rd, script, key, NULL, 0, owner,
+                                         size, log);
 }
 
 
@@ -505,6 +519,8 @@ ngx_http_idem_give_back(ngx_http_idem_redis_t *rd, ngx_str_t *key,
 static void
 ngx_http_idem_renew_handler(ngx_event_t *ev)
 {
+    u_char                *keys[2];
+    ngx_uint_t             n;
     ngx_http_request_t    *r;
     ngx_http_idem_cmd_t   *cmd;
     ngx_http_idem_ctx_t   *ctx;
@@ -516,10 +532,12 @@ ngx_http_idem_renew_handler(ngx_event_t *ev)
         return;
     }
 
-    cmd = ngx_http_idem_fenced_cmd(ctx->conf->redis,
-                                   NGX_HTTP_IDEM_SCRIPT_RENEW, ctx->rkey,
-                                   ctx->owner, NGX_INT64_LEN,
-                                   r->connection->log);
+    n = ngx_http_idem_business_args(ctx, keys);
+
+    cmd = ngx_http_idem_fenced_cmd_keys(ctx->conf->redis,
+                                        NGX_HTTP_IDEM_SCRIPT_RENEW,
+                                        ctx->rkey, keys, n, ctx->owner,
+                                        NGX_INT64_LEN, r->connection->log);
     if (cmd) {
         ngx_http_idem_cmd_set_num(cmd, NGX_HTTP_IDEM_RENEW_TTL,
                                   (int64_t) ctx->conf->ttl * 1000);

@@ -312,7 +312,8 @@ ngx_http_idem_bypass(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
 static ngx_int_t
 ngx_http_idem_act(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
 {
-    if (ctx->answer == NGX_HTTP_IDEM_ANS_IN_PROGRESS
+    /* another key's claim announces on its own record: no waiting there */
+    if (ctx->answer == NGX_HTTP_IDEM_ANS_IN_PROGRESS && !ctx->reused
         && ngx_http_idem_wait(r, ctx) == NGX_DONE)
     {
         return NGX_DONE;

@@ -25,7 +25,7 @@ typedef enum {
 
 
 /* outcomes counted: ngx_http_idem_outcome_e without "none" (checked there) */
-#define NGX_HTTP_IDEM_METRICS_OUTCOMES  8
+#define NGX_HTTP_IDEM_METRICS_OUTCOMES  10
 
 
 typedef struct ngx_http_idem_metrics_s  ngx_http_idem_metrics_t;

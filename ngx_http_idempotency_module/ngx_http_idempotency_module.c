@@ -284,6 +284,20 @@ static ngx_command_t  ngx_http_idem_commands[] = {
       0,
       NULL },
 
+    { ngx_string("idempotency_unique"),
+      NGX_HTTP_IDEM_CONF_ANY|NGX_CONF_TAKE1,
+      ngx_http_idem_business_conf,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_idem_loc_conf_t, unique),
+      NULL },
+
+    { ngx_string("idempotency_lock"),
+      NGX_HTTP_IDEM_CONF_ANY|NGX_CONF_TAKE1,
+      ngx_http_idem_business_conf,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_idem_loc_conf_t, lock),
+      NULL },
+
       ngx_null_command
 };
 
@@ -400,6 +414,8 @@ ngx_http_idem_create_loc_conf(ngx_conf_t *cf)
     conf->confirm_keys = NGX_CONF_UNSET_PTR;
     conf->confirm_show = NGX_CONF_UNSET_PTR;
     conf->confirm_ttl = NGX_CONF_UNSET;
+    conf->unique = NGX_CONF_UNSET_PTR;
+    conf->lock = NGX_CONF_UNSET_PTR;
 
     return conf;
 }
@@ -673,6 +689,8 @@ ngx_http_idem_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
     ngx_conf_merge_ptr_value(conf->fp_headers, prev->fp_headers, NULL);
     ngx_conf_merge_uint_value(conf->metrics_label, prev->metrics_label, 0);
     ngx_conf_merge_ptr_value(conf->fp_exclude, prev->fp_exclude, NULL);
+    ngx_conf_merge_ptr_value(conf->unique, prev->unique, NULL);
+    ngx_conf_merge_ptr_value(conf->lock, prev->lock, NULL);
 
     if (ngx_http_idem_merge_lists(cf, prev, conf) != NGX_CONF_OK
         || ngx_http_idem_check_fp_headers(cf, conf) != NGX_CONF_OK

@@ -80,6 +80,13 @@ ngx_http_idem_status_body(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
         p = ngx_http_idem_json_time(p, end, st->rec.approved_until);
     }
 
+    if (st->rec.state == 's') {
+        p = ngx_slprintf(p, end, ",\"alias_state\":");
+        p = st->alias_state
+            ? ngx_slprintf(p, end, "\"%s\"", st->alias_state)
+            : ngx_slprintf(p, end, "null");
+    }
+
     if (st->rec.state == 'c') {
         p = ngx_slprintf(p, end, ",\"response_status\":%d", st->rec.status);
 

@@ -925,25 +925,49 @@ ngx_http_idem_cmd_create(ngx_http_idem_redis_t *rd,
     ngx_http_idem_script_e script, const u_char *key, size_t size,
     ngx_log_t *log)
 {
+    return ngx_http_idem_cmd_create_keys(rd, script, key, NULL, 0, size,
+                                         log);
+}
+
+
+/*
+ * A script of the record key and n more keys of the same length (the
+ * unique and lock keys of idempotency_unique and idempotency_lock): they
+ * are the script's KEYS[2..n+1], an empty string for one a request lacks.
+ */
+ngx_http_idem_cmd_t *
+ngx_http_idem_cmd_create_keys(ngx_http_idem_redis_t *rd,
+    ngx_http_idem_script_e script, const u_char *key, u_char **keys,
+    ngx_uint_t n, size_t size, ngx_log_t *log)
+{
+    ngx_uint_t            i;
     ngx_http_idem_cmd_t  *cmd;
 
-    cmd = ngx_http_idem_cmd_alloc(rd, 4 + rd->scripts[script].nargs, key,
-                                  size, log);
+    static const char    *numkeys[] = { "1", "2", "3" };
+
+    cmd = ngx_http_idem_cmd_alloc(rd, 4 + n + rd->scripts[script].nargs, key,
+                                  size + n * IDEM_RECORD_KEY_LEN, log);
     if (cmd == NULL) {
         return NULL;
     }
 
     cmd->script = script;
-    cmd->arg0 = 4;
+    cmd->arg0 = 4 + n;
 
     cmd->argv[0] = "EVALSHA";
     cmd->argvlen[0] = sizeof("EVALSHA") - 1;
     cmd->argv[1] = (const char *) rd->scripts[script].sha1;
     cmd->argvlen[1] = NGX_HTTP_IDEM_SHA1_HEX;
-    cmd->argv[2] = "1";
+    cmd->argv[2] = numkeys[n];
     cmd->argvlen[2] = 1;
     cmd->argv[3] = (const char *) cmd->key;
     cmd->argvlen[3] = IDEM_RECORD_KEY_LEN;
+
+    for (i = 0; i < n; i++) {
+        cmd->argv[4 + i] = (const char *) cmd->pos;
+        cmd->argvlen[4 + i] = ngx_strlen(keys[i]);
+        cmd->pos = ngx_cpymem(cmd->pos, keys[i], cmd->argvlen[4 + i]);
+    }
 
     return cmd;
 }

@@ -121,7 +121,12 @@ static ngx_http_idem_problem_t  ngx_http_idem_problems[] = {
     { "not-approvable", "Operation is not awaiting confirmation",
       NGX_HTTP_CONFLICT, 0, 0, 0,
       "only an operation awaiting confirmation (or approved, to renew the "
-      "approval) can be approved; this one has run or is running" }
+      "approval) can be approved; this one has run or is running" },
+
+    { "lock-held", "Another operation holds the lock",
+      NGX_HTTP_CONFLICT, 1, 0, 0,
+      "another operation holds this request's lock (idempotency_lock); "
+      "nothing was executed: retry with the same key after Retry-After" }
 };
 
 
@@ -362,7 +367,9 @@ ngx_http_idem_send_problem(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
     p = ngx_http_idem_problem_members(p, end, ctx, pt, location);
 
     if (pt->retry_after
-        && ngx_http_idem_retry_header(r, pt->upstream ? ctx->retry_after : 1)
+        && ngx_http_idem_retry_header(r, pt->upstream
+                                         || problem == NGX_HTTP_IDEM_P_LOCK_HELD
+                                         ? ctx->retry_after : 1)
            != NGX_OK)
     {
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
@@ -530,8 +537,15 @@ ngx_http_idem_send_replay(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
                                           "decoded");
     }
 
-    if (ngx_http_idem_add_header(r, "Idempotent-Replayed", 19,
-                                 (u_char *) "true", 4) == NULL)
+    /* another key's operation: the client learns which one it got */
+    if ((ctx->reused
+         ? ngx_http_idem_add_header(r, "Idempotent-Reused", 17,
+                                    (u_char *) "true", 4) == NULL
+           || ngx_http_idem_add_header(r, "Idempotency-Operation", 21,
+                                       ctx->op_id.data, ctx->op_id.len)
+              == NULL
+         : ngx_http_idem_add_header(r, "Idempotent-Replayed", 19,
+                                    (u_char *) "true", 4) == NULL))
     {
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
     }
@@ -550,8 +564,10 @@ ngx_http_idem_send_answer(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
     switch (ctx->answer) {
 
     case NGX_HTTP_IDEM_ANS_COMPLETED:
+    case NGX_HTTP_IDEM_ANS_REUSED:
         if (ctx->body_stored) {
-            ctx->outcome = NGX_HTTP_IDEM_OUT_REPLAYED;
+            ctx->outcome = ctx->reused ? NGX_HTTP_IDEM_OUT_REUSED
+                                       : NGX_HTTP_IDEM_OUT_REPLAYED;
             return ngx_http_idem_send_replay(r, ctx);
         }
 
@@ -577,6 +593,11 @@ ngx_http_idem_send_answer(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
     case NGX_HTTP_IDEM_ANS_RELEASED:
         ctx->outcome = NGX_HTTP_IDEM_OUT_REJECTED;
         problem = NGX_HTTP_IDEM_P_RETRY_LATER;
+        break;
+
+    case NGX_HTTP_IDEM_ANS_LOCKED:
+        ctx->outcome = NGX_HTTP_IDEM_OUT_LOCKED;
+        problem = NGX_HTTP_IDEM_P_LOCK_HELD;
         break;
 
     case NGX_HTTP_IDEM_ANS_STORE_DOWN:

@@ -15,7 +15,9 @@ ngx_str_t  ngx_http_idem_outcome_names[] = {
     ngx_string("unknown"),
     ngx_string("rejected"),
     ngx_string("bypassed"),
-    ngx_string("confirm_required")
+    ngx_string("confirm_required"),
+    ngx_string("reused"),
+    ngx_string("locked")
 };
 
 typedef char  ngx_http_idem_outcome_names_complete_t[

@@ -15,7 +15,7 @@
 
 -- a proposal (a, p) has not run: nothing to resolve, it expires
 local names = { i = 'in_progress', c = 'completed', u = 'unknown',
-                a = 'awaiting_confirmation', p = 'approved' }
+                a = 'awaiting_confirmation', p = 'approved', s = 'alias' }
 local now = now_ms()
 local v = redis.pcall('GET', KEYS[1])
 local state, stuck, head, created

@@ -5,9 +5,12 @@
 -- failed.  One script, so the check and the claim are one atomic step.
 --
 --: needs fields layout1
---: args fp owner value ttl wait waited approved
+--: args fp owner value ttl wait waited approved scope
 --
 -- KEYS[1]  record key
+-- KEYS[2]  idempotency_unique: the unique key of the request's business
+--          identity in its scope, or "" (absent when neither is set)
+-- KEYS[3]  idempotency_lock: the lock key of its value, or ""
 -- fp       the request's fingerprint
 -- owner    this attempt's owner token
 -- value    the in_progress record to create (layout 2)
@@ -17,9 +20,107 @@
 -- approved "1" when the request carries a valid approval
 --          (idempotency_confirm): only then, or with an approval recorded
 --          in the record (state p), is a proposal claimed
+-- scope    with a lock: the scope's tag, kept with the lock so that only
+--          a request of the holder's scope is told the holder's id
 --
 -- Replies: {"claimed"} | {"record", value} | {"in_progress", value, left}
 --          | {"released", marker}
+--          | {"reused", value[, left]}: the operation that holds the
+--            business identity (completed 2xx, in progress with its lease
+--            left, or unknown); this key is now its alias
+--          | {"locked", left | "", op id | ""}: another operation holds
+--            the lock; nothing was written
+
+local ukey, lkey = KEYS[2] or '', KEYS[3] or ''
+
+-- The owner stopped renewing its lease: it may or may not have reached
+-- the upstream, so the outcome is unknown, never free.
+local function to_unknown(key, v, f)
+    local u = '2u' .. string.sub(v, 3, 99) .. string.rep('-', 32)
+              .. ns(f[1]) .. ns(ms(now_ms()))
+    redis.call('SET', key, u, 'KEEPTTL')
+    announce(key, v)
+    return u
+end
+
+-- The operation of record key rk, for the business identity or the lock
+-- it may hold: its state and value (and its lease left when in flight),
+-- or nil when it holds neither any more (released, expired, not a
+-- record).  A claim whose lease lapsed becomes unknown and keeps them.
+local function holder(rk)
+    local v = redis.pcall('GET', rk)
+    local f = type(v) == 'string' and layout2(v)
+    if not f then
+        return nil
+    end
+    local s = string.sub(v, 2, 2)
+    if s == 'i' then
+        local left = tonumber(f[2]) - (tonumber(f[3]) - redis.call('PTTL', rk))
+        if left > 0 then
+            return s, v, left
+        end
+        return 'u', to_unknown(rk, v, f)
+    end
+    if s == 'u' or (s == 'c' and string.sub(f[3], 1, 1) == '2') then
+        return s, v
+    end
+    return nil
+end
+
+-- The answer of the operation that holds the identity, to a request of
+-- another key: that key becomes its alias, so its retries answer the same.
+local function reuse(rk, s, hv, left)
+    redis.call('SET', KEYS[1], '2s0' .. string.sub(hv, 4, 35) .. fp
+                               .. string.rep('-', 32) .. ns(ms(now_ms()))
+                               .. ns(rk), 'PX', ttl)
+    if s == 'i' then
+        return {'reused', hv, ms(left)}
+    end
+    return {'reused', hv}
+end
+
+local function unique_held()
+    local rk = ukey ~= '' and redis.call('GET', ukey)
+    if not rk or rk == KEYS[1] then
+        return nil
+    end
+    local s, hv, left = holder(rk)
+    return s and reuse(rk, s, hv, left)
+end
+
+local function lock_held()
+    local h = lkey ~= '' and redis.call('GET', lkey)
+    if not h or string.sub(h, 1, #KEYS[1]) == KEYS[1] then
+        return nil
+    end
+    local s, hv, left = holder(string.sub(h, 1, #KEYS[1]))
+    if s ~= 'i' and s ~= 'u' then
+        return nil
+    end
+    local op = string.sub(h, #KEYS[1] + 1) == scope and string.sub(hv, 4, 35)
+               or ''
+    return {'locked', s == 'i' and ms(left) or '', op}
+end
+
+-- Take the key with value v.  A claim (not a proposal: nothing runs yet)
+-- first takes the business identity and the lock, or is answered by
+-- whoever holds them.
+local function claim(v)
+    if string.sub(v, 2, 2) == 'i' then
+        local held = unique_held() or lock_held()
+        if held then
+            return held
+        end
+        if ukey ~= '' then
+            redis.call('SET', ukey, KEYS[1], 'PX', business_ttl(ttl))
+        end
+        if lkey ~= '' then
+            redis.call('SET', lkey, KEYS[1] .. scope, 'PX', business_ttl(ttl))
+        end
+    end
+    redis.call('SET', KEYS[1], v, 'PX', ttl)
+    return {'claimed'}
+end
 
 local function layout1_claim(key)
     local r = layout1_read(key)
@@ -52,8 +153,7 @@ if type(v) == 'table' then
 end
 
 if not v then
-    redis.call('SET', KEYS[1], value, 'PX', ttl)
-    return {'claimed'}
+    return claim(value)
 end
 
 local f, state = readable(v)
@@ -71,8 +171,17 @@ if state == 'r' then
     then
         return {'released', v}
     end
-    redis.call('SET', KEYS[1], value, 'PX', ttl)
-    return {'claimed'}
+    return claim(value)
+end
+
+-- An alias answers what the operation it reused answers, while that one
+-- holds the identity; after that, this key's own request runs.
+if state == 's' and string.sub(v, 36, 99) == fp then
+    local s, hv, left = holder(f[2])
+    if s then
+        return reuse(f[2], s, hv, left)
+    end
+    return claim(value)
 end
 
 -- A proposal (awaiting_confirmation) becomes the claim of the request
@@ -85,9 +194,8 @@ if (state == 'a' or state == 'p') and string.sub(v, 36, 99) == fp
    and (approved == '1'
         or (state == 'p' and tonumber(f[3]) > now_ms()))
 then
-    redis.call('SET', KEYS[1], string.sub(value, 1, 3) .. string.sub(v, 4, 35)
-                               .. string.sub(value, 36), 'PX', ttl)
-    return {'claimed'}
+    return claim(string.sub(value, 1, 3) .. string.sub(v, 4, 35)
+                 .. string.sub(value, 36))
 end
 
 if state ~= 'i' or string.sub(v, 36, 99) ~= fp then
@@ -104,10 +212,4 @@ if left > 0 then
     return {'in_progress', v, ms(left)}
 end
 
--- The owner stopped renewing its lease: it may or may not have reached
--- the upstream, so the outcome is unknown, never free.
-local u = '2u' .. string.sub(v, 3, 99) .. string.rep('-', 32)
-          .. ns(f[1]) .. ns(ms(now_ms()))
-redis.call('SET', KEYS[1], u, 'KEEPTTL')
-announce(KEYS[1], v)
-return {'record', u}
+return {'record', to_unknown(KEYS[1], v, f)}

@@ -30,3 +30,14 @@ local function announce(key, v)
         redis.call('PUBLISH', '@IDEM_CHANNEL@', key)
     end
 end
+
+-- The unique and lock keys (idempotency_unique, idempotency_lock) name the
+-- record that holds them, which alone says whether they are held: a name
+-- that outlives its record is harmless, one that lapses first would free
+-- the identity or the lock of a live record.  So they live twice the
+-- record's TTL from the claim and from each renewal, and the record (its
+-- retention TTL set at completion, or at an operator's resolve, within one
+-- TTL of the last renewal) always ends first.
+local function business_ttl(ttl)
+    return ms(2 * tonumber(ttl))
+end

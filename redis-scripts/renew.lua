@@ -4,6 +4,9 @@
 --: args owner ttl
 --
 -- KEYS[1]  record key
+-- KEYS[2]  the unique key the claim took (idempotency_unique), or ""
+-- KEYS[3]  the lock key it took (idempotency_lock), or ""
+--          (both absent when the request has neither)
 -- owner    owner token
 -- ttl      the claim's TTL in ms (its "ttl ms" field)
 --
@@ -16,5 +19,13 @@ if not owned(v, owner) then
 end
 
 redis.call('PEXPIRE', KEYS[1], ttl)
+
+-- the identity and the lock keep outliving the record (prelude.lua)
+for i = 2, #KEYS do
+    local h = KEYS[i] ~= '' and redis.call('GET', KEYS[i])
+    if h and string.sub(h, 1, #KEYS[1]) == KEYS[1] then
+        redis.call('PEXPIRE', KEYS[i], business_ttl(ttl))
+    end
+end
 
 return 1

@@ -7,7 +7,9 @@
 --
 -- KEYS[1]  record key
 --
--- Replies: {} when there is no record, else {value, lapsed "0" | "1"}
+-- Replies: {} when there is no record, else {value, lapsed "0" | "1"};
+-- an alias (idempotency_unique) adds the state of the operation it
+-- reuses, as that operation's claim would see it, or "" when none
 
 local v = redis.pcall('GET', KEYS[1])
 
@@ -32,6 +34,18 @@ end
 
 if state == 'r' then
     return {}
+end
+
+if state == 's' then
+    local t = redis.pcall('GET', f[2])
+    local tf = type(t) == 'string' and layout2(t)
+    local ts = tf and string.sub(t, 2, 2) or ''
+    if ts == 'i' and lapsed(f[2], tf) then
+        ts = 'u'
+    elseif ts == 'r' or ts == 's' then
+        ts = ''
+    end
+    return {v, '0', ts}
 end
 
 if state == 'c' then

@@ -214,6 +214,39 @@ for my $c (
     }
 }
 
+# ---- idempotency_unique and idempotency_lock: a value with a variable (a
+# constant identity would make every request of the location one), or off
+{
+    my $ok = "idempotency on; $R";
+    for my $c (
+        [ 'unique and lock', "$ok idempotency_unique tickets:\$http_x_event; idempotency_lock deploy:\$http_x_env;" ],
+        [ 'a constant lock', "$ok idempotency_lock deploy:production;" ],
+        [ 'off', "$ok idempotency_unique off; idempotency_lock off;" ],
+    ) {
+        my ($rc, $out) = $t->nginx_test_conf(conf($c->[1]));
+        is($rc, 0, "nginx -t accepts: $c->[0]") or diag($out);
+    }
+    for my $c (
+        [ 'unique empty', qr/"idempotency_unique" directive needs a value/, "$ok idempotency_unique '';" ],
+        [ 'lock empty', qr/"idempotency_lock" directive needs a value/, "$ok idempotency_lock \"\";" ],
+        [ 'unique constant', qr/"idempotency_unique" directive has no variable/, "$ok idempotency_unique tickets;" ],
+        [ 'unique twice', qr/"idempotency_unique" directive is duplicate/,
+          "$ok idempotency_unique \$http_a; idempotency_unique \$http_b;" ],
+        [ 'lock twice', qr/"idempotency_lock" directive is duplicate/,
+          "$ok idempotency_lock a; idempotency_lock b;" ],
+        [ 'unique with two values', qr/invalid number of arguments in "idempotency_unique" directive/,
+          "$ok idempotency_unique \$http_a \$http_b;" ],
+        [ 'lock in a bad variable', qr/invalid variable name|unknown ".*" variable/,
+          "$ok idempotency_lock \${;" ],
+    ) {
+        my ($what, $re, $loc) = @$c;
+        my ($rc, $out) = $t->nginx_test_conf(conf($loc));
+        isnt($rc, 0, "nginx -t rejects: $what");
+        like($out, qr/\[emerg\].*$re/, "nginx -t: $what: [emerg] names the directive and the fault")
+            or diag($out);
+    }
+}
+
 # ---- a content handler of another module after the module's own: nginx
 # would run that one and never say so
 for my $c (

@@ -1,0 +1,177 @@
+#!/usr/bin/perl
+# idempotency_lock: at most one operation in flight per value, across
+# scopes. Deployment dep-118 (commit a1b2c3) to production holds
+# deploy:production; dep-119 (commit d4e5f6) to production is refused with
+# 409 lock-held and Retry-After, and executes once the first completes;
+# staging is not blocked. A dead worker's lock becomes the unknown
+# operation's lock, held until an operator resolves the operation.
+
+use strict;
+use warnings;
+use FindBin;
+use lib "$FindBin::Bin/lib";
+use Test::More;
+use JSON::PP;
+use Time::HiRes qw(sleep time);
+use Idem::Test;
+
+my $t = Idem::Test->new;
+
+$t->start_stack(<<"EOF", log_format => 'L|$idempotency_key|$idempotency_outcome');
+idempotency_json_var \$environment /environment;
+
+server {
+    listen 127.0.0.1:%%PORT%%;
+    idempotency_redis %%REDIS%%;
+    idempotency_scope \$http_authorization;
+    location /deployments {
+        idempotency on;
+        idempotency_lease 2s;
+        idempotency_lock deploy:\$environment;
+        proxy_ignore_client_abort on;
+        proxy_pass http://%%UPSTREAM%%;
+    }
+    location = /status {
+        idempotency_status;
+    }
+    location = /admin {
+        idempotency_admin on;
+    }
+}
+EOF
+
+my $AUTH = 'Bearer team-release';
+
+sub deploy {
+    my ($key, $id, $commit, $env, %o) = @_;
+    return $t->http(POST => '/deployments', key => $key,
+                    json => JSON::PP->new->canonical->encode({ id => $id, commit => $commit, environment => $env }),
+                    headers => [ Authorization => $o{auth} // $AUTH, @{ $o{headers} // [] } ]);
+}
+
+sub deploy_bg {
+    my ($key, $id, $commit, $env, $delay) = @_;
+    return $t->http_bg(POST => '/deployments', key => $key, timeout => 20,
+                       json => JSON::PP->new->canonical->encode({ id => $id, commit => $commit, environment => $env }),
+                       headers => [ Authorization => $AUTH, 'X-Delay' => $delay ]);
+}
+
+sub op_of { (($t->record($_[0], $AUTH)) // {})->{op} // '' }
+
+# ---- dep-118 to production is slow; dep-119 to production must wait
+my ($k118, $k119, $kst) = map { $t->key($_) } qw(dep-118 dep-119 dep-staging);
+my $bg = deploy_bg($k118, 'dep-118', 'a1b2c3', 'production', 2.5);
+ok($t->wait_for(sub { $t->effects(key => $k118) == 1 }, 5), 'dep-118 reached the upstream');
+
+# the lock outlives its record, renewed with the lease: a lock key that
+# lapsed first would free the lock of a live (or unknown) operation
+{
+    sleep 1;    # past a renewal (lease 2s: every 0.67s)
+    my ($lk) = grep { /:l$/ } $t->redis_keys('*');
+    my $rk = $t->record_name($k118, $AUTH);
+    cmp_ok($t->redis('PTTL', $lk), '>', $t->redis('PTTL', $rk) + 3_600_000,
+           'the lock key lives past its record (renewed with it, twice the TTL)');
+}
+
+my $r = deploy($k119, 'dep-119', 'd4e5f6', 'production');
+$t->is_problem($r, 409, 'lock-held', key => $k119, retry_after => 1,
+               name => 'dep-119 to production while dep-118 runs: 409 lock-held');
+is(($t->problem($r) // {})->{operation_id}, op_of($k118), '... naming the holder (same scope)');
+is($t->effects(key => $k119), 0, '... 0 effects');
+ok(!$t->record($k119, $AUTH), '... and no record for its key: a retry is a new attempt');
+
+my $other = deploy($t->key('dep-other-team'), 'dep-120', 'f00', 'production', auth => 'Bearer other-team');
+$t->is_problem($other, 409, 'lock-held', name => 'another scope: lock-held too (the lock is across scopes)');
+ok(!exists(($t->problem($other) // {})->{operation_id}), '... without the holder\'s id (another scope)');
+
+my $st = deploy($kst, 'dep-121', 'd4e5f6', 'staging');
+is($st->{status}, 201, 'staging is not blocked: 201') or diag($t->show($st));
+is($t->effects(key => $kst), 1, 'staging: 1 effect');
+
+my $r118 = $bg->result(20);
+is($r118 && $r118->{status}, 201, 'dep-118 completes');
+$r = deploy($k119, 'dep-119', 'd4e5f6', 'production');
+is($r->{status}, 201, 'then the retry of dep-119 executes') or diag($t->show($r));
+is($t->effects(key => $k119), 1, 'dep-119: 1 effect');
+is($t->effects(key => $k118), 1, 'dep-118: 1 effect');
+
+# ---- a retry of the holder itself is not refused by its own lock
+{
+    my $k = $t->key('dep-self');
+    my $b = deploy_bg($k, 'dep-130', 'c0ffee', 'canary', 1.5);
+    ok($t->wait_for(sub { $t->effects(key => $k) == 1 }, 5), 'the holder runs');
+    my $again = deploy($k, 'dep-130', 'c0ffee', 'canary');
+    $t->is_problem($again, 409, 'in-progress', name => 'its own retry: in-progress, not lock-held');
+    $b->result(20);
+    is(deploy($k, 'dep-130', 'c0ffee', 'canary')->{headers}{'idempotent-replayed'}, 'true', 'then its replay');
+    is($t->effects(key => $k), 1, '1 effect');
+}
+
+# ---- released (the upstream's 503): the lock is free at once
+{
+    my ($a, $b) = ($t->key('dep-503'), $t->key('dep-after-503'));
+    is(deploy($a, 'dep-140', 'aa', 'eu', headers => [ 'X-Status' => 503 ])->{status}, 503, 'a deployment answered 503 (released)');
+    is(deploy($b, 'dep-141', 'bb', 'eu')->{status}, 201, 'the next one to eu executes');
+    is($t->effects(key => $a) + $t->effects(key => $b), 2, '2 effects');
+}
+
+# ---- 20 concurrent deployments to one environment, 20 keys: one runs
+{
+    my @keys = map { $t->key("race-$_") } 0 .. 19;
+    my $res = $t->parallel(20, sub {
+        my $x = deploy($keys[$_[0]], "dep-r$_[0]", 'cc', 'race', headers => [ 'X-Delay' => 0.5 ]);
+        return "$x->{status} " . $t->ptype($x);
+    });
+    my %n;
+    $n{ $_ // 'none' }++ for @$res;
+    is($n{'201 '} // 0, 1, '20 concurrent to one environment: one 201') or diag(explain \%n);
+    is($n{'409 lock-held'} // 0, 19, '... 19 lock-held');
+    is(scalar(grep { my $k = $_; $t->effects(key => $k) } @keys), 1, '... 1 effect');
+}
+
+# ---- kill -9 of the worker that holds the lock: held (unknown) until an
+# operator resolves the operation
+{
+    my ($a, $b) = ($t->key('dep-killed'), $t->key('dep-blocked'));
+    my $bgk = deploy_bg($a, 'dep-150', 'dd', 'apac', 4);
+    ok($t->wait_for(sub { $t->effects(key => $a) == 1 }, 5), 'the holder reached the upstream');
+    my ($victim) = $t->workers_connected_to;
+    ok($t->kill_worker($victim), 'its worker killed with SIGKILL');
+    $bgk->result(20);
+    my $x = deploy($b, 'dep-151', 'ee', 'apac');
+    $t->is_problem($x, 409, 'lock-held', name => 'while the dead owner\'s lease runs: lock-held');
+    ok($t->wait_for(sub { (($t->problem(deploy($b, 'dep-151', 'ee', 'apac')) // {})->{type} // '') =~ /lock-held/
+                          && ($t->record($a, $AUTH) // {})->{state} eq 'unknown' }, 10),
+       'after the lease: the operation is unknown, and the lock still held');
+    $x = deploy($b, 'dep-151', 'ee', 'apac');
+    $t->is_problem($x, 409, 'lock-held', retry_after => 60, name => 'held by an unknown operation: Retry-After 60');
+    is($t->effects(key => $b), 0, 'the blocked deployment: 0 effects');
+    sleep 0.2 while time < $bgk->{t_start} + 4.3;
+    is(deploy($b, 'dep-151', 'ee', 'apac')->{status}, 409, 'after the orphaned upstream answer: still held');
+    my $adm = $t->http(POST => '/admin?action=release', key => $a, headers => [ Authorization => $AUTH ]);
+    is($adm->{status}, 200, 'the operator releases the unknown operation') or diag($t->show($adm));
+    $x = deploy($b, 'dep-151', 'ee', 'apac');
+    is($x->{status}, 201, 'then the blocked deployment executes') or diag($t->show($x));
+    is($t->effects(key => $b), 1, '... 1 effect');
+    is($t->effects(key => $a), 1, 'the killed one: still 1 effect');
+}
+
+# ---- no environment in the body: no lock
+{
+    my @k = map { $t->key("nolock-$_") } 0 .. 1;
+    my $b1 = $t->http_bg(POST => '/deployments', key => $k[0], json => '{"id":"x"}',
+                         headers => [ Authorization => $AUTH, 'X-Delay' => 1 ]);
+    ok($t->wait_for(sub { $t->effects(key => $k[0]) == 1 }, 5), 'one without environment runs');
+    is($t->http(POST => '/deployments', key => $k[1], json => '{"id":"y"}',
+                headers => [ Authorization => $AUTH ])->{status}, 201, 'another one is not blocked');
+    $b1->result(10);
+}
+
+# ---- $idempotency_outcome locked; lock keys hold no value in clear
+{
+    ok(grep({ /^L\|\Q$k119\E\|locked$/ } $t->access_log), '$idempotency_outcome locked');
+    ok(!grep({ /production|staging/ } $t->redis_keys('*')), 'no lock value in any Redis key name');
+}
+
+$t->check_logs(ignore => qr/worker process \d+ exited on signal 9/);
+done_testing;
