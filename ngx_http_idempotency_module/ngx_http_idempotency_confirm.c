@@ -316,8 +316,10 @@ ngx_http_idem_confirm_wanted(ngx_http_request_t *r,
 
 
 /*
- * NGX_OK: claim, with ctx->confirm saying how; NGX_DECLINED: the approval
- * is refused (ctx->jws_rc), answer with ngx_http_idem_confirm_send().
+ * NGX_OK: claim, with ctx->confirm saying how.  A refused approval
+ * (ctx->jws_rc) claims as no approval does: only the key's record says
+ * whether the refusal is the answer (this request's proposal: 428), or
+ * the key belongs to another request (409) or has run (the replay).
  */
 ngx_int_t
 ngx_http_idem_confirm_check(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
@@ -359,7 +361,8 @@ ngx_http_idem_confirm_check(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
         ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
                       "idempotency: approval of key \"%V\" refused: %s",
                       &ctx->key, idem_jws_reason(ctx->jws_rc));
-        return NGX_DECLINED;
+        ctx->confirm = NGX_HTTP_IDEM_CONFIRM_PROPOSE;
+        return NGX_OK;
     }
 
     ctx->approver.len = ngx_strlen(claims.sub);
@@ -664,7 +667,9 @@ ngx_http_idem_confirm_send(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
 
     ctx->outcome = NGX_HTTP_IDEM_OUT_CONFIRM_REQUIRED;
 
-    if (ctx->answer == NGX_HTTP_IDEM_ANS_CONFIRM) {
+    if (ctx->answer == NGX_HTTP_IDEM_ANS_CONFIRM
+        && ctx->jws_rc == IDEM_JWS_OK)
+    {
         problem = NGX_HTTP_IDEM_P_CONFIRM_REQUIRED;
         rc = ngx_http_idem_confirm_extra(r, ctx, "proposal",
                                          ngx_http_idem_proposal(r, ctx));

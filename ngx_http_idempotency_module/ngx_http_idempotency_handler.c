@@ -266,22 +266,9 @@ static ngx_int_t
 ngx_http_idem_claim_fingerprinted(ngx_http_request_t *r,
     ngx_http_idem_ctx_t *ctx)
 {
-    ngx_int_t  rc;
-
-    if (!ctx->fingerprinted || ngx_http_idem_tokens(r, ctx) != NGX_OK) {
-        return ngx_http_idem_finalize(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
-    }
-
-    /* an approval is checked before Redis: a refused one costs no write */
-    rc = ngx_http_idem_confirm_check(r, ctx);
-
-    if (rc == NGX_DECLINED) {
-        ctx->phase = NGX_HTTP_IDEM_DONE;
-        ngx_str_null(&ctx->op_id);
-        return ngx_http_idem_finalize(r, ngx_http_idem_confirm_send(r, ctx));
-    }
-
-    if (rc != NGX_OK) {
+    if (!ctx->fingerprinted || ngx_http_idem_tokens(r, ctx) != NGX_OK
+        || ngx_http_idem_confirm_check(r, ctx) != NGX_OK)
+    {
         return ngx_http_idem_finalize(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
     }
 
@@ -329,8 +316,10 @@ ngx_http_idem_act(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
         return NGX_DECLINED;
     }
 
+    /* fail-open never runs a request that waits for a person's approval */
     if (ctx->answer == NGX_HTTP_IDEM_ANS_STORE_DOWN
-        && ctx->conf->store_failure == NGX_HTTP_IDEM_FAILURE_OPEN)
+        && ctx->conf->store_failure == NGX_HTTP_IDEM_FAILURE_OPEN
+        && ctx->confirm != NGX_HTTP_IDEM_CONFIRM_PROPOSE)
     {
         return ngx_http_idem_bypass(r, ctx);
     }
