@@ -846,11 +846,26 @@ idem_json_step(const cJSON *node, const idem_ptr_token_t *t)
 }
 
 
+const cJSON *
+idem_json_pointer_walk(const cJSON *root, const idem_ptr_t *p)
+{
+    size_t        i;
+    const cJSON  *node;
+
+    node = root;
+
+    for (i = 0; node && i < p->ntokens; i++) {
+        node = idem_json_step(node, &p->tokens[i]);
+    }
+
+    return node;
+}
+
+
 /* the pointer's syntax is idem_pointer.c's, the one place for it */
 const cJSON *
 idem_json_pointer(const cJSON *root, const char *ptr, size_t len)
 {
-    size_t        i;
     idem_ptr_t    p;
     const cJSON  *node;
 
@@ -862,12 +877,7 @@ idem_json_pointer(const cJSON *root, const char *ptr, size_t len)
         return NULL;
     }
 
-    node = root;
-
-    for (i = 0; node && i < p.ntokens; i++) {
-        node = idem_json_step(node, &p.tokens[i]);
-    }
-
+    node = idem_json_pointer_walk(root, &p);
     idem_ptr_free(&p);
 
     return node;

@@ -42,6 +42,20 @@ typedef struct {
 } ngx_http_idem_main_conf_t;
 
 
+/* a JSON pointer of nginx.conf, parsed once (idempotency_json_var, _show) */
+typedef struct {
+    ngx_str_t                    text;
+    idem_ptr_t                   parsed;
+} ngx_http_idem_pointer_t;
+
+
+/* idempotency_json_var $name /pointer, in the main conf's json_vars */
+typedef struct {
+    ngx_str_t                    name;
+    ngx_http_idem_pointer_t      pointer;
+} ngx_http_idem_json_var_t;
+
+
 /*
  * A value of idempotency_unique or idempotency_lock, and its variables
  * alone ("tickets:$id" and "${id}"): the value holds nothing when they
@@ -86,7 +100,7 @@ typedef struct {
     /* idempotency_confirm: NULL when off */
     ngx_http_complex_value_t    *confirm;
     ngx_array_t                 *confirm_keys;     /* idem_jws_key_t */
-    ngx_array_t                 *confirm_show;     /* ngx_str_t, pointers */
+    ngx_array_t                 *confirm_show;     /* ngx_http_idem_pointer_t */
     time_t                       confirm_ttl;
 
     /* idempotency_unique, idempotency_lock: NULL when off */
@@ -354,7 +368,6 @@ ngx_int_t ngx_http_idem_confirm_check(ngx_http_request_t *r,
     ngx_http_idem_ctx_t *ctx);
 ngx_int_t ngx_http_idem_confirm_send(ngx_http_request_t *r,
     ngx_http_idem_ctx_t *ctx);
-u_char *ngx_http_idem_confirm_body(ngx_http_request_t *r, size_t *len);
 
 /* ngx_http_idempotency_business.c: idempotency_unique, idempotency_lock */
 char *ngx_http_idem_business_conf(ngx_conf_t *cf, ngx_command_t *cmd,
@@ -364,8 +377,12 @@ ngx_int_t ngx_http_idem_business_keys(ngx_http_request_t *r,
 ngx_uint_t ngx_http_idem_business_args(ngx_http_idem_ctx_t *ctx,
     u_char **keys);
 
-/* ngx_http_idempotency_json_var.c: idempotency_json_var */
+/* ngx_http_idempotency_json_var.c: idempotency_json_var, the parsed body */
 char *ngx_http_idem_json_var(ngx_conf_t *cf, ngx_command_t *cmd, void *conf);
+ngx_int_t ngx_http_idem_pointer_conf(ngx_conf_t *cf, ngx_str_t *directive,
+    ngx_str_t *text, ngx_http_idem_pointer_t *ptr);
+struct cJSON *ngx_http_idem_json_body(ngx_http_request_t *r,
+    ngx_http_idem_ctx_t *ctx);
 
 /* ngx_http_idempotency_claim.c: the claim and its answer */
 ngx_int_t ngx_http_idem_tokens(ngx_http_request_t *r,

@@ -14,9 +14,6 @@
 
 #define NGX_HTTP_IDEM_CONFIRM_HEADER  "Idempotency-Confirmation"
 
-/* bodies larger than this are not parsed for the proposal's "show" */
-#define NGX_HTTP_IDEM_SHOW_BODY_MAX   (1024 * 1024)
-
 
 /* ------------------------------------------------------ configuration */
 
@@ -190,15 +187,16 @@ ngx_http_idem_confirm_show_conf(ngx_conf_t *cf, ngx_command_t *cmd,
 {
     ngx_http_idem_loc_conf_t *lcf = conf;
 
-    ngx_str_t   *value, *s;
-    ngx_uint_t   i;
+    ngx_str_t               *value;
+    ngx_uint_t               i;
+    ngx_http_idem_pointer_t  *ptr;
 
     if (lcf->confirm_show != NGX_CONF_UNSET_PTR) {
         return "is duplicate";
     }
 
     lcf->confirm_show = ngx_array_create(cf->pool, cf->args->nelts,
-                                         sizeof(ngx_str_t));
+                                         sizeof(ngx_http_idem_pointer_t));
     if (lcf->confirm_show == NULL) {
         return NGX_CONF_ERROR;
     }
@@ -206,20 +204,13 @@ ngx_http_idem_confirm_show_conf(ngx_conf_t *cf, ngx_command_t *cmd,
     value = cf->args->elts;
 
     for (i = 1; i < cf->args->nelts; i++) {
-        if (value[i].len == 0 || value[i].data[0] != '/') {
-            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                               "\"idempotency_confirm_show\": \"%V\" is not "
-                               "a JSON pointer (RFC 6901), it must start "
-                               "with /", &value[i]);
+        ptr = ngx_array_push(lcf->confirm_show);
+        if (ptr == NULL
+            || ngx_http_idem_pointer_conf(cf, &cmd->name, &value[i], ptr)
+               != NGX_OK)
+        {
             return NGX_CONF_ERROR;
         }
-
-        s = ngx_array_push(lcf->confirm_show);
-        if (s == NULL) {
-            return NGX_CONF_ERROR;
-        }
-
-        *s = value[i];
     }
 
     return NGX_CONF_OK;
@@ -427,79 +418,20 @@ ngx_http_idem_confirm_add_str(ngx_http_request_t *r, cJSON *o,
 }
 
 
-/* the request body in one buffer, NULL when there is none or too much */
-u_char *
-ngx_http_idem_confirm_body(ngx_http_request_t *r, size_t *len)
-{
-    u_char       *buf, *p;
-    size_t        size;
-    ssize_t       n;
-    ngx_buf_t    *b;
-    ngx_chain_t  *cl;
-
-    if (r->request_body == NULL) {
-        return NULL;
-    }
-
-    size = 0;
-
-    for (cl = r->request_body->bufs; cl; cl = cl->next) {
-        b = cl->buf;
-        size += ngx_buf_in_memory(b) ? (size_t) (b->last - b->pos)
-                : b->in_file ? (size_t) (b->file_last - b->file_pos) : 0;
-    }
-
-    if (size == 0 || size > NGX_HTTP_IDEM_SHOW_BODY_MAX) {
-        return NULL;
-    }
-
-    buf = ngx_pnalloc(r->pool, size);
-    if (buf == NULL) {
-        return NULL;
-    }
-
-    p = buf;
-
-    for (cl = r->request_body->bufs; cl; cl = cl->next) {
-        b = cl->buf;
-
-        if (ngx_buf_in_memory(b)) {
-            p = ngx_cpymem(p, b->pos, b->last - b->pos);
-            continue;
-        }
-
-        if (b->in_file) {
-            n = ngx_read_file(b->file, p, b->file_last - b->file_pos,
-                              b->file_pos);
-            if (n != b->file_last - b->file_pos) {
-                return NULL;
-            }
-
-            p += n;
-        }
-    }
-
-    *len = size;
-
-    return buf;
-}
-
-
 /*
  * The values idempotency_confirm_show names, from the body the fingerprint
- * read.  Only a body that was canonical JSON is read: it has no duplicate
- * member, so what is shown is what the upstream will read.
+ * read (parsed once per request, with idempotency_json_var's variables).
+ * Only a body that was canonical JSON is read: it has no duplicate member,
+ * so what is shown is what the upstream will read.
  */
 static void
 ngx_http_idem_confirm_show(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
     cJSON *proposal)
 {
-    u_char       *body;
-    size_t        len;
-    cJSON        *root, *show;
-    ngx_str_t    *ptr;
-    ngx_uint_t    i;
-    const cJSON  *v;
+    cJSON                    *root, *show;
+    ngx_uint_t                i;
+    const cJSON              *v;
+    ngx_http_idem_pointer_t  *ptr;
 
     if (ctx->conf->confirm_show == NULL) {
         return;
@@ -510,24 +442,15 @@ ngx_http_idem_confirm_show(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
         return;
     }
 
-    root = NULL;
-
-    if (ctx->body_form == IDEM_BODY_JSON) {
-        body = ngx_http_idem_confirm_body(r, &len);
-        root = body ? cJSON_ParseWithLength((char *) body, len) : NULL;
-    }
-
+    root = ngx_http_idem_json_body(r, ctx);
     ptr = ctx->conf->confirm_show->elts;
 
     for (i = 0; i < ctx->conf->confirm_show->nelts; i++) {
-        v = root ? idem_json_pointer(root, (char *) ptr[i].data, ptr[i].len)
-                 : NULL;
+        v = root ? idem_json_pointer_walk(root, &ptr[i].parsed) : NULL;
 
-        cJSON_AddItemToObject(show, (char *) ptr[i].data,
+        cJSON_AddItemToObject(show, (char *) ptr[i].text.data,
                               v ? cJSON_Duplicate(v, 1) : cJSON_CreateNull());
     }
-
-    cJSON_Delete(root);
 }
 
 

@@ -13,10 +13,9 @@
 #include "idem_jcs.h"
 
 
-typedef struct {
-    ngx_str_t   name;
-    ngx_str_t   pointer;
-} ngx_http_idem_json_var_t;
+/* bodies larger than this are not parsed for variables or a proposal */
+#define NGX_HTTP_IDEM_JSON_BODY_MAX   (1024 * 1024)
+
 
 
 static void
@@ -26,13 +25,71 @@ ngx_http_idem_json_var_free(void *data)
 }
 
 
+/* the request body in one buffer, NULL when there is none or too much */
+static u_char *
+ngx_http_idem_json_var_body(ngx_http_request_t *r, size_t *len)
+{
+    u_char       *buf, *p;
+    size_t        size;
+    ssize_t       n;
+    ngx_buf_t    *b;
+    ngx_chain_t  *cl;
+
+    if (r->request_body == NULL) {
+        return NULL;
+    }
+
+    size = 0;
+
+    for (cl = r->request_body->bufs; cl; cl = cl->next) {
+        b = cl->buf;
+        size += ngx_buf_in_memory(b) ? (size_t) (b->last - b->pos)
+                : b->in_file ? (size_t) (b->file_last - b->file_pos) : 0;
+    }
+
+    if (size == 0 || size > NGX_HTTP_IDEM_JSON_BODY_MAX) {
+        return NULL;
+    }
+
+    buf = ngx_pnalloc(r->pool, size);
+    if (buf == NULL) {
+        return NULL;
+    }
+
+    p = buf;
+
+    for (cl = r->request_body->bufs; cl; cl = cl->next) {
+        b = cl->buf;
+
+        if (ngx_buf_in_memory(b)) {
+            p = ngx_cpymem(p, b->pos, b->last - b->pos);
+            continue;
+        }
+
+        if (b->in_file) {
+            n = ngx_read_file(b->file, p, b->file_last - b->file_pos,
+                              b->file_pos);
+            if (n != b->file_last - b->file_pos) {
+                return NULL;
+            }
+
+            p += n;
+        }
+    }
+
+    *len = size;
+
+    return buf;
+}
+
+
 /*
  * The parsed body, NULL when there is none to read: no fingerprinted
  * body, or one that was not canonical JSON (so no duplicate member can
  * make what a variable gives differ from what the upstream reads).
  */
-static cJSON *
-ngx_http_idem_json_var_root(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
+cJSON *
+ngx_http_idem_json_body(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
 {
     u_char              *body;
     size_t               len;
@@ -53,7 +110,7 @@ ngx_http_idem_json_var_root(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
         return NULL;
     }
 
-    body = ngx_http_idem_confirm_body(r, &len);
+    body = ngx_http_idem_json_var_body(r, &len);
     if (body == NULL) {
         return NULL;
     }
@@ -162,10 +219,8 @@ ngx_http_idem_json_var_get(ngx_http_request_t *r,
     ngx_http_idem_ctx_t  *ctx;
 
     ctx = ngx_http_idem_get_ctx(r->main);
-    root = ctx ? ngx_http_idem_json_var_root(r->main, ctx) : NULL;
-    node = root ? idem_json_pointer(root, (char *) jv->pointer.data,
-                                    jv->pointer.len)
-                : NULL;
+    root = ctx ? ngx_http_idem_json_body(r->main, ctx) : NULL;
+    node = root ? idem_json_pointer_walk(root, &jv->pointer.parsed) : NULL;
 
     ngx_str_null(&value);
 
@@ -189,8 +244,6 @@ ngx_http_idem_json_var_check(ngx_conf_t *cf, ngx_http_idem_main_conf_t *mcf,
     ngx_str_t *value)
 {
     ngx_uint_t                 i;
-    idem_ptr_t                 p;
-    idem_ptr_rc_t              rc;
     ngx_http_idem_json_var_t  *jv;
 
     if (value[1].len < 2 || value[1].data[0] != '$') {
@@ -211,18 +264,50 @@ ngx_http_idem_json_var_check(ngx_conf_t *cf, ngx_http_idem_main_conf_t *mcf,
         }
     }
 
-    rc = idem_ptr_parse((char *) value[2].data, value[2].len, &p);
-    idem_ptr_free(&p);
+    return NGX_CONF_OK;
+}
+
+
+static void
+ngx_http_idem_pointer_free(void *data)
+{
+    idem_ptr_free(data);
+}
+
+
+/*
+ * A pointer of nginx.conf parsed once, freed with the configuration;
+ * nginx -t names the directive and the fault of one that is not a
+ * member's pointer.
+ */
+ngx_int_t
+ngx_http_idem_pointer_conf(ngx_conf_t *cf, ngx_str_t *directive,
+    ngx_str_t *text, ngx_http_idem_pointer_t *ptr)
+{
+    idem_ptr_rc_t        rc;
+    ngx_pool_cleanup_t  *cln;
+
+    /* the cleanup's own copy: ptr may move with the array that holds it */
+    cln = ngx_pool_cleanup_add(cf->pool, sizeof(idem_ptr_t));
+    if (cln == NULL) {
+        return NGX_ERROR;
+    }
+
+    ptr->text = *text;
+    rc = idem_ptr_parse((char *) text->data, text->len, cln->data);
 
     if (rc != IDEM_PTR_OK) {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "\"idempotency_json_var\": \"%V\" is not a JSON "
-                           "pointer (RFC 6901) of a member: %s",
-                           &value[2], idem_ptr_strerror(rc));
-        return NGX_CONF_ERROR;
+                           "\"%V\": \"%V\" is not a JSON pointer (RFC 6901) "
+                           "of a member: %s", directive, text,
+                           idem_ptr_strerror(rc));
+        return NGX_ERROR;
     }
 
-    return NGX_CONF_OK;
+    cln->handler = ngx_http_idem_pointer_free;
+    ptr->parsed = *(idem_ptr_t *) cln->data;
+
+    return NGX_OK;
 }
 
 
@@ -250,7 +335,12 @@ ngx_http_idem_json_var(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 
     jv->name.data = value[1].data + 1;
     jv->name.len = value[1].len - 1;
-    jv->pointer = value[2];
+
+    if (ngx_http_idem_pointer_conf(cf, &cmd->name, &value[2], &jv->pointer)
+        != NGX_OK)
+    {
+        return NGX_CONF_ERROR;
+    }
 
     var = ngx_http_add_variable(cf, &jv->name, 0);
     if (var == NULL) {

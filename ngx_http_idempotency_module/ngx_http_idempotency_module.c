@@ -356,7 +356,7 @@ ngx_http_idem_create_main_conf(ngx_conf_t *cf)
     if (ngx_array_init(&mcf->metrics_labels, cf->pool, 4, sizeof(ngx_str_t))
         != NGX_OK
         || ngx_array_init(&mcf->json_vars, cf->pool, 4,
-                          sizeof(ngx_str_t) * 2)
+                          sizeof(ngx_http_idem_json_var_t))
            != NGX_OK)
     {
         return NULL;
