@@ -9,10 +9,11 @@
 #     once, its retry replays, its record is on the master;
 #   - SENTINEL FAILOVER without traffic: the idle links move to the new
 #     master (+switch-master, not a failed command);
-#   - SENTINEL FAILOVER, then kill -9 of the master, each under concurrent
-#     first writes and retries: every answer is a documented one, no key
-#     executes twice, and new keys execute again within a bounded time
-#     (printed: "recovery").
+#   - SENTINEL FAILOVER, then kill -9 of the master, then SENTINEL FAILOVER
+#     of a master with two replicas and idempotency_redis_wait 2, each under
+#     concurrent first writes and retries: every answer is a documented
+#     one, no key executes twice, and new keys execute again within a
+#     bounded time (printed: "recovery").
 
 use strict;
 use warnings;
@@ -120,13 +121,17 @@ my @A = start_set('fo', 1);
 # kill -9: two replicas, so that the promoted one keeps a replica and may
 # write (min-replicas-to-write 1)
 my @B = start_set('kill', 2);
+# SENTINEL FAILOVER with two replicas, the case min-replicas-to-write 1
+# leaves open, closed by idempotency_redis_wait 2: a claim is proxied only
+# once both replicas have it, so the promoted one has it
+my @W = start_set('fowait', 2);
 my @S = map {
     $t->start_sentinel(name => "sentinel-$_", down_after => 1000, failover_timeout => 5000,
-                       monitor => [ [ 'fo', $A[0], 2 ], [ 'kill', $B[0], 2 ] ])
+                       monitor => [ [ 'fo', $A[0], 2 ], [ 'kill', $B[0], 2 ], [ 'fowait', $W[0], 2 ] ])
 } 1 .. 3;
 sub sentinels_ready {
     for my $s (@S) {
-        for my $name (qw(fo kill)) {
+        for my $name (qw(fo kill fowait)) {
             my $m = $t->redis_at($s, 'SENTINEL', 'master', $name);
             return 0 unless ref $m eq 'ARRAY' && ({ @$m }->{'num-other-sentinels'} // 0) >= 2;
         }
@@ -164,6 +169,12 @@ server {
         idempotency on;
         proxy_pass http://%%UPSTREAM%%;
     }
+    location /fowait/ {
+        $D fowait $seeds connect_timeout=300ms timeout=500ms;
+        idempotency_redis_wait 2 200ms;
+        idempotency on;
+        proxy_pass http://%%UPSTREAM%%;
+    }
 }
 EOF
 
@@ -184,10 +195,11 @@ sub answer {
         . ($r->{status} >= 400 && !defined $r->{headers}{'retry-after'} ? ' no-retry-after' : '');
 }
 
-# the answers docs/redis.md ("Sentinel") lists for a failover
+# the answers docs/redis.md ("Sentinel") lists for a failover; with
+# idempotency_redis_wait, a claim the replicas did not get is released
 my %DOCUMENTED = map { $_ => 1 } (
     '201', '201 replayed', '409 in-progress', '409 outcome-unknown no-retry-after',
-    '503 store-unavailable');
+    '503 store-unavailable', '503 store-not-replicated');
 
 subtest 'a write through discovery, the first seed dead' => sub {
     my $k = $t->key('discover');
@@ -283,7 +295,7 @@ sub storm {
                     push @log, [ $k, $i + 1, time, answer($again) ];
                     last;
                 }
-                last unless $a =~ /^503 store-unavailable|^409 in-progress/;
+                last unless $a =~ /^503 store-(?:unavailable|not-replicated)|^409 in-progress/;
                 sleep 0.2;
             }
         }
@@ -344,6 +356,11 @@ storm('fo', $A[0], 3, sub {
 });
 
 storm('kill', $B[0], 3, sub { $t->stop_instance('kill-0', signal => 'KILL') });
+
+storm('fowait', $W[0], 3, sub {
+    my $r = $t->redis_at($S[0], 'SENTINEL', 'FAILOVER', 'fowait');
+    diag("SENTINEL FAILOVER fowait: $r") unless $r eq 'OK';
+});
 
 $t->check_logs;
 done_testing;
