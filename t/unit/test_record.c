@@ -33,6 +33,9 @@
                 "36:" HDRS ",9:{\"id\":42},"
 #define U_F     "13:1796222500440,13:1796222560000,"
 #define R_F     "3:503,2:30,"
+/* an alias (idempotency_unique) names the record key of the operation */
+#define TARGET  "idem:{fedcba9876543210fedcba9876543210}:r"
+#define S_F     "13:1796222500440,41:" TARGET ","
 
 
 /* every buffer the tests make, freed at the end (ASan leak checks) */
@@ -357,6 +360,17 @@ state_diff(const idem_value_t *in, const idem_value_t *out, const char *base,
     case 'p':
         return proposal_diff(in, out, base, len);
 
+    case 's':
+        if (out->created != in->created) {
+            return "created";
+        }
+        if (!inside(out->target, IDEM_RECORD_KEY_LEN, base, len)
+            || memcmp(out->target, in->target, IDEM_RECORD_KEY_LEN) != 0)
+        {
+            return "target";
+        }
+        break;
+
     default:
         if (out->status != in->status) {
             return "status";
@@ -638,11 +652,40 @@ test_roundtrip_approved(void)
 }
 
 
+/* an alias (idempotency_unique): no owner, the record key it reuses */
+static void
+test_roundtrip_alias(void)
+{
+    idem_value_t  v;
+
+    v = value('s', 0, NULL);
+    v.created = 1796222500440LL;
+    v.target = TARGET;
+    ROUNDTRIP("alias", &v, "2s0" OP FP DASHES S_F);
+
+    v = value('s', 1, NULL);
+    v.created = 0;
+    v.target = "idem:{00000000000000000000000000000000}:r";
+    ROUNDTRIP("alias, waiters, created 0", &v, "2s1" OP FP DASHES
+              "1:0,41:idem:{00000000000000000000000000000000}:r,");
+
+    v = value('s', 0, NULL);
+    v.created = IDEM_TIME_MS_MAX;
+    v.target = "idem:{ffffffffffffffffffffffffffffffff}:r";
+    ROUNDTRIP("alias, the last millisecond of year 9999", &v, "2s0" OP FP
+              DASHES "15:253402300799999,"
+              "41:idem:{ffffffffffffffffffffffffffffffff}:r,");
+
+    is_str(idem_state_name('s'), "alias", "state name s");
+}
+
+
 static void
 test_value_roundtrip(void)
 {
     test_roundtrip_awaiting();
     test_roundtrip_approved();
+    test_roundtrip_alias();
     test_roundtrip_in_progress();
     test_roundtrip_completed();
     test_roundtrip_unknown_released();
@@ -947,6 +990,108 @@ test_value_numbers(void)
 #undef C_HEAD
 #undef C_TAIL
 }
+
+
+/*
+ * An alias's target is a record key exactly as idem_record_key() writes
+ * it ("idem:{" 32 lowercase hex "}:r"), and an alias has exactly two
+ * fields and no owner: anything else is refused.
+ */
+#define S_TGT(t)  "13:1796222500440," t ","
+
+static void
+test_value_alias_target(void)
+{
+    accepts(mk("2s0", OP, FP, DASHES, S_F), "alias");
+    accepts(mk("2s1", OP, FP, DASHES, S_F), "alias, waiters 1");
+
+    refuses(mk("2s0", OP, FP, DASHES,
+               S_TGT("40:idem:{fedcba9876543210fedcba987654321}:r")),
+            "alias: target of 31 hex (40 bytes)");
+    refuses(mk("2s0", OP, FP, DASHES,
+               S_TGT("42:idem:{fedcba9876543210fedcba98765432100}:r")),
+            "alias: target of 33 hex (42 bytes)");
+    refuses(mk("2s0", OP, FP, DASHES, S_TGT("42:" TARGET "x")),
+            "alias: target with a trailing byte");
+    refuses(mk("2s0", OP, FP, DASHES, S_TGT("42:x" TARGET)),
+            "alias: target with a leading byte");
+    refuses(mk("2s0", OP, FP, DASHES, S_TGT("0:")), "alias: empty target");
+    refuses(mk("2s0", OP, FP, DASHES, S_TGT("38:fedcba9876543210fedcba9876543210"
+                                           "abcdef")),
+            "alias: target without prefix or suffix");
+    refuses(mk("2s0", OP, FP, DASHES,
+               S_TGT("41:idem:{FEDCBA9876543210FEDCBA9876543210}:r")),
+            "alias: target in uppercase hex");
+    refuses(mk("2s0", OP, FP, DASHES,
+               S_TGT("41:idem:{fedcba9876543210fedcba987654321g}:r")),
+            "alias: target with g");
+    refuses(mk("2s0", OP, FP, DASHES,
+               S_TGT("41:idem:{fedcba9876543210-edcba9876543210}:r")),
+            "alias: target with a dash");
+    refuses(mk("2s0", OP, FP, DASHES,
+               S_TGT("41:idem:[fedcba9876543210fedcba9876543210}:r")),
+            "alias: target prefix idem:[");
+    refuses(mk("2s0", OP, FP, DASHES,
+               S_TGT("41:IDEM:{fedcba9876543210fedcba9876543210}:r")),
+            "alias: target prefix IDEM:{");
+    refuses(mk("2s0", OP, FP, DASHES,
+               S_TGT("41:xdem:{fedcba9876543210fedcba9876543210}:r")),
+            "alias: target prefix xdem:{");
+}
+
+
+static void
+test_value_alias_suffix(void)
+{
+    refuses(mk("2s0", OP, FP, DASHES,
+               S_TGT("41:idem:{fedcba9876543210fedcba9876543210}:u")),
+            "alias: target a unique key (}:u)");
+    refuses(mk("2s0", OP, FP, DASHES,
+               S_TGT("41:idem:{fedcba9876543210fedcba9876543210}:l")),
+            "alias: target a lock key (}:l)");
+    refuses(mk("2s0", OP, FP, DASHES,
+               S_TGT("41:idem:{fedcba9876543210fedcba9876543210}:o")),
+            "alias: target an operation key (}:o)");
+    refuses(mk("2s0", OP, FP, DASHES,
+               S_TGT("41:idem:{fedcba9876543210fedcba9876543210}:s")),
+            "alias: target a scope tag (}:s)");
+    refuses(mk("2s0", OP, FP, DASHES,
+               S_TGT("41:idem:{fedcba9876543210fedcba9876543210]:r")),
+            "alias: target suffix ]:r");
+    refuses(mk("2s0", OP, FP, DASHES,
+               S_TGT("41:idem:{fedcba9876543210fedcba9876543210}-r")),
+            "alias: target suffix }-r");
+    refuses(mk("2s0", OP, FP, DASHES,
+               S_TGT("41:idem:{fedcba9876543210fedcba9876543210}:R")),
+            "alias: target suffix }:R");
+}
+
+
+static void
+test_value_alias_fields(void)
+{
+    refuses(mk("2s0", OP, FP, OWNER, S_F), "alias with an owner");
+    refuses(mk("2s0", OP, FP, DASHES, "13:1796222500440,"),
+            "alias: one field (no target)");
+    refuses(mk("2s0", OP, FP, DASHES, "41:" TARGET ","),
+            "alias: the target alone (no created)");
+    refuses(mk("2s0", OP, FP, DASHES, S_F "0:,"), "alias: a 3rd field");
+    refuses(mk("2s0", OP, FP, DASHES, S_F "41:" TARGET ","),
+            "alias: a second target");
+    refuses(mk("2s0", OP, FP, DASHES, "41:" TARGET ",13:1796222500440,"),
+            "alias: the fields swapped");
+    refuses(mk("2s0", OP, FP, DASHES, "0:,41:" TARGET ","),
+            "alias: created empty");
+    refuses(mk("2s0", OP, FP, DASHES, "15:253402300800000,41:" TARGET ","),
+            "alias: created after year 9999");
+    refuses(mk("2s0", OP, FP, DASHES, "2:01,41:" TARGET ","),
+            "alias: created with a leading zero");
+    refuses(mk("2s0", OP, FP, DASHES, S_F "x"), "alias: a trailing byte");
+    refuses(mk("2S0", OP, FP, DASHES, S_F), "alias: state S (uppercase)");
+    refuses(mk("2s0", OP, FP, DASHES, U_F), "alias with unknown's fields");
+}
+
+#undef S_TGT
 
 
 /* ------------------------------------------------------------- replies */
@@ -1397,6 +1542,9 @@ main(void)
     test_value_head();
     test_value_netstrings();
     test_value_numbers();
+    test_value_alias_target();
+    test_value_alias_suffix();
+    test_value_alias_fields();
     test_claim_set_decode();
     test_claim_decode();
     test_status_decode();
