@@ -1349,23 +1349,211 @@ test_claim_released(rec_t rc, rec_t rr, rec_t r0)
 }
 
 
+/* {"locked", lease ms left | "", the holder's op id | ""} */
+static void
+test_claim_locked(void)
+{
+    idem_rv_t     op;
+    idem_claim_t  c;
+
+    op = S(OP);
+
+    ok(CLAIM(&c, 3, S("locked"), S("1500"), op) == IDEM_CLAIM_LOCKED
+       && c.kind == IDEM_CLAIM_LOCKED && c.lease_left == 1500
+       && c.lock_op != NULL && memcmp(c.lock_op, OP, IDEM_TOKEN_LEN) == 0
+       && c.rec.state == 0 && c.rec.op == NULL,
+       "locked: in flight, 1500 ms left, the holder's id; no record");
+    ok(CLAIM(&c, 3, S("locked"), S(""), op) == IDEM_CLAIM_LOCKED
+       && c.lease_left == 0 && c.lock_op != NULL
+       && memcmp(c.lock_op, OP, IDEM_TOKEN_LEN) == 0,
+       "locked: an empty lease (an unknown holder), the holder's id");
+    ok(CLAIM(&c, 3, S("locked"), S("1"), S("")) == IDEM_CLAIM_LOCKED
+       && c.lease_left == 1 && c.lock_op == NULL,
+       "locked: an empty id (a holder of another scope)");
+    ok(CLAIM(&c, 3, S("locked"), S(""), S("")) == IDEM_CLAIM_LOCKED
+       && c.lease_left == 0 && c.lock_op == NULL,
+       "locked: both empty");
+
+    ok(CLAIM(&c, 2, S("locked"), S("1500")) == IDEM_CLAIM_INVALID
+       && c.kind == IDEM_CLAIM_INVALID && c.lease_left == 0
+       && c.lock_op == NULL, "locked without the id: invalid, nothing set");
+    ok(CLAIM(&c, 1, S("locked")) == IDEM_CLAIM_INVALID,
+       "locked alone: invalid");
+    ok(CLAIM(&c, 4, S("locked"), S("1500"), op) == IDEM_CLAIM_INVALID,
+       "locked in a reply of 4: invalid");
+    ok(CLAIM(&c, 3, S("locked"), S("-1"), op) == IDEM_CLAIM_INVALID,
+       "locked, lease -1: invalid");
+    ok(CLAIM(&c, 3, S("locked"), S("15x0"), op) == IDEM_CLAIM_INVALID,
+       "locked, lease not a number: invalid");
+    ok(CLAIM(&c, 3, S("locked"), S("+15"), op) == IDEM_CLAIM_INVALID,
+       "locked, a signed lease: invalid");
+    ok(CLAIM(&c, 3, S("locked"), S(" 15"), op) == IDEM_CLAIM_INVALID,
+       "locked, a lease after a space: invalid");
+    ok(CLAIM(&c, 3, S("locked"), S("1.5"), op) == IDEM_CLAIM_INVALID,
+       "locked, a decimal point: invalid");
+    ok(CLAIM(&c, 3, S("locked"), S("1234567890123456789"), op)
+       == IDEM_CLAIM_INVALID, "locked, a 19-digit lease: invalid");
+    ok(CLAIM(&c, 3, S("locked"), S("18446744073709553116"), op)
+       == IDEM_CLAIM_INVALID, "locked, lease 2^64 + 1500: invalid");
+    ok(CLAIM(&c, 3, S("locked"), NIL, op) == IDEM_CLAIM_INVALID,
+       "locked, a nil lease: invalid");
+    ok(CLAIM(&c, 3, S("locked"), T("1500"), op) == IDEM_CLAIM_INVALID,
+       "locked, the lease not a string: invalid");
+    ok(CLAIM(&c, 3, S("locked"), S("1500"), NIL) == IDEM_CLAIM_INVALID,
+       "locked, a nil id: invalid");
+    ok(CLAIM(&c, 3, S("locked"), S("1500"), T(OP)) == IDEM_CLAIM_INVALID,
+       "locked, the id not a string: invalid");
+    ok(CLAIM(&c, 3, S("Locked"), S("1500"), op) == IDEM_CLAIM_INVALID,
+       "Locked: invalid");
+}
+
+
+/* the holder's id: 32 lowercase hex or nothing */
+static void
+test_claim_locked_op(void)
+{
+    idem_claim_t  c;
+
+    ok(CLAIM(&c, 3, S("locked"), S("1"), S("0123456789abcdef0123456789abcde"))
+       == IDEM_CLAIM_INVALID, "locked, an id of 31 hex: invalid");
+    ok(CLAIM(&c, 3, S("locked"), S("1"),
+             S("0123456789abcdef0123456789abcdef0")) == IDEM_CLAIM_INVALID,
+       "locked, an id of 33 hex: invalid");
+    ok(CLAIM(&c, 3, S("locked"), S("1"),
+             S("0123456789ABCDEF0123456789ABCDEF")) == IDEM_CLAIM_INVALID,
+       "locked, an id in uppercase: invalid");
+    ok(CLAIM(&c, 3, S("locked"), S("1"),
+             S("0123456789abcdeg0123456789abcdef")) == IDEM_CLAIM_INVALID,
+       "locked, an id with g: invalid");
+    ok(CLAIM(&c, 3, S("locked"), S("1"), S(DASHES)) == IDEM_CLAIM_INVALID,
+       "locked, an id of dashes: invalid");
+    ok(CLAIM(&c, 3, S("locked"), S(""), S(FP)) == IDEM_CLAIM_INVALID,
+       "locked, a fingerprint for an id: invalid");
+}
+
+
+/* {"reused", value}: a completed 2xx or an unknown operation */
+static void
+test_claim_reused(rec_t ri, rec_t rc, rec_t ru, rec_t rr)
+{
+    rec_t         r;
+    idem_claim_t  c;
+
+    ok(CLAIM(&c, 2, S("reused"), V(rc)) == IDEM_CLAIM_REUSED
+       && c.kind == IDEM_CLAIM_REUSED && c.rec.state == 'c'
+       && c.rec.status == 201 && c.rec.op == rc.p + IDEM_OP_OFF
+       && c.rec.body == rc.p + rc.len - 10 && c.rec.body_len == 9
+       && c.lease_left == 0 && c.lock_op == NULL,
+       "reused: a completed 201, fields into the value");
+    ok(CLAIM(&c, 2, S("reused"), V(ru)) == IDEM_CLAIM_REUSED
+       && c.rec.state == 'u' && c.rec.unknown_at == 1796222560000LL,
+       "reused: an unknown operation");
+
+    r = mk("2c0", OP, FP, DASHES, "1:1,1:2,3:200,1:1,1:0,0:,0:,");
+    ok(CLAIM(&c, 2, S("reused"), V(r)) == IDEM_CLAIM_REUSED
+       && c.rec.status == 200, "reused: a completed 200");
+    r = mk("2c0", OP, FP, DASHES, "1:1,1:2,3:299,1:1,1:0,0:,0:,");
+    ok(CLAIM(&c, 2, S("reused"), V(r)) == IDEM_CLAIM_REUSED
+       && c.rec.status == 299, "reused: a completed 299");
+    r = mk("2c0", OP, FP, DASHES, "1:1,1:2,3:300,1:1,1:0,0:,0:,");
+    ok(CLAIM(&c, 2, S("reused"), V(r)) == IDEM_CLAIM_INVALID
+       && c.kind == IDEM_CLAIM_INVALID && c.rec.state == 0
+       && c.rec.op == NULL, "reused: a completed 300: invalid, nothing set");
+    r = mk("2c0", OP, FP, DASHES, "1:1,1:2,3:404,1:1,1:0,0:,0:,");
+    ok(CLAIM(&c, 2, S("reused"), V(r)) == IDEM_CLAIM_INVALID,
+       "reused: a completed 404: invalid (holds nothing)");
+    r = mk("2c0", OP, FP, DASHES, "1:1,1:2,3:500,1:1,1:1,0:,0:,");
+    ok(CLAIM(&c, 2, S("reused"), V(r)) == IDEM_CLAIM_INVALID,
+       "reused: a completed 500: invalid (holds nothing)");
+
+    ok(CLAIM(&c, 3, S("reused"), V(rc), S("1500")) == IDEM_CLAIM_INVALID,
+       "reused: a completed record with a lease: invalid");
+    ok(CLAIM(&c, 3, S("reused"), V(ru), S("1500")) == IDEM_CLAIM_INVALID,
+       "reused: an unknown record with a lease: invalid");
+    ok(CLAIM(&c, 2, S("reused"), V(rr)) == IDEM_CLAIM_INVALID,
+       "reused: a marker: invalid");
+    ok(CLAIM(&c, 2, S("reused"), S("2u0")) == IDEM_CLAIM_INVALID,
+       "reused: a value that does not decode: invalid");
+    ok(CLAIM(&c, 2, S("reused"), NIL) == IDEM_CLAIM_INVALID,
+       "reused: nil: invalid");
+    ok(CLAIM(&c, 2, S("reused"), TV(rc)) == IDEM_CLAIM_INVALID,
+       "reused: the value not a string: invalid");
+    ok(CLAIM(&c, 1, S("reused")) == IDEM_CLAIM_INVALID,
+       "reused without a value: invalid");
+    ok(CLAIM(&c, 2, T("reused"), V(rc)) == IDEM_CLAIM_INVALID,
+       "reused, the kind not a string: invalid");
+    ok(CLAIM(&c, 2, S("reused"), V(ri)) == IDEM_CLAIM_INVALID,
+       "reused: a claim without its lease: invalid");
+}
+
+
+/* {"reused", claim, lease ms left}, and the states that hold nothing */
+static void
+test_claim_reused_claim(rec_t ri, rec_t rs)
+{
+    rec_t         ra, rp;
+    idem_claim_t  c;
+
+    ok(CLAIM(&c, 3, S("reused"), V(ri), S("1500")) == IDEM_CLAIM_REUSED
+       && c.kind == IDEM_CLAIM_REUSED && c.rec.state == 'i'
+       && c.lease_left == 1500 && c.rec.owner == ri.p + IDEM_OWNER_OFF,
+       "reused: a claim in flight, 1500 ms left");
+    ok(CLAIM(&c, 3, S("reused"), V(ri), S("1")) == IDEM_CLAIM_REUSED
+       && c.lease_left == 1, "reused: a claim, 1 ms left");
+    ok(CLAIM(&c, 3, S("reused"), V(ri), S("5000")) == IDEM_CLAIM_REUSED
+       && c.lease_left == 5000, "reused: a claim, the whole lease left");
+    ok(CLAIM(&c, 3, S("reused"), V(ri), S("5001")) == IDEM_CLAIM_INVALID
+       && c.lease_left == 0 && c.rec.state == 0,
+       "reused: a claim, more left than its lease: invalid, nothing set");
+    ok(CLAIM(&c, 3, S("reused"), V(ri), S("0")) == IDEM_CLAIM_INVALID,
+       "reused: a claim, nothing left: invalid");
+    ok(CLAIM(&c, 3, S("reused"), V(ri), S("-1")) == IDEM_CLAIM_INVALID,
+       "reused: a claim, -1 left: invalid");
+    ok(CLAIM(&c, 3, S("reused"), V(ri), S("")) == IDEM_CLAIM_INVALID,
+       "reused: a claim, an empty lease: invalid");
+    ok(CLAIM(&c, 3, S("reused"), V(ri), S("5x")) == IDEM_CLAIM_INVALID,
+       "reused: a claim, a lease not a number: invalid");
+    ok(CLAIM(&c, 3, S("reused"), V(ri), T("1500")) == IDEM_CLAIM_INVALID,
+       "reused: a claim, the lease not a string: invalid");
+    ok(CLAIM(&c, 4, S("reused"), V(ri), S("1500")) == IDEM_CLAIM_INVALID,
+       "reused in a reply of 4: invalid");
+
+    ra = mk("2a0", OP, FP, DASHES, "1:1,1:2,");
+    rp = mk("2p0", OP, FP, DASHES, "1:1,1:2,1:3,1:a,");
+    ok(CLAIM(&c, 2, S("reused"), V(rs)) == IDEM_CLAIM_INVALID,
+       "reused: an alias: invalid (an alias holds nothing)");
+    ok(CLAIM(&c, 2, S("reused"), V(ra)) == IDEM_CLAIM_INVALID,
+       "reused: a proposal: invalid");
+    ok(CLAIM(&c, 2, S("reused"), V(rp)) == IDEM_CLAIM_INVALID,
+       "reused: an approved proposal: invalid");
+    ok(CLAIM(&c, 2, S("record"), V(rs)) == IDEM_CLAIM_RECORD
+       && c.rec.state == 's' && c.rec.target == rs.p + rs.len - 42,
+       "record: an alias (of another fingerprint), its target inside");
+}
+
+
 /* the values made once: each kind's tests see the same bytes */
 static void
 test_claim_decode(void)
 {
-    rec_t  ri, rc, ru, rr, r0, bad;
+    rec_t  ri, rc, ru, rr, r0, rs, bad;
 
     ri = mk("2i0", OP, FP, OWNER, I_F);
     rc = mk("2c0", OP, FP, DASHES, C_F);
     ru = mk("2u0", OP, FP, DASHES, U_F);
     rr = mk("2r1", OP, FP, OWNER, R_F);
     r0 = mk("2r0", OP, FP, DASHES, "0:,0:,");
+    rs = mk("2s0", OP, FP, DASHES, S_F);
     bad = mk("2u0", OP, FP, OWNER, U_F);
 
     test_claim_claimed(ri);
     test_claim_record(ri, rc, ru, rr, bad);
     test_claim_in_progress(ri, rc, rr, bad);
     test_claim_released(rc, rr, r0);
+    test_claim_locked();
+    test_claim_locked_op();
+    test_claim_reused(ri, rc, ru, rr);
+    test_claim_reused_claim(ri, rs);
 }
 
 
@@ -1428,6 +1616,64 @@ test_status_decode(void)
 }
 
 
+/* an alias comes with the state of the operation it reuses, or "" */
+static void
+test_status_alias(void)
+{
+    rec_t          rs, rc;
+    idem_status_t  s;
+
+    rs = mk("2s0", OP, FP, DASHES, S_F);
+    rc = mk("2c0", OP, FP, DASHES, C_F);
+
+    ok(STATUS(&s, 3, V(rs), S("0"), S("c")) == IDEM_STATUS_RECORD
+       && s.kind == IDEM_STATUS_RECORD && s.rec.state == 's'
+       && s.rec.op == rs.p + IDEM_OP_OFF && s.rec.target == rs.p + rs.len - 42
+       && s.rec.created == 1796222500440LL, "alias: decoded, target inside");
+    is_str(s.state, "alias", "alias: shown as alias");
+    is_str(s.alias_state, "completed", "alias of a completed operation");
+    ok(STATUS(&s, 3, V(rs), S("0"), S("i")) == IDEM_STATUS_RECORD, "alias: i");
+    is_str(s.alias_state, "in_progress", "alias of an operation in flight");
+    ok(STATUS(&s, 3, V(rs), S("0"), S("u")) == IDEM_STATUS_RECORD, "alias: u");
+    is_str(s.alias_state, "unknown", "alias of an unknown operation");
+    ok(STATUS(&s, 3, V(rs), S("0"), S("a")) == IDEM_STATUS_RECORD, "alias: a");
+    is_str(s.alias_state, "awaiting_confirmation",
+           "alias whose target key now holds a proposal");
+    ok(STATUS(&s, 3, V(rs), S("0"), S("p")) == IDEM_STATUS_RECORD, "alias: p");
+    is_str(s.alias_state, "approved", "alias whose target is approved");
+    ok(STATUS(&s, 3, V(rs), S("0"), S("")) == IDEM_STATUS_RECORD
+       && s.alias_state == NULL && s.state != NULL,
+       "alias whose operation holds nothing any more: no alias state");
+
+    ok(STATUS(&s, 3, V(rs), S("0"), S("s")) == IDEM_STATUS_INVALID
+       && s.kind == IDEM_STATUS_INVALID && s.state == NULL
+       && s.alias_state == NULL && s.rec.state == 0,
+       "alias of an alias: invalid, nothing set");
+    ok(STATUS(&s, 3, V(rs), S("0"), S("x")) == IDEM_STATUS_INVALID,
+       "alias state x: invalid");
+    ok(STATUS(&s, 3, V(rs), S("0"), S("C")) == IDEM_STATUS_INVALID,
+       "alias state C: invalid");
+    ok(STATUS(&s, 3, V(rs), S("0"), S("cc")) == IDEM_STATUS_INVALID,
+       "alias state of two letters: invalid");
+    ok(STATUS(&s, 3, V(rs), S("0"), S("completed")) == IDEM_STATUS_INVALID,
+       "alias state spelled out: invalid");
+    ok(STATUS(&s, 3, V(rs), S("0"), NIL) == IDEM_STATUS_INVALID,
+       "alias state nil: invalid");
+    ok(STATUS(&s, 3, V(rs), S("0"), T("c")) == IDEM_STATUS_INVALID,
+       "alias state not a string: invalid");
+    ok(STATUS(&s, 3, V(rs), S("1"), S("c")) == IDEM_STATUS_INVALID,
+       "a lapsed alias: invalid (only a claim lapses)");
+    ok(STATUS(&s, 2, V(rs), S("0")) == IDEM_STATUS_INVALID
+       && s.alias_state == NULL, "an alias without its third element: invalid");
+    ok(STATUS(&s, 3, V(rc), S("0"), S("c")) == IDEM_STATUS_INVALID,
+       "a completed record with a third element: invalid");
+    ok(STATUS(&s, 3, V(rc), S("0"), S("")) == IDEM_STATUS_INVALID,
+       "a completed record with an empty third element: invalid");
+    ok(STATUS(&s, 4, V(rs), S("0"), S("c")) == IDEM_STATUS_INVALID,
+       "an alias in a reply of 4: invalid");
+}
+
+
 static void
 test_admin_decode(void)
 {
@@ -1452,6 +1698,13 @@ test_admin_decode(void)
     ok(ADMIN(&state, 2, S("refused"), S("approved")) == IDEM_ADMIN_REFUSED
        && state != NULL && strcmp(state, "approved") == 0,
        "refused, an approved proposal");
+    ok(ADMIN(&state, 2, S("refused"), S("alias")) == IDEM_ADMIN_REFUSED
+       && state != NULL && strcmp(state, "alias") == 0,
+       "refused, an alias (resolve the operation it reuses)");
+    ok(ADMIN(&state, 2, S("refused"), S("Alias")) == IDEM_ADMIN_INVALID
+       && state == NULL, "refused, Alias: invalid");
+    ok(ADMIN(&state, 2, S("refused"), S("s")) == IDEM_ADMIN_INVALID,
+       "refused, the letter s: invalid");
     ok(ADMIN(&state, 2, S("refused"), S("unknown")) == IDEM_ADMIN_INVALID
        && state == NULL,
        "refused an unknown record: not an answer admin.lua gives");
@@ -1548,6 +1801,7 @@ main(void)
     test_claim_set_decode();
     test_claim_decode();
     test_status_decode();
+    test_status_alias();
     test_admin_decode();
     test_approve_decode();
     test_close_decode();
