@@ -1621,6 +1621,7 @@ static void
 test_status_alias(void)
 {
     rec_t          rs, rc;
+    idem_rv_t      nul = { "\0", 1, 1 };
     idem_status_t  s;
 
     rs = mk("2s0", OP, FP, DASHES, S_F);
@@ -1649,6 +1650,10 @@ test_status_alias(void)
        && s.kind == IDEM_STATUS_INVALID && s.state == NULL
        && s.alias_state == NULL && s.rec.state == 0,
        "alias of an alias: invalid, nothing set");
+    ok(STATUS(&s, 3, V(rs), S("0"), S("r")) == IDEM_STATUS_INVALID,
+       "alias state r: invalid (status.lua gives \"\" for a marker)");
+    ok(STATUS(&s, 3, V(rs), S("0"), nul) == IDEM_STATUS_INVALID,
+       "alias state NUL: invalid");
     ok(STATUS(&s, 3, V(rs), S("0"), S("x")) == IDEM_STATUS_INVALID,
        "alias state x: invalid");
     ok(STATUS(&s, 3, V(rs), S("0"), S("C")) == IDEM_STATUS_INVALID,
