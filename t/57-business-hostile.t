@@ -4,10 +4,11 @@
 # more and several MiB are not, as documented), into a 10,000-element array
 # and into a body nested 128 deep (129 is refused by the canonicalizer, so
 # the variable is empty and the request has no identity), bodies that are
-# not JSON, a unique value longer than 1 KiB (Redis holds a digest of it,
-# no key name or value holds it), idempotency_unique and idempotency_lock
-# on one location, and pointers that nginx -t refuses. Every request
-# counts the upstream's effects.
+# not JSON, numbers that only their exact RFC 8785 text tells apart, a
+# unique value longer than 1 KiB (Redis holds a digest of it, no key name
+# or value holds it), idempotency_unique and idempotency_lock on one
+# location, and pointers that nginx -t refuses. Every request counts the
+# upstream's effects.
 
 use strict;
 use warnings;
@@ -32,6 +33,7 @@ idempotency_json_var \$ev    /source_event_id;
 idempotency_json_var \$item  /items/9999/id;
 idempotency_json_var \$inner $INNER;
 idempotency_json_var \$env   /environment;
+idempotency_json_var \$num   /n;
 
 map \$ev \$ev_set {
     ""       0;
@@ -59,6 +61,12 @@ server {
         idempotency on;
         idempotency_unique deep:\$inner;
         proxy_set_header X-Reply-Header "X-Inner: [\$inner]";
+        proxy_pass http://%%UPSTREAM%%;
+    }
+    location /num {
+        idempotency on;
+        idempotency_unique n:\$num;
+        proxy_set_header X-Reply-Header "X-Num: [\$num]";
         proxy_pass http://%%UPSTREAM%%;
     }
     location /both {
@@ -196,6 +204,27 @@ sub huge_body {
     ($r1) = no_identity('\\u0000 inside the value', '/huge',
                         '{"source_event_id":"e-nul\u0000a"}', '{"source_event_id":"e-nul\u0000b"}');
     is($r1->{headers}{'x-ev-set'}, 0, '\\u0000: the variable is empty');
+}
+
+# ---- numbers: equal JSON values are one identity, different ones are not
+{
+    my ($r1, $r2) = no_identity('0.30000000000000004 and 0.3', '/num', '{"n":0.30000000000000004}', '{"n":0.3}');
+    is($r1->{headers}{'x-num'}, '[0.30000000000000004]', '0.30000000000000004: its RFC 8785 text');
+    is($r2->{headers}{'x-num'}, '[0.3]', '0.3: its RFC 8785 text');
+    my $k = $t->key('num-3e-1');
+    my $r = post('/num', $k, '{"n":3e-1}');
+    is($r->{headers}{'idempotent-reused'}, 'true', '3e-1, a third key: 0.3\'s identity, reused');
+    is($r->{content}, $r2->{content}, '... with 0.3\'s body');
+    is($t->effects(key => $k), 0, '... 0 effects');
+    ($r1) = one_identity('the largest double', '/num', '{"n":1.7976931348623157e308}', '{"n":17976931348623157e292}');
+    is($r1->{headers}{'x-num'}, '[1.7976931348623157e+308]', 'the largest double: its RFC 8785 text');
+    ($r1) = one_identity('an object with numbers', '/num', '{"n":{"b":[1.0,0.30000000000000004],"a":1e2}}',
+                         '{"n":{"a":100,"b":[1,0.30000000000000004]}}');
+    is($r1->{headers}{'x-num'}, '[{"a":100,"b":[1,0.30000000000000004]}]', 'an object: its RFC 8785 text');
+    $k = $t->key('num-obj');
+    $r = post('/num', $k, '{"n":{"a":100,"b":[1,0.3]}}');
+    ok($r->{status} == 201 && !$r->{headers}{'idempotent-reused'}, 'the object with 0.3 in it: another identity');
+    is($t->effects(key => $k), 1, '... 1 effect');
 }
 
 # ---- a unique value over 1 KiB: one identity, held as a digest only
