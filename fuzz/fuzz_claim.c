@@ -621,20 +621,8 @@ alias_state_of(const idem_rv_t *e)
         return NULL;
     }
 
-    switch (e->data[0]) {
-    case 'i':
-        return "in_progress";
-    case 'c':
-        return "completed";
-    case 'u':
-        return "unknown";
-    case 'a':
-        return "awaiting_confirmation";
-    case 'p':
-        return "approved";
-    default:
-        return "(refused)";
-    }
+    return memchr("icuap", e->data[0], 5) ? idem_state_name(e->data[0])
+                                          : "(refused)";
 }
 
 
