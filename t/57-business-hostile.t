@@ -1,14 +1,15 @@
 #!/usr/bin/perl
 # Hostile input for the business features: idempotency_json_var pointers
 # into huge bodies (spooled to a temp file: exactly 1 MiB is read, one byte
-# more and several MiB are not, as documented), into a 10,000-element array
-# and into a body nested 128 deep (129 is refused by the canonicalizer, so
-# the variable is empty and the request has no identity), bodies that are
-# not JSON, numbers that only their exact RFC 8785 text tells apart, a
-# unique value longer than 1 KiB (Redis holds a digest of it, no key name
-# or value holds it), idempotency_unique and idempotency_lock on one
-# location, and pointers that nginx -t refuses. Every request counts the
-# upstream's effects.
+# more and several MiB are not, as documented, and client_max_body_size 1m
+# refuses them where a lock's value comes from the body), into a
+# 10,000-element array and into a body nested 128 deep (129 is refused by
+# the canonicalizer, so the variable is empty and the request has no
+# identity), bodies that are not JSON, numbers that only their exact RFC
+# 8785 text tells apart, a unique value longer than 1 KiB (Redis holds a
+# digest of it, no key name or value holds it), idempotency_unique and
+# idempotency_lock on one location, and pointers that nginx -t refuses.
+# Every request counts the upstream's effects.
 
 use strict;
 use warnings;
@@ -67,6 +68,12 @@ server {
         idempotency on;
         idempotency_unique n:\$num;
         proxy_set_header X-Reply-Header "X-Num: [\$num]";
+        proxy_pass http://%%UPSTREAM%%;
+    }
+    location /capped {
+        client_max_body_size 1m;
+        idempotency on;
+        idempotency_lock deploy:\$ev;
         proxy_pass http://%%UPSTREAM%%;
     }
     location /both {
@@ -157,6 +164,20 @@ sub huge_body {
     my ($e) = $t->effect_list(key => $k);
     is($e && $e->{len}, 4 * $MiB, '4 MiB: the upstream got the whole body');
     like(log_of($k)->{file}, qr/\S/, '4 MiB: spooled to a temp file');
+}
+
+# ---- where a lock's value comes from the body, client_max_body_size 1m
+# refuses what the variable would not read (docs/business-keys.md)
+{
+    my ($k1, $k2) = ($t->key('capped-over'), $t->key('capped-1m'));
+    my $r = post('/capped', $k1, huge_body($MiB + 1, 'c', 'a'));
+    is($r->{status}, 413, 'a lock from the body, 1 MiB + 1 byte: 413');
+    ok(!$t->record($k1, $AUTH), '... no record');
+    my $locks = () = $t->redis_keys('*:l');
+    $r = post('/capped', $k2, huge_body($MiB, 'c', 'a'));
+    is($r->{status}, 201, '1 MiB: executes');
+    is(scalar(() = $t->redis_keys('*:l')), $locks + 1, '... and took its lock');
+    is($t->effects(key => $k1) + $t->effects(key => $k2), 1, '1 effect');
 }
 
 # ---- a pointer into a 10,000-element array
@@ -308,7 +329,8 @@ my $LONG = join '', map { sprintf 'bizid-%04d-', $_ } 0 .. 299;    # 3,300 bytes
     for my $k (@keys) {
         my $type = $t->redis('TYPE', $k);
         my @v = $type eq 'string' ? ($t->redis('GET', $k)) : ("(a $type)");
-        for my $m ('bizid-0', 'bizid-0299', 'hhhhhhhhhhhhhhhh', 'HHHHHHHHHHHHHHHH', 'iiiiiiiiiiiiiiii', 'ev-1', 'production') {
+        for my $m ('bizid-0', 'bizid-0299', 'hhhhhhhhhhhhhhhh', 'HHHHHHHHHHHHHHHH', 'iiiiiiiiiiiiiiii', 'cccccccccccccccc',
+                   'ev-1', 'production') {
             $hits{$m}++ if index($k, $m) >= 0 || grep { index($_ // '', $m) >= 0 } @v;
         }
         $hits{"type $type"}++ if $type ne 'string';
