@@ -76,6 +76,12 @@ server {
         idempotency_lock deploy:\$ev;
         proxy_pass http://%%UPSTREAM%%;
     }
+    location = /status {
+        idempotency_status;
+    }
+    location = /admin {
+        idempotency_admin on;
+    }
     location /both {
         idempotency on;
         idempotency_lease 2s;
@@ -280,6 +286,16 @@ my $LONG = join '', map { sprintf 'bizid-%04d-', $_ } 0 .. 299;    # 3,300 bytes
     $r = $dep->($k{e}, 'ev-4', 'production',
                 body => '{"environment":"production","n":1.' . ('0' x 700) . '1,"source_event_id":"ev-4"}');
     $t->is_problem($r, 409, 'lock-held', name => 'e, with a 700-digit number in its body: lock-held too');
+
+    # b is a's alias: the status endpoint says so, the admin endpoint refuses it
+    my $st = $t->http(GET => '/status', key => $k{b}, headers => [ Authorization => $AUTH ]);
+    my $sj = eval { JSON::PP->new->decode($st->{content}) } // {};
+    is("$st->{status} " . ($sj->{state} // '') . ' ' . ($sj->{alias_state} // 'null'), '200 alias in_progress',
+       'status of b: an alias of an operation in progress');
+    is($sj->{operation_id}, ($t->record($k{a}, $AUTH) // {})->{op}, '... a\'s operation id');
+    $r = $t->http(POST => '/admin?action=release', key => $k{b}, headers => [ Authorization => $AUTH ]);
+    $t->is_problem($r, 409, 'not-resolvable', name => 'the admin endpoint refuses to release b (an alias)');
+    is(($t->record($k{a}, $AUTH) // {})->{state}, 'in_progress', '... and a is untouched');
 
     # past a's 2 s lease: renewed with its unique and lock keys, still held
     sleep 0.1 while time < $bg->{t_start} + 2.2;
