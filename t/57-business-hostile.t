@@ -26,6 +26,20 @@ my $MiB = 1024 * 1024;
 # a 128-token pointer: the string at the bottom of /d, 127 arrays deep
 my $INNER = '/d' . ('/0' x 127);
 
+# a location per variable: idempotency_unique of it, the variable echoed
+my $UNIQUE_LOCATIONS = join '', map { my ($path, $value, $echo) = @$_; <<"EOF" }
+    location $path {
+        idempotency on;
+        idempotency_unique $value;
+        proxy_set_header X-Reply-Header "$echo";
+        proxy_pass http://%%UPSTREAM%%;
+    }
+EOF
+    [ '/huge',  'ev:$ev',      'X-Ev-Set: $ev_set' ],
+    [ '/items', 'item:$item',  'X-Item: [$item]' ],
+    [ '/deep',  'deep:$inner', 'X-Inner: [$inner]' ],
+    [ '/num',   'n:$num',      'X-Num: [$num]' ];
+
 $t->start_stack(<<"EOF", log_format => 'B|$idempotency_key|$idempotency_outcome|$idempotency_body_form|[$request_body_file]');
 client_max_body_size 8m;
 client_body_buffer_size 16k;
@@ -46,30 +60,7 @@ server {
     idempotency_redis %%REDIS%%;
     idempotency_scope \$http_authorization;
 
-    location /huge {
-        idempotency on;
-        idempotency_unique ev:\$ev;
-        proxy_set_header X-Reply-Header "X-Ev-Set: \$ev_set";
-        proxy_pass http://%%UPSTREAM%%;
-    }
-    location /items {
-        idempotency on;
-        idempotency_unique item:\$item;
-        proxy_set_header X-Reply-Header "X-Item: [\$item]";
-        proxy_pass http://%%UPSTREAM%%;
-    }
-    location /deep {
-        idempotency on;
-        idempotency_unique deep:\$inner;
-        proxy_set_header X-Reply-Header "X-Inner: [\$inner]";
-        proxy_pass http://%%UPSTREAM%%;
-    }
-    location /num {
-        idempotency on;
-        idempotency_unique n:\$num;
-        proxy_set_header X-Reply-Header "X-Num: [\$num]";
-        proxy_pass http://%%UPSTREAM%%;
-    }
+$UNIQUE_LOCATIONS
     location /capped {
         client_max_body_size 1m;
         idempotency on;
