@@ -660,7 +660,8 @@ check_json_pointer(fuzz_jcs_t *c)
         FUZZ_CHECK(at == NULL || b == at,
                    "the pointer \"%s\" misses the node it was built to",
                    fuzz_show(s.data, s.len));
-        FUZZ_CHECK((a == NULL) == (b == NULL) && (a == NULL || fuzz_equal(a, b)),
+        FUZZ_CHECK((a == NULL) == (b == NULL)
+                   && (a == NULL || fuzz_equal(a, b)),
                    "the pointer \"%s\" names other values in the two trees",
                    fuzz_show(s.data, s.len));
     }

@@ -1016,8 +1016,8 @@ test_value_alias_target(void)
     refuses(mk("2s0", OP, FP, DASHES, S_TGT("42:x" TARGET)),
             "alias: target with a leading byte");
     refuses(mk("2s0", OP, FP, DASHES, S_TGT("0:")), "alias: empty target");
-    refuses(mk("2s0", OP, FP, DASHES, S_TGT("38:fedcba9876543210fedcba9876543210"
-                                           "abcdef")),
+    refuses(mk("2s0", OP, FP, DASHES,
+               S_TGT("38:fedcba9876543210fedcba9876543210abcdef")),
             "alias: target without prefix or suffix");
     refuses(mk("2s0", OP, FP, DASHES,
                S_TGT("41:idem:{FEDCBA9876543210FEDCBA9876543210}:r")),
@@ -1669,7 +1669,8 @@ test_status_alias(void)
     ok(STATUS(&s, 3, V(rs), S("1"), S("c")) == IDEM_STATUS_INVALID,
        "a lapsed alias: invalid (only a claim lapses)");
     ok(STATUS(&s, 2, V(rs), S("0")) == IDEM_STATUS_INVALID
-       && s.alias_state == NULL, "an alias without its third element: invalid");
+       && s.alias_state == NULL,
+       "an alias without its third element: invalid");
     ok(STATUS(&s, 3, V(rc), S("0"), S("c")) == IDEM_STATUS_INVALID,
        "a completed record with a third element: invalid");
     ok(STATUS(&s, 3, V(rc), S("0"), S("")) == IDEM_STATUS_INVALID,
