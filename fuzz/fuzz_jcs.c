@@ -38,6 +38,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "idem_json.h"
 #include "idem_jws.h"
 #include "jcs_tree.h"
 

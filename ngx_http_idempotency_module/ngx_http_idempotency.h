@@ -12,6 +12,7 @@
 #include <ngx_http.h>
 
 #include "idem_fingerprint.h"
+#include "idem_json.h"
 #include "idem_jws.h"
 #include "idem_key.h"
 #include "idem_record.h"
@@ -383,6 +384,8 @@ ngx_int_t ngx_http_idem_pointer_conf(ngx_conf_t *cf, ngx_str_t *directive,
     ngx_str_t *text, ngx_http_idem_pointer_t *ptr);
 struct cJSON *ngx_http_idem_json_body(ngx_http_request_t *r,
     ngx_http_idem_ctx_t *ctx);
+ngx_int_t ngx_http_idem_json_text(ngx_http_request_t *r,
+    const struct cJSON *node, ngx_str_t *text);
 
 /* ngx_http_idempotency_claim.c: the claim and its answer */
 ngx_int_t ngx_http_idem_tokens(ngx_http_request_t *r,

@@ -11,6 +11,7 @@
 #include <cjson/cJSON.h>
 
 #include "idem_jcs.h"
+#include "idem_json.h"
 
 
 /* bodies larger than this are not parsed for variables or a proposal */
@@ -169,91 +170,51 @@ ngx_http_idem_json_var_write(idem_sink_t *sink, const char *p, size_t n)
 
 
 /*
- * node as JSON text, each number exactly (idem_jcs_format_number), not as
- * cJSON prints it: with 15 digits whenever they read back within a
- * relative DBL_EPSILON, so that 0.30000000000000004 became 0.3 (another
- * value) and the largest doubles numbers that overflow.  The body was
- * canonical JSON, at most IDEM_JCS_MAX_DEPTH deep: so is this recursion.
+ * node's RFC 8785 text (members sorted, numbers exactly as ECMAScript
+ * prints them), in the request's pool and NUL-terminated: the form the
+ * fingerprint reads a member in, and the one a proposal shows.
  */
-static int
-ngx_http_idem_json_var_put(idem_sink_t *sink, const cJSON *node)
+ngx_int_t
+ngx_http_idem_json_text(ngx_http_request_t *r, const cJSON *node,
+    ngx_str_t *text)
 {
-    char          num[IDEM_JCS_NUMBER_MAX];
-    size_t        n;
-    const cJSON  *c;
+    idem_sink_t                     sink;
+    ngx_http_idem_json_var_sink_t   out;
 
-    if (cJSON_IsNumber(node)) {
-        n = idem_jcs_format_number(node->valuedouble, num);
-        return n ? sink->write(sink, num, n) : -1;
+    ngx_str_null(text);
+    out.pool = r->pool;
+    out.out = text;
+    out.size = 0;
+    sink.write = ngx_http_idem_json_var_write;
+    sink.data = &out;
+
+    if (idem_json_canonical(node, &sink) != 0
+        || sink.write(&sink, "", 1) != 0)
+    {
+        return NGX_ERROR;
     }
 
-    if (cJSON_IsString(node)) {
-        return idem_jcs_write_string(sink, node->valuestring,
-                                     ngx_strlen(node->valuestring));
-    }
+    text->len--;
 
-    if (!cJSON_IsArray(node) && !cJSON_IsObject(node)) {
-        return cJSON_IsTrue(node) ? sink->write(sink, "true", 4)
-               : cJSON_IsFalse(node) ? sink->write(sink, "false", 5)
-               : sink->write(sink, "null", 4);
-    }
-
-    if (sink->write(sink, cJSON_IsArray(node) ? "[" : "{", 1) != 0) {
-        return -1;
-    }
-
-    for (c = node->child; c; c = c->next) {
-        if ((c != node->child && sink->write(sink, ",", 1) != 0)
-            || (cJSON_IsObject(node)
-                && (idem_jcs_write_string(sink, c->string,
-                                          ngx_strlen(c->string)) != 0
-                    || sink->write(sink, ":", 1) != 0))
-            || ngx_http_idem_json_var_put(sink, c) != 0)
-        {
-            return -1;
-        }
-    }
-
-    return sink->write(sink, cJSON_IsArray(node) ? "]" : "}", 1);
+    return NGX_OK;
 }
 
 
 /*
- * A string member gives its value; anything else its RFC 8785 text, the
- * form the fingerprint reads it in (members sorted, numbers as ECMAScript
- * prints them), so equal values give equal variables.
+ * A string member gives its value; anything else its RFC 8785 text, so
+ * equal values give equal variables.
  */
 static ngx_int_t
 ngx_http_idem_json_var_text(ngx_http_request_t *r, const cJSON *node,
     ngx_str_t *value)
 {
-    ngx_str_t                       text;
-    idem_sink_t                     sink;
-    ngx_http_idem_json_var_sink_t   out;
-
     if (cJSON_IsString(node)) {
         value->data = (u_char *) node->valuestring;
         value->len = ngx_strlen(node->valuestring);
         return NGX_OK;
     }
 
-    ngx_str_null(&text);
-    out.pool = r->pool;
-    out.out = &text;
-    out.size = 0;
-    sink.write = ngx_http_idem_json_var_write;
-    sink.data = &out;
-
-    if (ngx_http_idem_json_var_put(&sink, node) != 0) {
-        return NGX_ERROR;
-    }
-
-    /* the members in RFC 8785 order */
-    out.out = value;
-    out.size = 0;
-
-    return idem_jcs_canonicalize((char *) text.data, text.len, &sink)
-           == IDEM_JCS_OK ? NGX_OK : NGX_ERROR;
+    return ngx_http_idem_json_text(r, node, value);
 }
 
 
