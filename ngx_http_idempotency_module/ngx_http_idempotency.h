@@ -202,6 +202,7 @@ typedef enum {
     NGX_HTTP_IDEM_P_APPROVAL_MISMATCH,
     NGX_HTTP_IDEM_P_NOT_APPROVABLE,
     NGX_HTTP_IDEM_P_LOCK_HELD,
+    NGX_HTTP_IDEM_P_BODY_UNREADABLE,
     NGX_HTTP_IDEM_NPROBLEMS
 } ngx_http_idem_problem_e;
 
@@ -307,6 +308,11 @@ struct ngx_http_idem_ctx_s {
     /* idempotency_json_var: the body parsed once, NULL if not JSON */
     void                        *json_root;   /* cJSON * */
     unsigned                     json_parsed:1;
+    /*
+     * a variable was read, and empty because the body, of a JSON media
+     * type, could not be (not canonical JSON, or too large)
+     */
+    unsigned                     json_unreadable:1;
 
     /*
      * idempotency_unique and idempotency_lock: their keys, "" when the

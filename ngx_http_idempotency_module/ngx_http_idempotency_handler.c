@@ -266,10 +266,29 @@ static ngx_int_t
 ngx_http_idem_claim_fingerprinted(ngx_http_request_t *r,
     ngx_http_idem_ctx_t *ctx)
 {
+    ctx->json_unreadable = 0;
+
     if (!ctx->fingerprinted || ngx_http_idem_tokens(r, ctx) != NGX_OK
-        || ngx_http_idem_confirm_check(r, ctx) != NGX_OK)
+        || ngx_http_idem_confirm_check(r, ctx) != NGX_OK
+        || ngx_http_idem_business_keys(r, ctx) != NGX_OK)
     {
         return ngx_http_idem_finalize(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
+    }
+
+    /*
+     * A decision (confirmation, identity, lock) read a body member from a
+     * JSON body it could not read: an empty value would let the request
+     * through unconfirmed, or free of its identity or lock, while the
+     * upstream reads the member (the last of two duplicates, say).
+     */
+    if (ctx->json_unreadable) {
+        ctx->phase = NGX_HTTP_IDEM_DONE;
+        ctx->outcome = NGX_HTTP_IDEM_OUT_REJECTED;
+        ngx_str_null(&ctx->op_id);
+        return ngx_http_idem_finalize(r,
+                   ngx_http_idem_send_problem(r, ctx,
+                                              NGX_HTTP_IDEM_P_BODY_UNREADABLE,
+                                              NULL));
     }
 
     if (ngx_http_idem_claim_send(r, ctx) == NGX_OK) {

@@ -233,6 +233,13 @@ ngx_http_idem_json_var_get(ngx_http_request_t *r,
     root = ctx ? ngx_http_idem_json_body(r->main, ctx) : NULL;
     node = root ? idem_json_pointer_walk(root, &jv->pointer.parsed) : NULL;
 
+    /* a JSON body the variable could not read: the decisions refuse it */
+    if (root == NULL && ctx && ctx->fingerprinted
+        && ctx->body_form != IDEM_BODY_RAW)
+    {
+        ctx->json_unreadable = 1;
+    }
+
     ngx_str_null(&value);
 
     if (node && ngx_http_idem_json_var_text(r, node, &value) != NGX_OK) {

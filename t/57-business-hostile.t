@@ -1,11 +1,13 @@
 #!/usr/bin/perl
 # Hostile input for the business features: idempotency_json_var pointers
 # into huge bodies (spooled to a temp file: exactly 1 MiB is read, one byte
-# more and several MiB are not, as documented, and client_max_body_size 1m
-# refuses them where a lock's value comes from the body), into a
+# more and several MiB are not, as documented: the variable is empty, and
+# a location that decides by it, with idempotency_unique or
+# idempotency_lock, refuses the request 400 body-unreadable), into a
 # 10,000-element array and into a body nested 128 deep (129 is refused by
-# the canonicalizer, so the variable is empty and the request has no
-# identity), bodies that are not JSON, numbers that only their exact RFC
+# the canonicalizer: body-unreadable too, as are JSON bodies that do not
+# parse or have duplicate names), bodies of another media type (no
+# identity, not refused), numbers that only their exact RFC
 # 8785 text tells apart, a unique value longer than 1 KiB (Redis holds a
 # digest of it, no key name or value holds it), idempotency_unique and
 # idempotency_lock on one location, and pointers that nginx -t refuses.
@@ -62,9 +64,13 @@ server {
 
 $UNIQUE_LOCATIONS
     location /capped {
-        client_max_body_size 1m;
         idempotency on;
         idempotency_lock deploy:\$ev;
+        proxy_pass http://%%UPSTREAM%%;
+    }
+    location /echo {
+        idempotency on;
+        proxy_set_header X-Reply-Header "X-Ev-Set: \$ev_set";
         proxy_pass http://%%UPSTREAM%%;
     }
     location = /status {
@@ -136,6 +142,18 @@ sub no_identity {
     return ($r1, $r2, $k1);
 }
 
+# a body a decision cannot read: 400 body-unreadable for two keys, nothing
+# executed or recorded
+sub refused {
+    my ($what, $path, $b1, $b2, %o) = @_;
+    my ($r1, $r2, $n, $k1, $k2) = two_keys($what, $path, $b1, $b2, %o);
+    $t->is_problem($r1, 400, 'body-unreadable', name => "$what: the first key: 400 body-unreadable");
+    $t->is_problem($r2, 400, 'body-unreadable', name => "$what: the second key too");
+    is($n, 0, "$what: 0 effects");
+    ok(!$t->record($k1, $AUTH) && !$t->record($k2, $AUTH), "$what: nothing recorded");
+    return ($r1, $r2, $k1);
+}
+
 # a JSON body of exactly $len bytes: a source_event_id of $c repeated
 sub huge_body {
     my ($len, $c, $title) = @_;
@@ -152,24 +170,32 @@ sub huge_body {
     is($l->{form}, 'json', '1 MiB: the body was read as JSON');
     like($l->{file}, qr/\S/, '1 MiB: ... from the temp file nginx spooled it to');
 
-    # over 1 MiB the variable is empty (docs/directives.md): no identity
-    ($r1) = no_identity('1 MiB + 1 byte', '/huge', huge_body($MiB + 1, 'i', 'a'), huge_body($MiB + 1, 'i', 'b'));
+    # over 1 MiB the variable is empty (docs/directives.md): a location
+    # that decides by it refuses the request, one that only reads it
+    # (proxy_set_header) passes it on
+    refused('1 MiB + 1 byte', '/huge', huge_body($MiB + 1, 'i', 'a'), huge_body($MiB + 1, 'i', 'b'));
+    refused('4 MiB body, a string of almost 4 MiB', '/huge',
+            huge_body(4 * $MiB, 'H', 'a'), huge_body(4 * $MiB, 'H', 'b'));
+    ($r1) = no_identity('1 MiB + 1 byte, no decision by it', '/echo',
+                        huge_body($MiB + 1, 'j', 'a'), huge_body($MiB + 1, 'j', 'b'));
     is($r1->{headers}{'x-ev-set'}, 0, '1 MiB + 1: the variable is empty');
-    ($r1, undef, $k) = no_identity('4 MiB body, a string of almost 4 MiB', '/huge',
-                                  huge_body(4 * $MiB, 'H', 'a'), huge_body(4 * $MiB, 'H', 'b'));
+    ($r1, undef, $k) = no_identity('4 MiB, no decision by it', '/echo',
+                                  huge_body(4 * $MiB, 'J', 'a'), huge_body(4 * $MiB, 'J', 'b'));
     is($r1->{headers}{'x-ev-set'}, 0, '4 MiB: the variable is empty');
     my ($e) = $t->effect_list(key => $k);
     is($e && $e->{len}, 4 * $MiB, '4 MiB: the upstream got the whole body');
     like(log_of($k)->{file}, qr/\S/, '4 MiB: spooled to a temp file');
 }
 
-# ---- where a lock's value comes from the body, client_max_body_size 1m
-# refuses what the variable would not read (docs/business-keys.md)
+# ---- a lock whose value comes from a body it cannot read is never
+# skipped: the request is refused (docs/business-keys.md)
 {
     my ($k1, $k2) = ($t->key('capped-over'), $t->key('capped-1m'));
     my $r = post('/capped', $k1, huge_body($MiB + 1, 'c', 'a'));
-    is($r->{status}, 413, 'a lock from the body, 1 MiB + 1 byte: 413');
+    $t->is_problem($r, 400, 'body-unreadable', name => 'a lock from the body, 1 MiB + 1 byte: 400 body-unreadable');
     ok(!$t->record($k1, $AUTH), '... no record');
+    $r = post('/capped', $t->key('capped-dup'), '{"source_event_id":"x","source_event_id":"y"}');
+    $t->is_problem($r, 400, 'body-unreadable', name => 'a lock from the body, duplicate member names: 400');
     my $locks = () = $t->redis_keys('*:l');
     $r = post('/capped', $k2, huge_body($MiB, 'c', 'a'));
     is($r->{status}, 201, '1 MiB: executes');
@@ -197,12 +223,12 @@ sub huge_body {
     is($r1->{headers}{'x-inner'}, '[deep-core]', 'depth 128: the variable is the innermost string');
     is(log_of($k)->{form}, 'json', 'depth 128: the body is JSON');
 
-    ($r1, undef, $k) = no_identity('depth 129', '/deep', $deep->(128, 'a'), $deep->(128, 'b'));
-    is($r1->{headers}{'x-inner'}, '[]', 'depth 129: the variable is empty');
+    (undef, undef, $k) = refused('depth 129', '/deep', $deep->(128, 'a'), $deep->(128, 'b'));
     is(log_of($k)->{form}, 'raw-invalid-json', 'depth 129: refused by the canonicalizer, hashed raw');
 }
 
-# ---- bodies that are not JSON: the variable is empty, keys are independent
+# ---- bodies of another media type: the variable is empty, keys are
+# independent; JSON bodies that are not canonical JSON: refused
 {
     my ($r1, undef, $k) = no_identity('text/plain', '/huge', '{"source_event_id":"e-text"}', undef, ct => 'text/plain');
     is($r1->{headers}{'x-ev-set'}, 0, 'text/plain: the variable is empty');
@@ -212,16 +238,14 @@ sub huge_body {
                [ 'duplicate member names', '{"source_event_id":"e-dup","source_event_id":"e-dup"}' ],
                [ 'a trailing value', '{"source_event_id":"e-trail"} {}' ]) {
         my ($what, $body) = @$c;
-        ($r1, undef, $k) = no_identity($what, '/huge', $body);
-        is($r1->{headers}{'x-ev-set'}, 0, "$what: the variable is empty");
+        (undef, undef, $k) = refused($what, '/huge', $body);
         is(log_of($k)->{form}, 'raw-invalid-json', "$what: hashed raw");
     }
 
-    # a NUL inside the value is not JSON RFC 8785 represents: no identity,
+    # a NUL inside the value is not JSON RFC 8785 represents: refused,
     # never the value cut at the NUL (which would make these two one)
-    ($r1) = no_identity('\\u0000 inside the value', '/huge',
-                        '{"source_event_id":"e-nul\u0000a"}', '{"source_event_id":"e-nul\u0000b"}');
-    is($r1->{headers}{'x-ev-set'}, 0, '\\u0000: the variable is empty');
+    refused('\\u0000 inside the value', '/huge',
+            '{"source_event_id":"e-nul\u0000a"}', '{"source_event_id":"e-nul\u0000b"}');
 }
 
 # ---- numbers: equal JSON values are one identity, different ones are not
