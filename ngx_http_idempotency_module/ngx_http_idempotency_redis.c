@@ -26,72 +26,63 @@ static void ngx_http_idem_redis_reply(redisAsyncContext *ac, void *r,
 static void ngx_http_idem_resend(ngx_http_idem_redis_t *rd);
 
 
-/* event hooks hiredis calls; level-triggered so replies > 16 KiB flow */
+/*
+ * The event hooks hiredis calls, for every connection of the module:
+ * level-triggered, so that a reply over 16 KiB (hiredis reads 16 KiB per
+ * call) keeps the socket readable until it is all read.
+ */
 
 static void
-ngx_http_idem_link_add(ngx_http_idem_link_t *lk, ngx_uint_t write)
+ngx_http_idem_io_event(ngx_http_idem_io_t *io, ngx_uint_t write,
+    ngx_uint_t add)
 {
     ngx_event_t  *ev;
 
-    if (lk->conn == NULL) {
+    if (io->conn == NULL) {
         return;
     }
 
-    ev = write ? lk->conn->write : lk->conn->read;
+    ev = write ? io->conn->write : io->conn->read;
 
-    if (!ev->active) {
+    if (add && !ev->active) {
         if (ngx_add_event(ev, write ? NGX_WRITE_EVENT : NGX_READ_EVENT,
                           NGX_LEVEL_EVENT)
-            != NGX_OK)
+            != NGX_OK && io->failed)
         {
-            ngx_http_idem_link_recycle_later(lk);
+            io->failed(io);
         }
-    }
-}
 
-
-static void
-ngx_http_idem_link_del(ngx_http_idem_link_t *lk, ngx_uint_t write)
-{
-    ngx_event_t  *ev;
-
-    if (lk->conn == NULL) {
-        return;
-    }
-
-    ev = write ? lk->conn->write : lk->conn->read;
-
-    if (ev->active) {
+    } else if (!add && ev->active) {
         ngx_del_event(ev, write ? NGX_WRITE_EVENT : NGX_READ_EVENT, 0);
     }
 }
 
 
 static void
-ngx_http_idem_link_add_read(void *privdata)
+ngx_http_idem_io_add_read(void *privdata)
 {
-    ngx_http_idem_link_add(privdata, 0);
+    ngx_http_idem_io_event(privdata, 0, 1);
 }
 
 
 static void
-ngx_http_idem_link_del_read(void *privdata)
+ngx_http_idem_io_del_read(void *privdata)
 {
-    ngx_http_idem_link_del(privdata, 0);
+    ngx_http_idem_io_event(privdata, 0, 0);
 }
 
 
 static void
-ngx_http_idem_link_add_write(void *privdata)
+ngx_http_idem_io_add_write(void *privdata)
 {
-    ngx_http_idem_link_add(privdata, 1);
+    ngx_http_idem_io_event(privdata, 1, 1);
 }
 
 
 static void
-ngx_http_idem_link_del_write(void *privdata)
+ngx_http_idem_io_del_write(void *privdata)
 {
-    ngx_http_idem_link_del(privdata, 1);
+    ngx_http_idem_io_event(privdata, 1, 0);
 }
 
 
@@ -100,56 +91,98 @@ ngx_http_idem_link_del_write(void *privdata)
  * only unhooked and returned, never closed: one fd, one close.
  */
 static void
-ngx_http_idem_link_cleanup(void *privdata)
+ngx_http_idem_io_cleanup(void *privdata)
 {
-    ngx_http_idem_link_t  *lk = privdata;
+    ngx_http_idem_io_t  *io = privdata;
 
     ngx_connection_t  *c;
 
-    c = lk->conn;
+    c = io->conn;
+
+    if (c) {
+        ngx_http_idem_io_event(io, 0, 0);
+        ngx_http_idem_io_event(io, 1, 0);
+
+        io->conn = NULL;
+
+        if (c->read->posted) {
+            ngx_delete_posted_event(c->read);
+        }
+
+        if (c->write->posted) {
+            ngx_delete_posted_event(c->write);
+        }
+
+        ngx_free_connection(c);
+        c->fd = (ngx_socket_t) -1;
+    }
+
+    if (io->freed) {
+        io->freed(io);
+    }
+}
+
+
+static void
+ngx_http_idem_io_read_handler(ngx_event_t *ev)
+{
+    ngx_connection_t    *c = ev->data;
+    ngx_http_idem_io_t  *io = c->data;
+
+    if (io->ac) {
+        redisAsyncHandleRead(io->ac);
+    }
+}
+
+
+static void
+ngx_http_idem_io_write_handler(ngx_event_t *ev)
+{
+    ngx_connection_t    *c = ev->data;
+    ngx_http_idem_io_t  *io = c->data;
+
+    if (io->ac) {
+        redisAsyncHandleWrite(io->ac);
+    }
+}
+
+
+ngx_int_t
+ngx_http_idem_io_attach(ngx_http_idem_io_t *io, redisAsyncContext *ac,
+    ngx_log_t *log)
+{
+    ngx_connection_t  *c;
+
+    c = ngx_get_connection(ac->c.fd, log);
     if (c == NULL) {
-        return;
+        return NGX_ERROR;
     }
 
-    ngx_http_idem_link_del(lk, 0);
-    ngx_http_idem_link_del(lk, 1);
+    c->data = io;
+    c->read->handler = ngx_http_idem_io_read_handler;
+    c->write->handler = ngx_http_idem_io_write_handler;
+    c->read->log = log;
+    c->write->log = log;
 
-    lk->conn = NULL;
+    ac->ev.data = io;
+    ac->ev.addRead = ngx_http_idem_io_add_read;
+    ac->ev.delRead = ngx_http_idem_io_del_read;
+    ac->ev.addWrite = ngx_http_idem_io_add_write;
+    ac->ev.delWrite = ngx_http_idem_io_del_write;
+    ac->ev.cleanup = ngx_http_idem_io_cleanup;
 
-    if (c->read->posted) {
-        ngx_delete_posted_event(c->read);
-    }
+    io->ac = ac;
+    io->conn = c;
 
-    if (c->write->posted) {
-        ngx_delete_posted_event(c->write);
-    }
-
-    ngx_free_connection(c);
-    c->fd = (ngx_socket_t) -1;
+    return NGX_OK;
 }
 
 
-static void
-ngx_http_idem_link_read_handler(ngx_event_t *ev)
+/* the first writable event tells hiredis that the connect finished */
+void
+ngx_http_idem_io_connect(ngx_http_idem_io_t *io)
 {
-    ngx_connection_t      *c = ev->data;
-    ngx_http_idem_link_t  *lk = c->data;
-
-    if (lk->ac) {
-        redisAsyncHandleRead(lk->ac);
-    }
-}
-
-
-static void
-ngx_http_idem_link_write_handler(ngx_event_t *ev)
-{
-    ngx_connection_t      *c = ev->data;
-    ngx_http_idem_link_t  *lk = c->data;
-
-    if (lk->ac) {
-        redisAsyncHandleWrite(lk->ac);
-    }
+    ngx_http_idem_io_add_write(io);
 }
 
 
@@ -224,7 +257,7 @@ ngx_http_idem_link_on_connect(const redisAsyncContext *ac, int status)
     ngx_http_idem_metrics_redis_error(NGX_HTTP_IDEM_RERR_CONNECT);
 
     /* hiredis frees the context right after this callback */
-    lk->ac = NULL;
+    lk->io.ac = NULL;
     ngx_http_idem_link_down(lk);
     ngx_http_idem_link_schedule(lk);
 }
@@ -236,8 +269,8 @@ ngx_http_idem_link_on_disconnect(const redisAsyncContext *ac, int status)
     ngx_http_idem_link_t   *lk = ac->data;
     ngx_http_idem_redis_t  *rd = lk->redis;
 
-    if (lk->ac == ac) {
-        lk->ac = NULL;
+    if (lk->io.ac == ac) {
+        lk->io.ac = NULL;
     }
 
     if (lk->connect_timer.timer_set) {
@@ -270,7 +303,7 @@ ngx_http_idem_link_handshake(redisAsyncContext *ac, void *r, void *privdata)
     redisReply            *reply = r;
     ngx_http_idem_link_t  *lk = ac->data;
 
-    if (reply == NULL || lk->ac != ac) {
+    if (reply == NULL || lk->io.ac != ac) {
         return;             /* the context is being freed */
     }
 
@@ -343,7 +376,7 @@ ngx_http_idem_link_role(redisAsyncContext *ac, void *r, void *privdata)
 
     ngx_str_t  role;
 
-    if (reply == NULL || lk->ac != ac || reply->type == REDIS_REPLY_ERROR) {
+    if (reply == NULL || lk->io.ac != ac || reply->type == REDIS_REPLY_ERROR) {
         ngx_http_idem_link_handshake(ac, r, privdata);
         return;
     }
@@ -374,7 +407,7 @@ ngx_http_idem_link_setup(ngx_http_idem_link_t *lk, redisCallbackFn *fn,
 
     va_start(ap, format);
 
-    if (redisvAsyncCommand(lk->ac, fn, what, format, ap) == REDIS_OK
+    if (redisvAsyncCommand(lk->io.ac, fn, what, format, ap) == REDIS_OK
         && fn != ngx_http_idem_link_message)
     {
         lk->handshake++;
@@ -431,36 +464,28 @@ ngx_http_idem_link_handshake_send(ngx_http_idem_link_t *lk)
 }
 
 
+/* an event of the link's connection could not be added */
+static void
+ngx_http_idem_link_failed(ngx_http_idem_io_t *io)
+{
+    ngx_http_idem_link_recycle_later(io->data);
+}
+
+
 static ngx_int_t
 ngx_http_idem_link_attach(ngx_http_idem_link_t *lk, redisAsyncContext *ac)
 {
-    ngx_connection_t       *c;
-    ngx_http_idem_redis_t  *rd = lk->redis;
-
-    c = ngx_get_connection(ac->c.fd, rd->log);
-    if (c == NULL) {
+    if (ngx_http_idem_io_attach(&lk->io, ac, lk->redis->log) != NGX_OK) {
         return NGX_ERROR;
     }
 
-    c->data = lk;
-    c->read->handler = ngx_http_idem_link_read_handler;
-    c->write->handler = ngx_http_idem_link_write_handler;
-    c->read->log = rd->log;
-    c->write->log = rd->log;
-
+    lk->io.data = lk;
+    lk->io.failed = ngx_http_idem_link_failed;
+    lk->io.freed = NULL;
     ac->data = lk;
-    ac->ev.data = lk;
-    ac->ev.addRead = ngx_http_idem_link_add_read;
-    ac->ev.delRead = ngx_http_idem_link_del_read;
-    ac->ev.addWrite = ngx_http_idem_link_add_write;
-    ac->ev.delWrite = ngx_http_idem_link_del_write;
-    ac->ev.cleanup = ngx_http_idem_link_cleanup;
 
     redisAsyncSetConnectCallback(ac, ngx_http_idem_link_on_connect);
     redisAsyncSetDisconnectCallback(ac, ngx_http_idem_link_on_disconnect);
-
-    lk->ac = ac;
-    lk->conn = c;
 
     return NGX_OK;
 }
@@ -517,8 +542,7 @@ ngx_http_idem_link_connect(ngx_http_idem_link_t *lk)
 
     ngx_http_idem_link_handshake_send(lk);
 
-    /* the first writable event tells hiredis the connect finished */
-    ngx_http_idem_link_add_write(lk);
+    ngx_http_idem_io_connect(&lk->io);
 }
 
 
@@ -566,7 +590,7 @@ ngx_http_idem_link_reconnect_handler(ngx_event_t *ev)
 {
     ngx_http_idem_link_t  *lk = ev->data;
 
-    if (lk->ac == NULL && !lk->redis->exiting) {
+    if (lk->io.ac == NULL && !lk->redis->exiting) {
         ngx_http_idem_link_connect(lk);
     }
 }
@@ -579,12 +603,12 @@ ngx_http_idem_link_reconnect_handler(ngx_event_t *ev)
 static void
 ngx_http_idem_link_recycle_later(ngx_http_idem_link_t *lk)
 {
-    if (lk->ac == NULL) {
+    if (lk->io.ac == NULL) {
         return;
     }
 
     ngx_http_idem_link_down(lk);
-    lk->recycle_ac = lk->ac;
+    lk->recycle_ac = lk->io.ac;
 
     if (!lk->recycle.posted) {
         ngx_post_event(&lk->recycle, &ngx_posted_events);
@@ -599,13 +623,13 @@ ngx_http_idem_link_recycle_handler(ngx_event_t *ev)
 
     redisAsyncContext  *ac;
 
-    ac = lk->ac;
+    ac = lk->io.ac;
 
     if (ac == NULL || ac != lk->recycle_ac) {
         return;
     }
 
-    lk->ac = NULL;
+    lk->io.ac = NULL;
     lk->recycle_ac = NULL;
     ngx_http_idem_link_down(lk);
 
@@ -693,8 +717,8 @@ ngx_http_idem_link_close(ngx_http_idem_link_t *lk)
         ngx_delete_posted_event(&lk->recycle);
     }
 
-    ac = lk->ac;
-    lk->ac = NULL;
+    ac = lk->io.ac;
+    lk->io.ac = NULL;
 
     if (ac) {
         redisAsyncFree(ac);
@@ -709,7 +733,7 @@ ngx_http_idem_link_follow(ngx_http_idem_link_t *lk, ngx_uint_t moved)
         return;                        /* no such link in this worker */
     }
 
-    if (lk->ac) {
+    if (lk->io.ac) {
         if (moved) {
             ngx_http_idem_link_recycle_later(lk);
 
@@ -739,11 +763,11 @@ ngx_http_idem_redis_located(ngx_http_idem_redis_t *rd, ngx_str_t *host,
     }
 
     if (host == NULL) {
-        if (rd->cmd.redis && rd->cmd.ac == NULL) {
+        if (rd->cmd.redis && rd->cmd.io.ac == NULL) {
             ngx_http_idem_link_schedule(&rd->cmd);
         }
 
-        if (rd->sub.redis && rd->sub.ac == NULL) {
+        if (rd->sub.redis && rd->sub.io.ac == NULL) {
             ngx_http_idem_link_schedule(&rd->sub);
         }
 
@@ -1155,13 +1179,13 @@ ngx_http_idem_cmd_drain(ngx_http_idem_redis_t *rd, ngx_http_idem_cmd_t *cmd)
     rd->timing_out = cmd;
 
     for (i = 0; i < 256 && rd->timing_out == cmd; i++) {
-        if (rd->cmd.ac == NULL || rd->cmd.conn == NULL
-            || ioctl(rd->cmd.conn->fd, FIONREAD, &n) == -1 || n <= 0)
+        if (rd->cmd.io.ac == NULL || rd->cmd.io.conn == NULL
+            || ioctl(rd->cmd.io.conn->fd, FIONREAD, &n) == -1 || n <= 0)
         {
             break;
         }
 
-        redisAsyncHandleRead(rd->cmd.ac);
+        redisAsyncHandleRead(rd->cmd.io.ac);
     }
 
     if (rd->timing_out != cmd) {
@@ -1266,8 +1290,8 @@ ngx_http_idem_cmd_send(ngx_http_idem_cmd_t *cmd,
     cmd->handler = handler;
     cmd->data = data;
 
-    if (rd->cmd.ac == NULL || rd->cmd.state == NGX_HTTP_IDEM_REDIS_DOWN
-        || ngx_http_idem_cmd_write(rd->cmd.ac, cmd) != REDIS_OK)
+    if (rd->cmd.io.ac == NULL || rd->cmd.state == NGX_HTTP_IDEM_REDIS_DOWN
+        || ngx_http_idem_cmd_write(rd->cmd.io.ac, cmd) != REDIS_OK)
     {
         /* not written: no callback will ever come for this one */
         if (ngx_http_idem_resend_later(cmd) == NGX_OK) {
@@ -1580,7 +1604,7 @@ ngx_http_idem_replicas_wait(ngx_http_idem_redis_t *rd,
      * WAIT counts the writes of the connection it is sent on: the reply
      * being handled must have come on the connection WAIT would go to.
      */
-    if (rd->replying == NULL || rd->replying != rd->cmd.ac
+    if (rd->replying == NULL || rd->replying != rd->cmd.io.ac
         || rd->cmd.state != NGX_HTTP_IDEM_REDIS_READY)
     {
         return NGX_ERROR;
