@@ -1418,7 +1418,7 @@ ngx_http_idem_sentinel_seed(ngx_conf_t *cf, ngx_command_t *cmd,
 {
     u_char                         *p;
     ngx_url_t                       u;
-    ngx_http_idem_sentinel_addr_t  *a;
+    ngx_http_idem_addr_t           *a;
 
     ngx_memzero(&u, sizeof(ngx_url_t));
     u.url = *v;
@@ -1498,7 +1498,7 @@ ngx_http_idem_redis_sentinel(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     sn = ngx_pcalloc(cf->pool, sizeof(ngx_http_idem_sentinel_t));
     if (rd == NULL || sn == NULL
         || ngx_array_init(&sn->seeds, cf->pool, 3,
-                          sizeof(ngx_http_idem_sentinel_addr_t))
+                          sizeof(ngx_http_idem_addr_t))
            != NGX_OK)
     {
         return NGX_CONF_ERROR;

@@ -27,10 +27,10 @@ static void ngx_http_idem_sn_failed(ngx_http_idem_sn_link_t *lk);
 static void ngx_http_idem_sn_ask_next(ngx_http_idem_sentinel_t *sn);
 
 
-static ngx_http_idem_sentinel_addr_t *
+static ngx_http_idem_addr_t *
 ngx_http_idem_sn_seed(ngx_http_idem_sn_link_t *lk)
 {
-    ngx_http_idem_sentinel_addr_t  *seeds = lk->sn->seeds.elts;
+    ngx_http_idem_addr_t  *seeds = lk->sn->seeds.elts;
 
     return &seeds[lk->seed];
 }
@@ -214,9 +214,9 @@ static void ngx_http_idem_sn_message(redisAsyncContext *ac, void *r,
 static ngx_int_t
 ngx_http_idem_sn_open(ngx_http_idem_sn_link_t *lk)
 {
-    redisAsyncContext              *ac;
-    ngx_http_idem_sentinel_t       *sn = lk->sn;
-    ngx_http_idem_sentinel_addr_t  *a;
+    redisAsyncContext         *ac;
+    ngx_http_idem_addr_t      *a;
+    ngx_http_idem_sentinel_t  *sn = lk->sn;
 
     a = ngx_http_idem_sn_seed(lk);
 
@@ -354,29 +354,13 @@ ngx_http_idem_sn_ask_next(ngx_http_idem_sentinel_t *sn)
 static ngx_int_t
 ngx_http_idem_sn_address(ngx_str_t *host, ngx_str_t *port, ngx_int_t *n)
 {
-#if (NGX_HAVE_INET6)
-    u_char  buf[NGX_INET6_ADDRSTRLEN];
-#endif
-
     *n = ngx_atoi(port->data, port->len);
 
-    if (*n < 1 || *n > 65535 || host->len == 0) {
+    if (*n < 1 || *n > 65535 || !ngx_http_idem_numeric_host(host)) {
         return NGX_ERROR;
     }
 
-    if (ngx_inet_addr(host->data, host->len) != INADDR_NONE) {
-        return NGX_OK;
-    }
-
-#if (NGX_HAVE_INET6)
-    if (host->len < sizeof(buf)
-        && ngx_inet6_addr(host->data, host->len, buf) == NGX_OK)
-    {
-        return NGX_OK;
-    }
-#endif
-
-    return NGX_ERROR;
+    return NGX_OK;
 }
 
 
