@@ -35,7 +35,6 @@ struct ngx_http_idem_cl_node_s {
     ngx_http_idem_link_t         link;
     ngx_uint_t                   epoch;     /* the last map that named it */
     int                          port;
-    unsigned                     seed:1;
     unsigned                     master:1;
     u_char                       host[NGX_SOCKADDR_STRLEN + 1];
     u_char                       label[sizeof(" node :65535")
@@ -302,8 +301,9 @@ ngx_http_idem_cl_range(ngx_http_idem_cluster_t *cl,
 
 /*
  * The new map: every slot's master, a link to every node it names, and
- * the links of nodes it no longer names stopped (seeds are kept: they are
- * where a worker that has lost every node starts again).
+ * the links of nodes it does not name stopped, seeds included (a seed
+ * that is down would be tried every two seconds for the worker's life);
+ * a worker that has lost every node starts again from the seeds.
  */
 static void
 ngx_http_idem_cl_map(ngx_http_idem_cluster_t *cl,
@@ -328,7 +328,7 @@ ngx_http_idem_cl_map(ngx_http_idem_cluster_t *cl,
     for (i = 0; i < cl->nodes.nelts; i++) {
         n = ngx_http_idem_cl_at(cl, i);
 
-        if (n->epoch != cl->epoch && !n->seed) {
+        if (n->epoch != cl->epoch) {
             ngx_http_idem_link_stop(&n->link);
         }
     }
@@ -435,8 +435,9 @@ ngx_http_idem_cl_slots(ngx_http_idem_cmd_t *cmd, redisReply *reply)
 
     if (reply == NULL || ngx_http_idem_cl_valid(reply) != NGX_OK) {
         ngx_log_error(NGX_LOG_ERR, cl->log, 0,
-                      "idempotency: redis %V: no slot map from%s: %*s",
+                      "idempotency: redis %V: no slot map from%s: %s%*s",
                       &cl->redis->name, from->label,
+                      reply ? "" : "no answer",
                       reply && reply->type == REDIS_REPLY_ERROR
                       ? (size_t) reply->len : 0,
                       reply && reply->type == REDIS_REPLY_ERROR
@@ -462,7 +463,7 @@ ngx_http_idem_cl_slots(ngx_http_idem_cmd_t *cmd, redisReply *reply)
 }
 
 
-/* the seeds, the first time: the nodes a worker starts from */
+/* the seeds: where a worker starts, and starts again when no node is up */
 static void
 ngx_http_idem_cl_seed(ngx_http_idem_cluster_t *cl)
 {
@@ -482,7 +483,6 @@ ngx_http_idem_cl_seed(ngx_http_idem_cluster_t *cl)
             continue;
         }
 
-        n->seed = 1;
         ngx_http_idem_cl_open(cl, n);
     }
 }
@@ -500,11 +500,12 @@ ngx_http_idem_cl_refresh_handler(ngx_event_t *ev)
         return;
     }
 
-    if (cl->nodes.nelts == 0) {
-        ngx_http_idem_cl_seed(cl);
-    }
-
     n = ngx_http_idem_cl_up(cl, cl->next);
+
+    if (n == NULL) {
+        ngx_http_idem_cl_seed(cl);
+        n = ngx_http_idem_cl_up(cl, cl->next);
+    }
 
     cmd = n ? ngx_http_idem_cmd_on_link(&n->link, ngx_http_idem_cl_slots_cmd,
                                         2)
@@ -593,7 +594,12 @@ ngx_http_idem_cluster_redirect(ngx_http_idem_redis_t *rd,
 
     ngx_http_idem_cl_open(cl, n);
 
-    if (!to->ask) {
+    if (!to->ask && cl->slots[to->slot] != n) {
+        ngx_log_error(NGX_LOG_INFO, cl->log, 0,
+                      "idempotency: redis %V: slot %ui moved to %V:%i",
+                      &rd->name, (ngx_uint_t) to->slot, &host,
+                      (ngx_int_t) to->port);
+
         cl->slots[to->slot] = n;
         n->master = 1;
         ngx_http_idem_cluster_locate(rd);

@@ -1294,6 +1294,7 @@ ngx_http_idem_resend_later(ngx_http_idem_cmd_t *cmd, ngx_http_idem_link_t *lk)
 static void
 ngx_http_idem_resend(ngx_http_idem_redis_t *rd)
 {
+    ngx_uint_t            n;
     ngx_queue_t           queue, *q;
     ngx_http_idem_cmd_t  *cmd;
 
@@ -1301,16 +1302,13 @@ ngx_http_idem_resend(ngx_http_idem_redis_t *rd)
         return;
     }
 
-    ngx_log_error(NGX_LOG_NOTICE, rd->log, 0,
-                  "idempotency: sending %ui unrecorded results again",
-                  rd->resend_n);
-
     /* one that cannot go yet is kept again, for the next round */
     ngx_queue_init(&queue);
     ngx_queue_add(&queue, &rd->resend);
     ngx_queue_init(&rd->resend);
     rd->resend_n = 0;
     rd->resend_size = 0;
+    n = 0;
 
     while (!ngx_queue_empty(&queue)) {
         q = ngx_queue_head(&queue);
@@ -1318,7 +1316,15 @@ ngx_http_idem_resend(ngx_http_idem_redis_t *rd)
 
         cmd = ngx_queue_data(q, ngx_http_idem_cmd_t, queue);
         cmd->resent = 1;
-        (void) ngx_http_idem_cmd_send(cmd, cmd->handler, cmd->data);
+
+        if (ngx_http_idem_cmd_send(cmd, cmd->handler, cmd->data) == NGX_OK) {
+            n++;
+        }
+    }
+
+    if (n) {
+        ngx_log_error(NGX_LOG_NOTICE, rd->log, 0,
+                      "idempotency: sending %ui unrecorded results again", n);
     }
 }
 
