@@ -1420,8 +1420,9 @@ sub answer {
 # moved: a new master named, say).  Tests: the fault and the move happened,
 # every answer is documented, no key executed twice (effects <= 1 for every
 # key sent), keys executed before the fault, and a key that `counts`
-# accepts (default: any) executed within `bound` seconds of the fault; the
-# recovery is printed.  Returns { keys, fault_t, moved_t, moved, first }.
+# accepts (default: any) executed within `bound` seconds of the fault (the
+# first after the first refusal, 503 or 409 in-progress, of such a key);
+# the recovery is printed.  Returns { keys, fault_t, moved_t, moved, first }.
 sub storm {
     my ($self, %o) = @_;
     my ($name, $path) = @o{qw(name path)};
@@ -1475,7 +1476,7 @@ sub _storm_client {
 sub _storm_check {
     my ($self, $o, $s, $res) = @_;
     my $name = $o->{name};
-    my (%seen, @bad, @keys, @exec);
+    my (%seen, @bad, @keys, @exec, @refused);
     for my $x (@$res) {
         if (!$x) { push @bad, 'a client died'; next }
         push @keys, @{ $x->{keys} };
@@ -1484,6 +1485,7 @@ sub _storm_check {
             $seen{$a}++;
             push @bad, "$k attempt $i: $a" unless $o->{documented}{$a};
             push @exec, [ $t1, $k ] if $a eq '201';
+            push @refused, [ $t1, $k ] if $a =~ /^503|^409 in-progress/;
         }
     }
     my %effects;
@@ -1500,18 +1502,23 @@ sub _storm_check {
     ok((grep { $_->[0] < ($s->{fault_t} // 0) } @exec) > 0, "$name: keys executed before the fault");
     return { keys => \@keys } unless $s->{fault_t} && $s->{moved_t};
 
+    # recovery: the first execution after the first refusal the fault caused
     my $counts = $o->{counts} // sub { 1 };
+    my ($down) = sort { $a <=> $b } map { $_->[0] }
+        grep { $_->[0] >= $s->{fault_t} && $counts->($_->[1]) } @refused;
     my ($first) = sort { $a <=> $b } map { $_->[0] }
-        grep { $_->[0] >= $s->{fault_t} && $counts->($_->[1]) } @exec;
+        grep { $_->[0] >= ($down // $s->{fault_t}) && $counts->($_->[1]) } @exec;
     my $bound = $o->{bound} // 30;
     ok(defined $first && $first - $s->{fault_t} < $bound,
         "$name: new keys execute again within $bound s of the fault");
     my @gap = sort { $a <=> $b } map { $_->[0] } grep { $counts->($_->[1]) } @exec;
     my $gap = 0;
     for my $i (1 .. $#gap) { $gap = $gap[$i] - $gap[$i - 1] if $gap[$i] - $gap[$i - 1] > $gap }
-    diag(sprintf '%s: recovery: the topology moved %.2f s after the fault; first new key executed '
-        . '%.2f s after the fault; longest gap between executions %.2f s', $name,
-        $s->{moved_t} - $s->{fault_t}, ($first // time) - $s->{fault_t}, $gap);
+    diag(sprintf '%s: recovery: the topology moved %.2f s after the fault; first refusal %s; '
+        . 'first new key executed after it %.2f s after the fault; longest gap between executions %.2f s',
+        $name, $s->{moved_t} - $s->{fault_t},
+        defined $down ? sprintf('%.2f s after the fault', $down - $s->{fault_t}) : 'none',
+        ($first // time) - $s->{fault_t}, $gap);
     return { keys => \@keys, %$s, first => $first };
 }
 
