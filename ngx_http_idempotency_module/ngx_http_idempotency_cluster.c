@@ -609,22 +609,29 @@ ngx_http_idem_cluster_redirect(ngx_http_idem_redis_t *rd,
 }
 
 
+/* the clusters among the servers, one after the other (i: from where) */
+static ngx_http_idem_cluster_t *
+ngx_http_idem_cl_next(ngx_array_t *servers, ngx_uint_t *i)
+{
+    ngx_http_idem_redis_t  **rds = servers->elts;
+
+    while (*i < servers->nelts) {
+        if (rds[(*i)++]->route == ngx_http_idem_cluster_route) {
+            return rds[*i - 1]->locate_data;
+        }
+    }
+
+    return NULL;
+}
+
+
 ngx_int_t
 ngx_http_idem_cluster_init_process(ngx_cycle_t *cycle, ngx_array_t *servers)
 {
     ngx_uint_t                i;
-    ngx_http_idem_redis_t   **rds;
     ngx_http_idem_cluster_t  *cl;
 
-    rds = servers->elts;
-
-    for (i = 0; i < servers->nelts; i++) {
-        if (rds[i]->route != ngx_http_idem_cluster_route) {
-            continue;
-        }
-
-        cl = rds[i]->locate_data;
-        cl->redis = rds[i];
+    for (i = 0; (cl = ngx_http_idem_cl_next(servers, &i)); /* void */) {
         cl->log = cycle->log;
 
         cl->slots = ngx_calloc(IDEM_SLOTS * sizeof(ngx_http_idem_cl_node_t *),
@@ -654,20 +661,12 @@ void
 ngx_http_idem_cluster_exit_process(ngx_array_t *servers)
 {
     ngx_uint_t                i, j;
-    ngx_http_idem_redis_t   **rds;
     ngx_http_idem_cluster_t  *cl;
 
-    rds = servers->elts;
-
-    for (i = 0; i < servers->nelts; i++) {
-        if (rds[i]->route != ngx_http_idem_cluster_route) {
-            continue;
-        }
-
-        cl = rds[i]->locate_data;
+    for (i = 0; (cl = ngx_http_idem_cl_next(servers, &i)); /* void */) {
 
         /* the transport's flag: nothing reconnects, nothing is kept */
-        rds[i]->exiting = 1;
+        cl->redis->exiting = 1;
 
         if (cl->refresh.timer_set) {
             ngx_del_timer(&cl->refresh);

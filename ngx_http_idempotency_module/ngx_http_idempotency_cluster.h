@@ -20,9 +20,9 @@ typedef struct ngx_http_idem_cl_node_s  ngx_http_idem_cl_node_t;
 
 typedef struct {
     ngx_array_t                  seeds;     /* ngx_http_idem_addr_t */
+    ngx_http_idem_redis_t       *redis;     /* whose topology this is */
 
     /* each worker's */
-    ngx_http_idem_redis_t       *redis;
     ngx_log_t                   *log;
     ngx_array_t                  nodes;     /* ngx_http_idem_cl_node_t * */
     ngx_http_idem_cl_node_t    **slots;     /* IDEM_SLOTS: each one's master */

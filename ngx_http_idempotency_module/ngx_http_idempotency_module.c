@@ -1373,6 +1373,83 @@ ngx_http_idem_redis_taken(ngx_conf_t *cf, ngx_command_t *cmd,
 }
 
 
+/* a server in every worker's list, and this scope's */
+static char *
+ngx_http_idem_server_add(ngx_conf_t *cf, ngx_http_idem_loc_conf_t *lcf,
+    ngx_http_idem_redis_t *rd)
+{
+    ngx_http_idem_redis_t      **slot;
+    ngx_http_idem_main_conf_t   *mcf;
+
+    mcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_idempotency_module);
+
+    slot = ngx_array_push(&mcf->servers);
+    if (slot == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    *slot = rd;
+    lcf->redis = rd;
+
+    return NGX_CONF_OK;
+}
+
+
+typedef char *(*ngx_http_idem_param_pt)(ngx_conf_t *cf, ngx_command_t *cmd,
+    ngx_http_idem_redis_t *rd, ngx_str_t *v);
+
+/*
+ * What the directives of a topology (Sentinel, Cluster) share: the
+ * server's defaults, its parameters from the first-th on (param reads the
+ * directive's own and passes the server's to ngx_http_idem_redis_param),
+ * and at least one seed, a "seed" ("sentinel", "cluster node").
+ */
+static char *
+ngx_http_idem_topology_conf(ngx_conf_t *cf, ngx_command_t *cmd,
+    ngx_http_idem_redis_t *rd, ngx_uint_t first, ngx_http_idem_param_pt param,
+    ngx_array_t *seeds, const char *seed)
+{
+    ngx_str_t   *value;
+    ngx_uint_t   i;
+
+    value = cf->args->elts;
+    rd->connect_timeout = 1000;
+    rd->timeout = 1000;
+
+    for (i = first; i < cf->args->nelts; i++) {
+        if (param(cf, cmd, rd, &value[i]) != NGX_CONF_OK) {
+            return NGX_CONF_ERROR;
+        }
+    }
+
+    if (seeds->nelts == 0) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"%V\" directive needs at least one %s "
+                           "host:port", &cmd->name, seed);
+        return NGX_CONF_ERROR;
+    }
+
+    return NGX_CONF_OK;
+}
+
+
+/* the server's name in logs: "kind:what" */
+static char *
+ngx_http_idem_server_name(ngx_conf_t *cf, ngx_http_idem_redis_t *rd,
+    const char *kind, ngx_str_t *what)
+{
+    rd->name.len = ngx_strlen(kind) + 1 + what->len;
+    rd->name.data = ngx_pnalloc(cf->pool, rd->name.len);
+    if (rd->name.data == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    ngx_sprintf(rd->name.data, "%s:%V", kind, what);
+
+    return NGX_CONF_OK;
+}
+
+
 static char *
 ngx_http_idem_redis(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 {
@@ -1381,7 +1458,7 @@ ngx_http_idem_redis(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     char                       *rv;
     ngx_str_t                  *value;
     ngx_uint_t                  i;
-    ngx_http_idem_redis_t      *rd, **servers, **slot;
+    ngx_http_idem_redis_t      *rd, **servers;
     ngx_http_idem_main_conf_t  *mcf;
 
     rv = ngx_http_idem_redis_taken(cf, cmd, lcf);
@@ -1421,15 +1498,7 @@ ngx_http_idem_redis(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
         }
     }
 
-    slot = ngx_array_push(&mcf->servers);
-    if (slot == NULL) {
-        return NGX_CONF_ERROR;
-    }
-
-    *slot = rd;
-    lcf->redis = rd;
-
-    return NGX_CONF_OK;
+    return ngx_http_idem_server_add(cf, lcf, rd);
 }
 
 
@@ -1534,12 +1603,10 @@ ngx_http_idem_redis_sentinel(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 {
     ngx_http_idem_loc_conf_t  *lcf = conf;
 
-    char                       *rv;
-    ngx_str_t                  *value;
-    ngx_uint_t                  i;
-    ngx_http_idem_redis_t      *rd, **slot;
-    ngx_http_idem_sentinel_t   *sn;
-    ngx_http_idem_main_conf_t  *mcf;
+    char                      *rv;
+    ngx_str_t                 *value;
+    ngx_http_idem_redis_t     *rd;
+    ngx_http_idem_sentinel_t  *sn;
 
     rv = ngx_http_idem_redis_taken(cf, cmd, lcf);
     if (rv != NGX_CONF_OK) {
@@ -1563,44 +1630,20 @@ ngx_http_idem_redis_sentinel(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     }
 
     sn->master = value[1];
-    rd->name.len = sizeof("sentinel:") - 1 + value[1].len;
-    rd->name.data = ngx_pnalloc(cf->pool, rd->name.len);
-    if (rd->name.data == NULL) {
-        return NGX_CONF_ERROR;
-    }
-
-    ngx_sprintf(rd->name.data, "sentinel:%V", &value[1]);
-    rd->connect_timeout = 1000;
-    rd->timeout = 1000;
     rd->locate = ngx_http_idem_sentinel_locate;
     rd->locate_data = sn;
 
-    for (i = 2; i < cf->args->nelts; i++) {
-        if (ngx_http_idem_sentinel_param(cf, cmd, rd, &value[i])
-            != NGX_CONF_OK)
-        {
-            return NGX_CONF_ERROR;
-        }
-    }
-
-    if (sn->seeds.nelts == 0) {
-        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "\"%V\" directive needs at least one sentinel "
-                           "host:port after the master name", &cmd->name);
+    if (ngx_http_idem_topology_conf(cf, cmd, rd, 2,
+                                    ngx_http_idem_sentinel_param, &sn->seeds,
+                                    "sentinel")
+        != NGX_CONF_OK
+        || ngx_http_idem_server_name(cf, rd, "sentinel", &value[1])
+           != NGX_CONF_OK)
+    {
         return NGX_CONF_ERROR;
     }
 
-    mcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_idempotency_module);
-
-    slot = ngx_array_push(&mcf->servers);
-    if (slot == NULL) {
-        return NGX_CONF_ERROR;
-    }
-
-    *slot = rd;
-    lcf->redis = rd;
-
-    return NGX_CONF_OK;
+    return ngx_http_idem_server_add(cf, lcf, rd);
 }
 
 
@@ -1675,9 +1718,7 @@ ngx_http_idem_redis_cluster(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     ngx_http_idem_loc_conf_t  *lcf = conf;
 
     char                       *rv;
-    ngx_str_t                  *value;
-    ngx_uint_t                  i;
-    ngx_http_idem_redis_t      *rd, **slot;
+    ngx_http_idem_redis_t      *rd;
     ngx_http_idem_cluster_t    *cl;
     ngx_http_idem_main_conf_t  *mcf;
 
@@ -1685,8 +1726,6 @@ ngx_http_idem_redis_cluster(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     if (rv != NGX_CONF_OK) {
         return rv;
     }
-
-    value = cf->args->elts;
 
     rd = ngx_pcalloc(cf->pool, sizeof(ngx_http_idem_redis_t));
     cl = ngx_pcalloc(cf->pool, sizeof(ngx_http_idem_cluster_t));
@@ -1698,37 +1737,23 @@ ngx_http_idem_redis_cluster(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
         return NGX_CONF_ERROR;
     }
 
-    rd->connect_timeout = 1000;
-    rd->timeout = 1000;
     rd->locate = ngx_http_idem_cluster_locate;
     rd->route = ngx_http_idem_cluster_route;
     rd->redirect = ngx_http_idem_cluster_redirect;
     rd->locate_data = cl;
+    cl->redis = rd;
 
-    for (i = 1; i < cf->args->nelts; i++) {
-        if (ngx_http_idem_cluster_param(cf, cmd, rd, &value[i])
-            != NGX_CONF_OK)
-        {
-            return NGX_CONF_ERROR;
-        }
-    }
-
-    if (cl->seeds.nelts == 0) {
-        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "\"%V\" directive needs at least one cluster "
-                           "node host:port", &cmd->name);
+    /* named in logs by its first node as written */
+    if (ngx_http_idem_topology_conf(cf, cmd, rd, 1,
+                                    ngx_http_idem_cluster_param, &cl->seeds,
+                                    "cluster node")
+        != NGX_CONF_OK
+        || ngx_http_idem_server_name(cf, rd, "cluster",
+               &((ngx_http_idem_addr_t *) cl->seeds.elts)[0].name)
+           != NGX_CONF_OK)
+    {
         return NGX_CONF_ERROR;
     }
-
-    /* for logs: "cluster:" and the first seed as written */
-    rd->name.len = sizeof("cluster:") - 1 + value[1].len;
-    rd->name.data = ngx_pnalloc(cf->pool, rd->name.len);
-    if (rd->name.data == NULL) {
-        return NGX_CONF_ERROR;
-    }
-
-    ngx_sprintf(rd->name.data, "cluster:%V",
-                &((ngx_http_idem_addr_t *) cl->seeds.elts)[0].name);
 
     /* locations naming the same cluster share its connections */
     mcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_idempotency_module);
@@ -1738,15 +1763,7 @@ ngx_http_idem_redis_cluster(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
         return NGX_CONF_OK;
     }
 
-    slot = ngx_array_push(&mcf->servers);
-    if (slot == NULL) {
-        return NGX_CONF_ERROR;
-    }
-
-    *slot = rd;
-    lcf->redis = rd;
-
-    return NGX_CONF_OK;
+    return ngx_http_idem_server_add(cf, lcf, rd);
 }
 
 
