@@ -23,7 +23,6 @@ use warnings;
 use FindBin;
 use lib "$FindBin::Bin/lib";
 use Test::More;
-use JSON::PP;
 use POSIX qw(WNOHANG);
 use Time::HiRes qw(time sleep);
 use Idem::Test;
@@ -164,12 +163,6 @@ is(join(' ', map { $t->key_slot($_) } qw(idem:{abc}:r user1000 foo{}{bar})),
    join(' ', map { $t->redis_at($ports[0], 'CLUSTER', 'KEYSLOT', $_) } qw(idem:{abc}:r user1000 foo{}{bar})),
    'the test computes key slots as the cluster does');
 
-sub status_of {
-    my ($k) = @_;
-    my $r = $t->http(GET => '/status', key => $k);
-    return ($r->{status}, eval { JSON::PP->new->decode($r->{content}) } // {});
-}
-
 subtest 'claim, replay and conflict on each master' => sub {
     for my $m (@masters) {
         my $k = key_on('basic', $m);
@@ -229,60 +222,12 @@ subtest 'idempotency_redis_wait 1 through the cluster' => sub {
 
 # ------------------------------------------------- status, admin, wait
 
-# one slow attempt and $n duplicates that wait for it: woken by the
-# completion's announcement, which the record's master publishes and the
-# cluster carries to the subscriber's node
-sub waiters {
-    my ($name, $k, $n) = @_;
-    my $bg = $t->http_bg(POST => '/w', key => $k, json => { w => 1 },
-                         headers => [ 'X-Delay' => 1.5 ], timeout => 20);
-    ok($t->wait_for(sub { $t->effects(key => $k) == 1 }, 10), "$name: the first attempt runs");
-    my $res = $t->parallel($n, sub {
-        my $r = $t->http(POST => '/w', key => $k, json => { w => 1 }, timeout => 20);
-        return "$r->{status} " . ($r->{headers}{'idempotent-replayed'} // $t->ptype($r));
-    }, timeout => 30);
-    my $first = $bg->result(20);
-    is($first && $first->{status}, 201, "$name: the first attempt completes");
-    is(scalar(grep { ($_ // '') eq '201 true' } @$res), $n,
-       "$name: all $n waiting duplicates got the replay") or diag(explain $res);
-    is($t->effects(key => $k), 1, "$name: one effect");
-}
-
+# for a key on each master: the completions are published on the record's
+# master, and the cluster carries them to the subscriber's node
 sub ops_round {
     my ($name) = @_;
-    for my $m (@masters) {
-        my $k = key_on("$name-status", $m);
-        my $r = $t->http(POST => '/s', key => $k, json => { s => 1 });
-        is($r->{status}, 201, "$name, master $m: a write executes");
-        my ($code, $st) = status_of($k);
-        is($code, 200, "$name, master $m: the status endpoint answers");
-        is($st->{state}, 'completed', "$name, master $m: ... completed");
-        is($st->{response_status}, 201, "$name, master $m: ... with the upstream's status");
-        ($code) = status_of(key_on("$name-none", $m));
-        is($code, 404, "$name, master $m: status of an unknown key: 404");
-
-        # an unknown record on its master; the admin endpoint releases it
-        my $ku = key_on("$name-unknown", $m);
-        my $op = join '', map { sprintf '%02x', int rand 256 } 1 .. 16;
-        my $now = int(time * 1000);
-        is($t->redis_at($m, 'SET', $t->record_name($ku),
-                        $t->encode_record({ state => 'unknown', op => $op, fp => $st->{fingerprint} // 'a' x 64,
-                                            created => $now, unknown_at => $now }),
-                        'PX', 600000), 'OK', "$name, master $m: an unknown record");
-        (undef, $st) = status_of($ku);
-        is($st->{state}, 'unknown', "$name, master $m: status shows it unknown");
-        $r = $t->http(POST => '/s', key => $ku, json => { s => 1 });
-        is($t->ptype($r), 'outcome-unknown', "$name, master $m: a retry is told outcome-unknown");
-        $r = $t->http(POST => '/admin?action=release', key => $ku);
-        is($r->{status}, 200, "$name, master $m: admin release: 200") or diag($t->show($r));
-        is(($t->redis_at($m, 'EXISTS', $t->record_name($ku)) // -1), 0,
-           "$name, master $m: the record is gone");
-        $r = $t->http(POST => '/s', key => $ku, json => { s => 1 });
-        is($r->{status}, 201, "$name, master $m: then the retry executes");
-        is($t->effects(key => $ku), 1, "$name, master $m: once");
-
-        waiters("$name, master $m, wait", key_on("$name-wait", $m), 3);
-    }
+    $t->ops_round("$name, master $_", $_, key => do { my $m = $_; sub { key_on(shift, $m) } }, waiters => 3)
+        for @masters;
 }
 
 ops_round('ops');

@@ -1522,6 +1522,86 @@ sub _storm_check {
     return { keys => \@keys, %$s, first => $first };
 }
 
+# status_of($key): the status endpoint's answer for $key (GET /status): its
+# HTTP status and its decoded JSON body ({} when there is none)
+sub status_of {
+    my ($self, $k) = @_;
+    my $r = $self->http(GET => '/status', key => $k);
+    return ($r->{status}, eval { JSON::PP->new->decode($r->{content}) } // {});
+}
+
+# waiters($name, $key, $n): one slow attempt of $key (POST /w, 1.5 s at the
+# upstream) and $n duplicates that wait for it (idempotency_wait): every
+# duplicate is woken with the replay (none runs out into in-progress), and
+# the key executes once.
+sub waiters {
+    my ($self, $name, $k, $n) = @_;
+    local $Test::Builder::Level = $Test::Builder::Level + 1;
+    my $bg = $self->http_bg(POST => '/w', key => $k, json => { w => 1 },
+                            headers => [ 'X-Delay' => 1.5 ], timeout => 20);
+    ok($self->wait_for(sub { $self->effects(key => $k) == 1 }, 10), "$name: the first attempt runs");
+    my $res = $self->parallel($n, sub {
+        my $r = $self->http(POST => '/w', key => $k, json => { w => 1 }, timeout => 20);
+        return "$r->{status} " . ($r->{headers}{'idempotent-replayed'} // $self->ptype($r));
+    }, timeout => 30);
+    my $first = $bg->result(20);
+    is($first && $first->{status}, 201, "$name: the first attempt completes");
+    is(scalar(grep { ($_ // '') eq '201 true' } @$res), $n,
+       "$name: all $n waiting duplicates got the replay") or diag(explain $res);
+    is($self->effects(key => $k), 1, "$name: one effect");
+}
+
+# ops_round($name, $port, key => sub { $tag -> a fresh key }, waiters => N):
+# the operations endpoints and idempotency_wait against the Redis server
+# (a master) on $port, through a configuration with "/" protected and
+# waiting, "= /status" and "= /admin": a write's status (completed, its
+# upstream status), 404 for an unknown key, an unknown record written on
+# $port shown as unknown, told outcome-unknown, released by the admin
+# endpoint (gone from $port), then executed once; then waiters().  The
+# keys come from `key` (default $self->key), so a test can place them.
+# Returns the key of the completed write.
+sub ops_round {
+    my ($self, $name, $port, %o) = @_;
+    local $Test::Builder::Level = $Test::Builder::Level + 1;
+    my $key = $o{key} // sub { $self->key(shift) };
+    (my $tag = $name) =~ s/[^A-Za-z0-9]+/-/g;    # keys are tokens
+
+    my $k = $key->("$tag-status");
+    my $r = $self->http(POST => '/s', key => $k, json => { s => 1 });
+    is($r->{status}, 201, "$name: a write executes");
+    my ($code, $st) = $self->status_of($k);
+    is($code, 200, "$name: the status endpoint answers");
+    is($st->{state}, 'completed', "$name: ... completed");
+    is($st->{response_status}, 201, "$name: ... with the upstream's status");
+    ($code) = $self->status_of($key->("$tag-none"));
+    is($code, 404, "$name: status of an unknown key: 404");
+
+    # an unknown record of the same request (the key is not part of the
+    # fingerprint): the admin endpoint releases it
+    my $ku = $key->("$tag-unknown");
+    my $op = join '', map { sprintf '%02x', int rand 256 } 1 .. 16;
+    my $now = int(time * 1000);
+    is($self->redis_at($port, 'SET', $self->record_name($ku),
+                       $self->encode_record({ state => 'unknown', op => $op, fp => $st->{fingerprint} // 'a' x 64,
+                                              created => $now, unknown_at => $now }),
+                       'PX', 600000), 'OK', "$name: an unknown record on $port");
+    (undef, $st) = $self->status_of($ku);
+    is($st->{state}, 'unknown', "$name: status shows it unknown");
+    $r = $self->http(POST => '/s', key => $ku, json => { s => 1 });
+    is($self->ptype($r), 'outcome-unknown', "$name: a retry is told outcome-unknown");
+    $r = $self->http(POST => '/admin?action=release', key => $ku);
+    is($r->{status}, 200, "$name: admin release: 200") or diag(_show($r));
+    is(($self->redis_at($port, 'EXISTS', $self->record_name($ku)) // -1), 0,
+       "$name: the record is gone from $port");
+    $r = $self->http(POST => '/s', key => $ku, json => { s => 1 });
+    is($r->{status}, 201, "$name: then the retry executes");
+    is($self->effects(key => $ku), 1, "$name: once");
+    is($self->effects(key => $k), 1, "$name: (and the first key once)");
+
+    $self->waiters("$name, wait", $key->("$tag-wait"), $o{waiters} // 6);
+    return $k;
+}
+
 # is_problem($r, $status, $slug, key => K|undef, state => S, operation_id => 1|0,
 #            retry_after => 1|0, name => ...): one subtest.
 sub is_problem {
