@@ -35,7 +35,6 @@ struct ngx_http_idem_cl_node_s {
     ngx_http_idem_link_t         link;
     ngx_uint_t                   epoch;     /* the last map that named it */
     int                          port;
-    unsigned                     master:1;
     u_char                       host[NGX_SOCKADDR_STRLEN + 1];
     u_char                       label[sizeof(" node :65535")
                                        + NGX_SOCKADDR_STRLEN];
@@ -288,8 +287,6 @@ ngx_http_idem_cl_range(ngx_http_idem_cluster_t *cl,
         ngx_http_idem_cl_open(cl, n);
 
         if (j == 2) {
-            n->master = 1;
-
             for (s = r->element[0]->integer; s <= r->element[1]->integer; s++)
             {
                 cl->slots[s] = n;
@@ -316,10 +313,6 @@ ngx_http_idem_cl_map(ngx_http_idem_cluster_t *cl,
     cl->known = 1;
 
     ngx_memzero(cl->slots, IDEM_SLOTS * sizeof(ngx_http_idem_cl_node_t *));
-
-    for (i = 0; i < cl->nodes.nelts; i++) {
-        ngx_http_idem_cl_at(cl, i)->master = 0;
-    }
 
     for (i = 0; i < reply->elements; i++) {
         ngx_http_idem_cl_range(cl, from, reply->element[i]);
@@ -601,7 +594,6 @@ ngx_http_idem_cluster_redirect(ngx_http_idem_redis_t *rd,
                       (ngx_int_t) to->port);
 
         cl->slots[to->slot] = n;
-        n->master = 1;
         ngx_http_idem_cluster_locate(rd);
     }
 

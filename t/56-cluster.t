@@ -367,6 +367,18 @@ subtest 'kill -9 of a master under load: its replica takes over' => sub {
 
 ops_round('after');
 
+# a reload: the old workers close every node's connection, the new ones
+# read the map again (check_logs: no "open socket left")
+ok($t->reload_nginx, 'nginx -s reload');
+{
+    my $k = key_on('reload', $masters[0]);
+    my ($r, @seen) = $t->retry_until_final('/reload', 10, key => $k, json => { r => 1 });
+    is($t->answer($r), '201', 'after the reload a write executes') or diag("@seen");
+    is($t->answer($t->http(POST => '/reload', key => $k, json => { r => 1 })), '201 replayed',
+       'and its retry replays');
+    is($t->effects(key => $k), 1, 'once');
+}
+
 my @refused = map {
     my $log = $t->redis_at($_, 'ACL', 'LOG');
     ref $log eq 'ARRAY' ? map { "$_" } @$log : ()
