@@ -1,8 +1,10 @@
 /*
  * hiredis' asynchronous API inside nginx's event loop: one connection per
- * worker and configured server, pipelined, with nginx timers for the link
- * set-up and for each command (hiredis 0.14 has none), reconnect with
- * backoff, and the queue of durable commands sent again after a loss.
+ * worker and configured server (per node of a Redis Cluster, which a
+ * topology's hooks name), pipelined, with nginx timers for the link set-up
+ * and for each command (hiredis 0.14 has none), reconnect with backoff,
+ * MOVED and ASK followed, and the queue of durable commands sent again
+ * after a loss.
  */
 
 #include <ngx_config.h>
