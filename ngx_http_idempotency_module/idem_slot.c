@@ -114,8 +114,15 @@ idem_redirect(const char *err, size_t len, idem_redirect_t *r)
 
     port = idem_slot_number(colon + 1, (size_t) (last - colon - 1), 65535);
 
-    if (port < 1 || memchr(sp + 1, ' ', (size_t) (colon - sp - 1))) {
+    if (port < 1) {
         return 0;
+    }
+
+    /* an address or a name: printable, no space */
+    for (p = sp + 1; p < colon; p++) {
+        if (*p <= 0x20 || *p >= 0x7f) {
+            return 0;
+        }
     }
 
     r->slot = (unsigned) slot;

@@ -24,8 +24,9 @@ unsigned idem_slot(const void *key, size_t len);
  * "ASK <slot> <endpoint>:<port>" (the slot is being moved there, and this
  * key with it: this command alone goes there, after ASKING).  An empty
  * endpoint (Redis 7: "MOVED 3999 :6380") means the host of the connection
- * that got the answer.  The endpoint is not checked here: it may be an IP
- * address or a host name, which the caller must refuse to resolve.
+ * that got the answer.  The endpoint is printable ASCII without a space,
+ * and not checked further here: it may be an IP address or a host name,
+ * which the caller must refuse to resolve.
  */
 typedef struct {
     int          ask;           /* 1: ASK, 0: MOVED */

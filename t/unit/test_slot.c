@@ -120,6 +120,9 @@ test_redirect(void)
     ok(!REDIRECT("MOVED -1 127.0.0.1:6381", &r), "a negative slot");
     ok(!REDIRECT("MOVED 3999", &r), "no endpoint");
     ok(!REDIRECT("MOVED 3999 a b:1", &r), "a space in the endpoint");
+    ok(!idem_redirect("MOVED 1 a\0b:1", 13, &r)
+       && !REDIRECT("MOVED 1 a\tb:1", &r) && !REDIRECT("MOVED 1 \x80:1", &r),
+       "a control or non-ASCII byte in the endpoint");
     ok(!REDIRECT("MOVEDX 1 127.0.0.1:1", &r), "another word");
     ok(!REDIRECT("moved 1 127.0.0.1:1", &r), "lower case");
     ok(!REDIRECT("CLUSTERDOWN The cluster is down", &r), "CLUSTERDOWN");
@@ -134,7 +137,7 @@ main(int argc, char **argv)
 {
     char  path[4096];
 
-    plan(30);
+    plan(31);
 
     test_rules();
     test_redirect();
