@@ -1566,9 +1566,10 @@ sub ops_round {
     my $key = $o{key} // sub { $self->key(shift) };
     (my $tag = $name) =~ s/[^A-Za-z0-9]+/-/g;    # keys are tokens
 
+    # as a client would (a worker may still be finding its server)
     my $k = $key->("$tag-status");
-    my $r = $self->http(POST => '/s', key => $k, json => { s => 1 });
-    is($r->{status}, 201, "$name: a write executes");
+    my ($r, @seen) = $self->retry_until_final('/s', 10, key => $k, json => { s => 1 });
+    is($r->{status}, 201, "$name: a write executes") or diag("@seen");
     my ($code, $st) = $self->status_of($k);
     is($code, 200, "$name: the status endpoint answers");
     is($st->{state}, 'completed', "$name: ... completed");
