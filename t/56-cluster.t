@@ -9,6 +9,8 @@
 #     execute once and replay; idempotency_redis_wait through the cluster;
 #   - the status and admin endpoints and idempotency_wait, for a key on
 #     each master (the subscriber is on one node: PUBLISH reaches all);
+#     idempotency_approve (the operation id's key is in another slot than
+#     the record's);
 #   - a slot moved by hand (MIGRATING/IMPORTING, MIGRATE, SETSLOT NODE):
 #     ASK and MOVED followed, every key replays, executed once;
 #   - redis-cli --cluster reshard during load: every answer documented, no
@@ -16,14 +18,15 @@
 #   - kill -9 of a master under load, its replica promoted by the cluster:
 #     every answer documented, no key executed twice, keys of the lost
 #     master's slots execute again within a bounded time (printed:
-#     "recovery"); then status, admin and waits again.
+#     "recovery"); then status, admin and waits again, a reload, and the
+#     ACL LOG of every node empty (the module ran as a least-privilege user).
 
 use strict;
 use warnings;
 use FindBin;
 use lib "$FindBin::Bin/lib";
 use Test::More;
-use POSIX qw(WNOHANG);
+use JSON::PP;
 use Time::HiRes qw(time sleep);
 use Idem::Test;
 
@@ -97,6 +100,9 @@ EOF
 
 # ------------------------------------------------------------ the stack
 
+my $p = $t->prefix;
+system("openssl rand -hex 32 > $p/hs.key") == 0 or BAIL_OUT('openssl rand');
+
 my @ports = $t->start_cluster(masters => 3, replicas => 1);
 my $seeds = join ' ', "127.0.0.1:$dead", map { "127.0.0.1:$_" } @ports[0, 4];
 
@@ -128,6 +134,15 @@ server {
     }
     location = /admin {
         idempotency_admin on;
+    }
+    location /pay {
+        idempotency on;
+        idempotency_confirm on;
+        idempotency_confirm_key hs256 $p/hs.key;
+        proxy_pass http://%%UPSTREAM%%;
+    }
+    location = /approve {
+        idempotency_approve;
     }
 }
 EOF
@@ -231,6 +246,30 @@ sub ops_round {
 }
 
 ops_round('ops');
+
+# a recorded approval (idempotency_approve): the proposal's operation id
+# names its record under a key of its own slot, so the approval reads one
+# node and writes another
+subtest 'idempotency_approve through the cluster' => sub {
+    for my $m (@masters) {
+        my $k = key_on('approve', $m);
+        my $r = $t->http(POST => '/pay', key => $k, json => { amount => 42, m => $m });
+        is($r->{status}, 428, "master $m: a proposal first") or diag($t->show($r));
+        my $prop = ($t->problem($r) // {})->{proposal} // {};
+        $r = $t->http(POST => '/approve', json => JSON::PP->new->canonical->encode(
+            { operation_id => $prop->{operation_id}, fingerprint => $prop->{fingerprint},
+              approved_by => 'alice', expires_in => 600 }));
+        is($r->{status}, 200, "master $m: the approval is recorded") or diag($t->show($r));
+        is(($t->decode_record($t->redis_at($m, 'GET', $t->record_name($k))) // {})->{state}, 'approved',
+           "master $m: on the record's master");
+        is($t->effects(key => $k), 0, "master $m: nothing executed yet");
+        $r = $t->http(POST => '/pay', key => $k, json => { amount => 42, m => $m });
+        is($r->{status}, 201, "master $m: the retry executes");
+        $r = $t->http(POST => '/pay', key => $k, json => { amount => 42, m => $m });
+        is($t->answer($r), '201 replayed', "master $m: and replays");
+        is($t->effects(key => $k), 1, "master $m: once");
+    }
+};
 
 # ------------------------------------------------- a slot moved by hand
 
