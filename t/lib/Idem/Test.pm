@@ -374,15 +374,9 @@ sub wait_cluster_ok {
 # running node
 sub cluster_masters {
     my ($self) = @_;
-    for my $i (1 .. @{ $self->{cluster} // [] }) {
-        next unless $self->instance_pid("c$i");
-        my $slots = $self->redis_at($self->instance_port("c$i"), 'CLUSTER', 'SLOTS');
-        next if ref($slots) ne 'ARRAY';
-        my %m;
-        push @{ $m{ $_->[2][1] } }, [ $_->[0], $_->[1] ] for @$slots;
-        return \%m;
-    }
-    return {};
+    my %m;
+    push @{ $m{ $_->{master} } }, [ $_->{first}, $_->{last} ] for @{ $self->cluster_shards };
+    return \%m;
 }
 
 # cluster_shards(): [ { first, last, master => port, replicas => [ports] }, ... ]
