@@ -47,6 +47,11 @@
  *    (element 1), the other answers with 1 element, the state set for
  *    "refused" only;
  *  - idem_close_decode maps 0, 1, 2 and nothing else;
+ *  - idem_redirect (idem_slot.h: a cluster node's MOVED or ASK error,
+ *    the whole input as its text): deterministic; an accepted answer has
+ *    its word at the start, a slot below 16384, a port of 1..65535, an
+ *    endpoint inside the text of printable bytes without a space, and the
+ *    same fields come back when the answer is written again from them;
  *  - well-formed answers of each script built from the input's first
  *    bytes (a record of the right state, the lease left within it; reused
  *    of a 2xx, an unknown or a claim, locked with or without its lease
@@ -57,6 +62,7 @@
  */
 
 #include "idem_reply.h"
+#include "idem_slot.h"
 
 #include "fuzz_common.h"
 #include "fuzz_value.h"
@@ -764,6 +770,64 @@ check_close(const uint8_t *data, size_t size)
 }
 
 
+static int
+fuzz_printable(const char *p, size_t len)
+{
+    size_t  i;
+
+    for (i = 0; i < len; i++) {
+        if ((unsigned char) p[i] <= 0x20 || (unsigned char) p[i] >= 0x7f) {
+            return 0;
+        }
+    }
+
+    return 1;
+}
+
+
+static void
+check_redirect(const uint8_t *data, size_t size)
+{
+    int               ok1, ok2;
+    char             *text, again[64 + 64];
+    size_t            n;
+    idem_redirect_t   r, r2;
+
+    text = fuzz_dup(data, size);
+    ok1 = idem_redirect(text, size, &r);
+    ok2 = idem_redirect(text, size, &r2);
+
+    FUZZ_CHECK(ok1 == ok2
+               && (!ok1 || (r.ask == r2.ask && r.slot == r2.slot
+                            && r.host == r2.host && r.host_len == r2.host_len
+                            && r.port == r2.port)),
+               "redirect: not deterministic");
+
+    if (ok1) {
+        FUZZ_CHECK(r.slot < IDEM_SLOTS && r.port >= 1 && r.port <= 65535
+                   && r.host >= text && r.host + r.host_len <= text + size
+                   && fuzz_printable(r.host, r.host_len)
+                   && memcmp(text, r.ask ? "ASK " : "MOVED ",
+                             r.ask ? 4 : 6) == 0,
+                   "redirect: accepted fields out of shape");
+
+        if (r.host_len <= 64) {
+            n = (size_t) snprintf(again, sizeof(again), "%s %u %.*s:%d",
+                                  r.ask ? "ASK" : "MOVED", r.slot,
+                                  (int) r.host_len, r.host, r.port);
+            FUZZ_CHECK(idem_redirect(again, n, &r2) && r2.ask == r.ask
+                       && r2.slot == r.slot && r2.port == r.port
+                       && r2.host_len == r.host_len
+                       && memcmp(r2.host, r.host, r.host_len) == 0,
+                       "redirect: written again, \"%s\" reads otherwise",
+                       again);
+        }
+    }
+
+    free(text);
+}
+
+
 /* ----------------------------------------- good answers, from the input */
 
 
@@ -962,6 +1026,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     check_admin(&rp);
     check_set(data, size);
     check_close(data, size);
+    check_redirect(data, size);
     check_accepts(data, size);
     check_accepts_business(data, size);
 
