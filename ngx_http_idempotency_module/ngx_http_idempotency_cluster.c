@@ -218,12 +218,17 @@ ngx_http_idem_cl_endpoint(redisReply *e, ngx_http_idem_cl_node_t *from,
 }
 
 
-/* the reply's shape, before anything of the old map is given up */
+/*
+ * The reply's shape, before anything of the old map is given up, and the
+ * number of slots it serves
+ */
 static ngx_int_t
-ngx_http_idem_cl_valid(redisReply *reply)
+ngx_http_idem_cl_valid(redisReply *reply, ngx_uint_t *served)
 {
     size_t       i, j;
     redisReply  *r;
+
+    *served = 0;
 
     if (reply->type != REDIS_REPLY_ARRAY) {
         return NGX_ERROR;
@@ -249,9 +254,32 @@ ngx_http_idem_cl_valid(redisReply *reply)
                 return NGX_ERROR;
             }
         }
+
+        *served += r->element[1]->integer - r->element[0]->integer + 1;
     }
 
     return NGX_OK;
+}
+
+
+/*
+ * A node with a view of its own (restarted with an empty nodes.conf, cut
+ * off from part of the cluster) answers a map that serves fewer slots
+ * than the one in use, or none: taking it would stop the links of every
+ * node it leaves out.  It is not taken; the next node is asked.
+ */
+static ngx_int_t
+ngx_http_idem_cl_fewer(ngx_http_idem_cluster_t *cl, ngx_uint_t served)
+{
+    ngx_uint_t  s, now;
+
+    now = 0;
+
+    for (s = 0; s < IDEM_SLOTS; s++) {
+        now += (cl->slots[s] != NULL);
+    }
+
+    return served == 0 || served < now;
 }
 
 
@@ -415,6 +443,7 @@ static void
 ngx_http_idem_cl_slots(ngx_http_idem_cmd_t *cmd, redisReply *reply)
 {
     ngx_http_idem_cluster_t  *cl = cmd->data;
+    ngx_uint_t                served;
     ngx_http_idem_cl_node_t  *from;
 
     cl->asking = 0;
@@ -426,7 +455,18 @@ ngx_http_idem_cl_slots(ngx_http_idem_cmd_t *cmd, redisReply *reply)
     /* the command went on a node's link, the node's first member */
     from = (ngx_http_idem_cl_node_t *) cmd->link;
 
-    if (reply == NULL || ngx_http_idem_cl_valid(reply) != NGX_OK) {
+    if (reply != NULL && ngx_http_idem_cl_valid(reply, &served) == NGX_OK
+        && ngx_http_idem_cl_fewer(cl, served))
+    {
+        ngx_log_error(NGX_LOG_WARN, cl->log, 0,
+                      "idempotency: redis %V: the slot map from%s serves %ui "
+                      "slots, fewer than the map in use: not taken",
+                      &cl->redis->name, from->label, served);
+        ngx_http_idem_cl_failed(cl);
+        return;
+    }
+
+    if (reply == NULL || ngx_http_idem_cl_valid(reply, &served) != NGX_OK) {
         ngx_log_error(NGX_LOG_ERR, cl->log, 0,
                       "idempotency: redis %V: no slot map from%s: %s%*s",
                       &cl->redis->name, from->label,

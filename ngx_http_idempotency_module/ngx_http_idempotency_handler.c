@@ -335,10 +335,15 @@ ngx_http_idem_act(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
         return NGX_DECLINED;
     }
 
-    /* fail-open never runs a request that waits for a person's approval */
+    /*
+     * fail-open never runs a request that waits for a person's approval,
+     * nor one whose lock nobody can take: that is no retry, but a second
+     * operation on what the lock guards
+     */
     if (ctx->answer == NGX_HTTP_IDEM_ANS_STORE_DOWN
         && ctx->conf->store_failure == NGX_HTTP_IDEM_FAILURE_OPEN
-        && ctx->confirm != NGX_HTTP_IDEM_CONFIRM_PROPOSE)
+        && ctx->confirm != NGX_HTTP_IDEM_CONFIRM_PROPOSE
+        && ctx->lkey[0] == '\0')
     {
         return ngx_http_idem_bypass(r, ctx);
     }

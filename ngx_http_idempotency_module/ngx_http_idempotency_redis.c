@@ -1488,6 +1488,8 @@ ngx_http_idem_cmd_send(ngx_http_idem_cmd_t *cmd,
     cmd->handler = handler;
     cmd->data = data;
     cmd->asking = 0;
+    /* each send (a resend of a kept command too) may follow a few */
+    cmd->redirects = 0;
 
     lk = ngx_http_idem_cmd_route(cmd);
 
@@ -1619,7 +1621,7 @@ ngx_http_idem_cmd_redirect(ngx_http_idem_cmd_t *cmd,
         return NGX_DECLINED;
     }
 
-    if (cmd->redirects++ == NGX_HTTP_IDEM_REDIRECTS_MAX) {
+    if (cmd->redirects++ >= NGX_HTTP_IDEM_REDIRECTS_MAX) {
         ngx_log_error(NGX_LOG_WARN, rd->log, 0,
                       "idempotency: redis %V: \"%*s\" after %d "
                       "redirections of one command", &rd->name,

@@ -17,6 +17,9 @@ use Idem::Test;
 
 my $t = Idem::Test->new;
 
+# a port nothing listens on: Redis unreachable for /open
+my $DEAD = $t->free_port;
+
 $t->start_stack(<<"EOF", log_format => 'L|$idempotency_key|$idempotency_outcome');
 idempotency_json_var \$environment /environment;
 
@@ -29,6 +32,13 @@ server {
         idempotency_lease 2s;
         idempotency_lock deploy:\$environment;
         proxy_ignore_client_abort on;
+        proxy_pass http://%%UPSTREAM%%;
+    }
+    location /open {
+        idempotency on;
+        idempotency_redis 127.0.0.1:$DEAD timeout=300ms;
+        idempotency_store_failure open;
+        idempotency_lock deploy:\$environment;
         proxy_pass http://%%UPSTREAM%%;
     }
     location = /status {
@@ -165,6 +175,21 @@ is($t->effects(key => $k118), 1, 'dep-118: 1 effect');
     is($t->http(POST => '/deployments', key => $k[1], json => '{"id":"y"}',
                 headers => [ Authorization => $AUTH ])->{status}, 201, 'another one is not blocked');
     $b1->result(10);
+}
+
+# ---- idempotency_store_failure open never runs a request that has a lock
+# value: nobody can take the lock while Redis is down
+{
+    my $k = $t->key('open-locked');
+    my $x = $t->http(POST => '/open', key => $k, json => '{"environment":"production"}',
+                     headers => [ Authorization => $AUTH ]);
+    $t->is_problem($x, 503, 'store-unavailable', name => 'Redis down, fail-open, a lock value: 503, not passed through');
+    is($t->effects(key => $k), 0, '... 0 effects');
+    $k = $t->key('open-nolock');
+    $x = $t->http(POST => '/open', key => $k, json => '{"id":"no environment"}', headers => [ Authorization => $AUTH ]);
+    is($x->{status}, 201, 'no lock value: passed through unprotected (fail-open), as without the lock')
+        or diag($t->show($x));
+    is($t->effects(key => $k), 1, '... 1 effect');
 }
 
 # ---- $idempotency_outcome locked; lock keys hold no value in clear
