@@ -58,14 +58,14 @@ typedef struct {
 
 
 /*
- * A value of idempotency_unique or idempotency_lock, and its variables
- * alone ("tickets:$id" and "${id}"): the value holds nothing when they
- * are all empty, such as when the body lacks the member.
+ * A value of idempotency_unique or idempotency_lock, and each of its
+ * variables alone ("tickets:$host:$id": "$host", "$id"): an identity is
+ * none when one of them is empty (a body without the member must not make
+ * every such request one identity), a lock is none only when all are.
  */
 typedef struct {
     ngx_http_complex_value_t     value;
-    ngx_http_complex_value_t     vars;
-    unsigned                     has_vars:1;
+    ngx_array_t                 *vars;     /* ngx_http_complex_value_t */
 } ngx_http_idem_business_t;
 
 
