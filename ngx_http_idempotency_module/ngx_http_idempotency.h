@@ -318,6 +318,7 @@ struct ngx_http_idem_ctx_s {
      * idempotency_unique and idempotency_lock: their keys, "" when the
      * location has none or the value is empty; the scope's tag with a lock
      */
+    ngx_str_t                    scope;        /* as the record key has it */
     u_char                       ukey[IDEM_RECORD_KEY_LEN + 1];
     u_char                       lkey[IDEM_RECORD_KEY_LEN + 1];
     u_char                       stag[IDEM_RECORD_KEY_LEN + 1];

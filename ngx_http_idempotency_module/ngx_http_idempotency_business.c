@@ -212,7 +212,7 @@ ngx_http_idem_business_key(ngx_http_request_t *r, ngx_http_idem_business_t *b,
 ngx_int_t
 ngx_http_idem_business_keys(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
 {
-    ngx_str_t                  none = ngx_null_string, value, *scope;
+    ngx_str_t                  none = ngx_null_string, *scope;
     ngx_http_idem_loc_conf_t  *lcf;
 
     lcf = ctx->conf;
@@ -222,12 +222,7 @@ ngx_http_idem_business_keys(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
     }
 
     ctx->business = 1;
-    scope = &value;
-    ngx_str_null(scope);
-
-    if (lcf->scope && ngx_http_complex_value(r, lcf->scope, scope) != NGX_OK) {
-        return NGX_ERROR;
-    }
+    scope = &ctx->scope;
 
     if (ngx_http_idem_business_key(r, lcf->unique, 1, "idem-unique-v1",
                                    scope, IDEM_UNIQUE_SUFFIX, ctx->ukey)

@@ -115,7 +115,11 @@ ngx_http_idem_parse_key(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
 }
 
 
-/* the record key: a digest of the evaluated scope and the key */
+/*
+ * The record key: a digest of the evaluated scope and the key.  The scope
+ * is kept: what else names keys of this request (idempotency_unique) must
+ * use the very value the record was named with, not a second evaluation.
+ */
 ngx_int_t
 ngx_http_idem_record_key(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
     ngx_str_t *scope)
@@ -127,6 +131,8 @@ ngx_http_idem_record_key(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
     {
         return NGX_ERROR;
     }
+
+    ctx->scope = *scope;
 
     if (idem_record_key((const char *) scope->data, scope->len,
                         (const char *) ctx->key.data, ctx->key.len,
