@@ -64,9 +64,26 @@ local function audit_gate(at, stream, kind, basis, reply)
         hash = top[2][1] == 'h' and top[2][2] or ''
     end
     local now = now_ms()
-    if seq + 1 ~= tonumber(ARGV[at + 1]) or hash ~= ARGV[at + 2]
+    local want = tonumber(ARGV[at + 1])
+    if want ~= seq + 1 or hash ~= ARGV[at + 2]
        or math.abs(now - tonumber(ARGV[at + 3])) > 2000 then
-        return {'audit-head', ms(seq), hash, ms(now)}
+        -- Entries deleted after the last one (XDEL) leave the stream's
+        -- last ID past it: the next entries go after that ID, chained on
+        -- the last entry there is, so that the gap stays in the stream.
+        local last = seq
+        if top or redis.call('EXISTS', stream) == 1 then
+            local info = redis.call('XINFO', 'STREAM', stream)
+            for i = 1, #info, 2 do
+                if info[i] == 'last-generated-id' then
+                    last = tonumber(string.match(info[i + 1], '^%d+'))
+                end
+            end
+        end
+        if last <= seq or want ~= last + 1 or hash ~= ARGV[at + 2]
+           or math.abs(now - tonumber(ARGV[at + 3])) > 2000 then
+            return {'audit-head', ms(math.max(seq, last)), hash, ms(now)}
+        end
+        seq = last
     end
     for i = at + 4, #ARGV, 2 do
         seq = seq + 1
