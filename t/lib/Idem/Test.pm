@@ -1396,6 +1396,31 @@ sub audit_entries {
     return \@out;
 }
 
+# redis_cli(@args): the redis-cli binary against this test's Redis (as an
+# operator with write access would tamper with it); its output, chomped.
+sub redis_cli {
+    my ($self, @args) = @_;
+    my $cli = _which('redis-cli') // '/usr/bin/redis-cli';
+    my $cmd = join ' ', map { _sh_quote($_) } $cli, '-p', $self->{redis_port}, @args;
+    my $out = `$cmd 2>&1`;
+    chomp $out;
+    return $out;
+}
+
+# audit_rewrite($stream, @entries): the stream replaced by these entries
+# ([id, h, e] each), written with redis-cli --pipe: DEL, then one XADD each.
+sub audit_rewrite {
+    my ($self, $stream, @entries) = @_;
+    my $resp = join '', map { my @a = @$_; '*' . @a . "\r\n" . join('', map { '$' . length($_) . "\r\n$_\r\n" } @a) }
+        [ 'DEL', $stream ], map { [ 'XADD', $stream, $_->[0], 'h', $_->[1], 'e', $_->[2] ] } @entries;
+    my $f = "$self->{prefix}/audit-rewrite.resp";
+    _spew($f, $resp);
+    my $cli = _which('redis-cli') // '/usr/bin/redis-cli';
+    my $out = `@{[ _sh_quote($cli) ]} -p $self->{redis_port} --pipe < @{[ _sh_quote($f) ]} 2>&1`;
+    die "redis-cli --pipe: $out" unless $out =~ /errors: 0, replies: @{[ @entries + 1 ]}/;
+    return scalar @entries;
+}
+
 # ---------------------------------------------------------------- assertions
 
 # The decoded problem+json body of $r, or undef.
