@@ -1282,6 +1282,9 @@ ngx_http_idem_claim_audit_answer(ngx_http_request_t *r,
         return NGX_DECLINED;
     }
 
+    /* a request refused by a lock has no operation (the holder's is not it) */
+    e[0].op.len = e[n].op.len;
+
     cmd = ngx_http_idem_audit_cmd(ctx->conf->audit,
                                   NGX_HTTP_IDEM_SCRIPT_APPEND, ctx->rkey,
                                   NULL, 0, 0, &none, e, n + 1,
