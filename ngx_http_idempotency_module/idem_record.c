@@ -117,7 +117,12 @@ idem_netstring_put(char *p, const char *s, size_t len)
 {
     p = idem_dec_put(p, len);
     *p++ = ':';
-    memcpy(p, s, len);
+
+    /* an empty field may have no bytes at all (NULL), which memcpy must not see */
+    if (len) {
+        memcpy(p, s, len);
+    }
+
     p += len;
     *p++ = ',';
 
