@@ -848,6 +848,7 @@ ngx_http_idem_audit_lost(redisReply *reply, ngx_http_idem_audit_meta_t *meta)
 
     head = meta->head;
     head->offset = (int64_t) now - ngx_http_idem_now_ms();
+    ngx_http_idem_metrics_audit(0, 1);
 
     /* the first of the commands chained on a stale head resets it */
     if (meta->gen == head->gen) {
@@ -925,7 +926,7 @@ ngx_http_idem_audit_appended(ngx_http_idem_cmd_t *cmd, ngx_uint_t at,
     first = ngx_http_idem_cmd_get(cmd, at + NGX_HTTP_IDEM_AUDIT_SEQ);
     seq = ngx_atoi(first.data, first.len);
 
-    ngx_http_idem_metrics_audit(n);
+    ngx_http_idem_metrics_audit(n, 0);
 
     for (i = 0; seq > 0 && i < n; i++) {
         if ((seq + i) % meta->head->audit->anchor == 0) {

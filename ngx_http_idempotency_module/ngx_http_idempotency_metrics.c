@@ -66,6 +66,7 @@ struct ngx_http_idem_metrics_s {
     ngx_atomic_t                 errors[NGX_HTTP_IDEM_RERR_KINDS];
     ngx_atomic_t                 stored;
     ngx_atomic_t                 audit;         /* entries appended */
+    ngx_atomic_t                 audit_lost;    /* races for the head lost */
     ngx_http_idem_metrics_worker_t  workers[NGX_HTTP_IDEM_METRICS_WORKERS];
     ngx_http_idem_metrics_label_t   labels[NGX_HTTP_IDEM_METRICS_LABELS];
 };
@@ -209,13 +210,18 @@ ngx_http_idem_metrics_stored(size_t bytes)
 }
 
 
-/* idempotency_audit: entries in the stream (the script said "audited") */
+/*
+ * idempotency_audit: entries in the stream (the script said "audited"),
+ * or a command that found another head and is hashed again
+ */
 void
-ngx_http_idem_metrics_audit(ngx_uint_t entries)
+ngx_http_idem_metrics_audit(ngx_uint_t entries, ngx_uint_t lost)
 {
-    if (ngx_http_idem_metrics) {
-        (void) ngx_atomic_fetch_add(&ngx_http_idem_metrics->audit,
-                                    (ngx_atomic_int_t) entries);
+    ngx_http_idem_metrics_t  *m = ngx_http_idem_metrics;
+
+    if (m) {
+        (void) ngx_atomic_fetch_add(&m->audit, (ngx_atomic_int_t) entries);
+        (void) ngx_atomic_fetch_add(&m->audit_lost, (ngx_atomic_int_t) lost);
     }
 }
 
@@ -526,6 +532,13 @@ ngx_http_idem_metrics_text(ngx_pool_t *pool, ngx_shm_zone_t *zone,
             "counter", "Entries appended to audit streams "
             "(idempotency_audit).");
     p = ngx_sprintf(p, "idempotency_audit_appends_total %uA\n", m->audit);
+
+    p = ngx_http_idem_metrics_head(p, "idempotency_audit_races_lost_total",
+            "counter", "Audited commands that found another head of the "
+            "stream (another worker or host appended first) and were hashed "
+            "again.");
+    p = ngx_sprintf(p, "idempotency_audit_races_lost_total %uA\n",
+                    m->audit_lost);
 
     text->len = p - text->data;
 

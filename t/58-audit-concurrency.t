@@ -106,12 +106,14 @@ my ($rc, $out, $err) = $t->audit_tool('--stream', 'idem:load', '--key-file', $KE
 is($rc, 0, 'verify with the key: intact') or diag("$out$err");
 is($out, "$n $e->[-1]{h}\n", 'verify: the head');
 
-my $sum = 0;
+my ($sum, $lost) = (0, 0);
 for my $x ($t, $t2) {
-    my ($c) = $x->http(GET => '/metrics')->{content} =~ /^idempotency_audit_appends_total (\d+)$/m;
-    $sum += $c // 0;
+    my $m = $x->http(GET => '/metrics')->{content};
+    $sum += ($m =~ /^idempotency_audit_appends_total (\d+)$/m)[0] // 0;
+    $lost += ($m =~ /^idempotency_audit_races_lost_total (\d+)$/m)[0] // 0;
 }
 is($sum, $n, 'the two instances\' idempotency_audit_appends_total add up to the entries');
+ok($lost > 0, "the writers did race for the head ($lost commands hashed again)");
 
 my @lost = ($t->error_log . $t2->error_log) =~ /lost the race for the head of audit stream/g;
 note(scalar(@lost) . ' commands gave up after losing the race ' . 'too often (answered 503, nothing written)');
