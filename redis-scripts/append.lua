@@ -3,7 +3,7 @@
 -- later"): the module appends them before the answer leaves, so that
 -- every answer it gives is in the stream (docs/audit.md).
 --
---: needs fields audit
+--: needs audit
 --: args
 --
 -- KEYS[1]  the record key the entries are about (not read)

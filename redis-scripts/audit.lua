@@ -28,16 +28,11 @@
 --       the module makes the entries of "want" and calls it again
 --   {"audited", reply}: the entries were appended with the change
 
-local audit_appended = false
+-- Every script runs this file's text on each call, with or without the
+-- audit, so it defines as little as it can: two functions, nothing from
+-- fields.lua (a script without the audit pays for each closure made).
 
--- the part of a record's head that names its decision: state, operation,
--- fingerprint and owner (not the waiters flag)
-local function audit_head(v)
-    if not v then
-        return ''
-    end
-    return string.sub(v, 2, 2) .. string.sub(v, 4, 131)
-end
+local audit_appended = false
 
 -- nil to go on; else the reply that ends the script before it writes
 local function audit_gate(at, stream, kind, basis, reply)
@@ -46,9 +41,13 @@ local function audit_gate(at, stream, kind, basis, reply)
         return nil
     end
     if expect ~= '' then
+        -- the decision: its kind and the part of the record's head that
+        -- names it (state, operation, fingerprint, owner; not the waiters)
         local want = kind
         if kind ~= 'claim' then
-            want = kind .. ':' .. audit_head(basis)
+            want = kind .. ':' .. (basis and string.sub(basis, 2, 2)
+                                             .. string.sub(basis, 4, 131)
+                                   or '')
         end
         if want ~= expect then
             return {'audit-decide', want, kind, basis or '', reply}
@@ -63,7 +62,8 @@ local function audit_gate(at, stream, kind, basis, reply)
         seq = tonumber(string.match(top[1], '^%d+'))
         hash = top[2][1] == 'h' and top[2][2] or ''
     end
-    local now = now_ms()
+    local t = redis.call('TIME')
+    local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
     local want = tonumber(ARGV[at + 1])
     if want ~= seq + 1 or hash ~= ARGV[at + 2]
        or math.abs(now - tonumber(ARGV[at + 3])) > 2000 then

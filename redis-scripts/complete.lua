@@ -1,7 +1,7 @@
 -- Record the upstream's final response, if this attempt still owns the
 -- claim.
 --
---: needs fields audit
+--: needs audit
 --: args owner value ttl
 --
 -- KEYS[1]  record key

@@ -1,7 +1,7 @@
 -- The request was sent but no complete response came back: the upstream
 -- may have acted.  Keep the record as "unknown" so nothing re-executes it.
 --
---: needs fields audit
+--: needs audit
 --: args owner value
 --
 -- KEYS[1]  record key

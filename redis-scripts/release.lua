@@ -2,7 +2,7 @@
 -- "not done, try later" (idempotency_release_statuses), or the claim was
 -- sent on a connection the worker gave up on.  Fenced by the owner token.
 --
---: needs fields audit
+--: needs audit
 --: args owner marker ttl absent
 --
 -- KEYS[1]  record key
