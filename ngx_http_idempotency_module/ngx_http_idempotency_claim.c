@@ -335,7 +335,7 @@ ngx_http_idem_claim_create(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
 
     return ngx_http_idem_audit_cmd(ctx->conf->audit,
                                    NGX_HTTP_IDEM_SCRIPT_CLAIM, ctx->rkey,
-                                   keys, 2, size, &ctx->audit_expect, e,
+                                   keys, n, size, &ctx->audit_expect, e,
                                    ngx_http_idem_claim_entries(r, ctx, e),
                                    r->connection->log);
 }

@@ -11,8 +11,8 @@
 -- KEYS[2]  idempotency_unique: the unique key of the request's business
 --          identity in its scope, or "" (absent when neither is set)
 -- KEYS[3]  idempotency_lock: the lock key of its value, or ""
--- KEYS[4]  idempotency_audit: the stream (KEYS[2] and KEYS[3] are then
---          always there).  Each change of a record goes through gate()
+-- KEYS[#KEYS]  idempotency_audit: the stream, last (when the audit's
+--          arguments are there).  Each change of a record goes through gate()
 --          with its kind: "claim" (this attempt's value), "approve" (a
 --          proposal claimed), "reuse" (this key made an alias) or
 --          "unknown" (a lapsed lease), and is made only with its entries
@@ -38,8 +38,12 @@
 --          | {"locked", left | "", op id | ""}: another operation holds
 --            the lock; nothing was written
 
-local ukey, lkey = KEYS[2] or '', KEYS[3] or ''
-local stream = KEYS[4]
+local stream = ARGV[nargs + 1] and KEYS[#KEYS]
+local ukey, lkey = '', ''
+
+if #KEYS >= 3 then
+    ukey, lkey = KEYS[2], KEYS[3]
+end
 
 local function gate(kind, basis, reply)
     return audit_gate(nargs + 1, stream, kind, basis, reply)

@@ -9,7 +9,10 @@
 #     retry executes;
 #   - Redis restarted while a request is at the upstream: its completion
 #     (kept, sent again) and its entries land once;
-#   - the stream's key holds another type: refused, nothing written.
+#   - the stream's key holds another type: refused, nothing written;
+#   - through the least ACL user of docs/redis.md: Redis refuses nothing,
+#     also when every entry was deleted (the scripts then look up the
+#     stream's last ID, and the next entries leave the gap in the stream).
 # Every entry verifies at the end, and idempotency_audit_appends_total
 # counts exactly the entries in the stream.
 
@@ -22,12 +25,25 @@ use Time::HiRes qw(time sleep);
 use Idem::Test;
 
 my $t = Idem::Test->new;
-$t->start_stack(<<'EOF', workers => 1, redis => { appendonly => 1, args => [ '--maxmemory-policy', 'noeviction' ] });
+$t->start_redis(appendonly => 1, args => [ '--maxmemory-policy', 'noeviction' ]);
+my $ACL = 'idem on >acl-pw-1 ~idem:* &idem:done +evalsha +eval +script|load +select +subscribe '
+        . '+set +get +pttl +pexpire +del +type +time +publish +hmget +hset +hdel '
+        . '+xadd +xrevrange +xinfo|stream +exists';
+is($t->redis('ACL', 'SETUSER', split ' ', $ACL), 'OK', 'the ACL user of docs/redis.md, with the audit\'s commands');
+$t->start_upstream;
+$t->start_nginx(<<'EOF', workers => 1);
 idempotency_metrics_zone idem 64k;
 server {
     listen 127.0.0.1:%%PORT%%;
     idempotency_redis %%REDIS%% timeout=2s;
     proxy_ignore_client_abort on;
+    location /acl/ {
+        idempotency on;
+        idempotency_redis %%REDIS%% user=idem password=acl-pw-1;
+        idempotency_audit on;
+        idempotency_audit_stream idem:acl;
+        proxy_pass http://%%UPSTREAM%%;
+    }
     location /a/ {
         idempotency on;
         idempotency_audit on;
@@ -173,10 +189,36 @@ sub events { [ map { $_->{event} } grep { $_->{key} eq $_[0] } @{ $t->audit_entr
     is($t->effects(key => $k), 0, 'not executed');
 }
 
+# ---- through the ACL user: refused nothing, also after every entry was deleted
+{
+    # (the restarts above lost it: ACL users are configuration, not data)
+    is($t->redis('ACL', 'SETUSER', split ' ', $ACL), 'OK', 'the ACL user again');
+    my $k = $t->key('acl');
+    my ($r) = $t->retry_until_final('/acl/x', 10, key => $k, json => {});
+    is($r->{status}, 201, 'ACL user: executes');
+    ok($t->wait_state($k, undef, 'completed'), 'recorded');
+    is($t->http(POST => '/acl/x', key => $k, json => {})->{headers}{'idempotent-replayed'}, 'true', 'replays');
+    my $n = xlen('idem:acl');
+    is($n, 6, 'six entries');
+    $t->redis('XDEL', 'idem:acl', map { "$_-0" } 1 .. $n);
+    is(xlen('idem:acl'), 0, 'every entry deleted (the stream keeps its last ID)');
+    my $k2 = $t->key('acl-2');
+    ($r) = $t->retry_until_final('/acl/x', 10, key => $k2, json => {});
+    is($r->{status}, 201, 'ACL user: the next write executes');
+    ok($t->wait_state($k2, undef, 'completed'), 'recorded');
+    is_deeply([ map { $_->{seq} } @{ $t->audit_entries('idem:acl') } ], [ 7 .. 10 ],
+        'its entries come after the deleted ones');
+    my ($rc, $out) = $t->audit_tool('--stream', 'idem:acl', 'verify');
+    like($out, qr/^entry 1: missing: entries 1 to 6 are not in the stream/m, 'verify names the deleted entries');
+    my $log = $t->redis('ACL', 'LOG');
+    my @refused = ref $log eq 'ARRAY' ? grep { my %e = @$_; ($e{username} // '') eq 'idem' } @$log : ('no ACL LOG');
+    is(scalar @refused, 0, 'ACL LOG: Redis refused the user nothing') or diag(explain \@refused);
+}
+
 my ($rc, $out, $err) = $t->audit_tool('--stream', 'idem:f', 'verify');
 is($rc, 0, 'verify: intact') or diag("$out$err");
 my ($appends) = $t->http(GET => '/metrics')->{content} =~ /^idempotency_audit_appends_total (\d+)$/m;
-is($appends, xlen(), 'idempotency_audit_appends_total = the entries in the stream');
+is($appends, xlen() + 10, 'idempotency_audit_appends_total = the entries of both streams (six deleted)');
 
 $t->check_logs;
 done_testing;
