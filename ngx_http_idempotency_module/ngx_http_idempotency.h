@@ -393,6 +393,8 @@ ngx_int_t ngx_http_idem_record_key(ngx_http_request_t *r,
     ngx_http_idem_ctx_t *ctx, ngx_str_t *scope);
 ngx_int_t ngx_http_idem_fp_headers(ngx_http_request_t *r,
     ngx_http_idem_ctx_t *ctx, idem_fp_input_t *in);
+ngx_table_elt_t *ngx_http_idem_header_out(ngx_http_request_t *r,
+    u_char *name, size_t len);
 
 /* ngx_http_idempotency_handler.c: the phases */
 ngx_int_t ngx_http_idem_rewrite_handler(ngx_http_request_t *r);
@@ -442,6 +444,8 @@ char *ngx_http_idem_audit_ref_conf(ngx_conf_t *cf, ngx_command_t *cmd,
 char *ngx_http_idem_audit_merge(ngx_conf_t *cf,
     ngx_http_idem_loc_conf_t *prev, ngx_http_idem_loc_conf_t *conf);
 void ngx_http_idem_audit_init_process(void);
+idem_jws_key_t *ngx_http_idem_key_file(ngx_conf_t *cf, ngx_str_t *name,
+    idem_jws_alg_e alg, const char *kid, const char *directive);
 ngx_int_t ngx_http_idem_audit_prepare(ngx_http_request_t *r,
     ngx_http_idem_ctx_t *ctx);
 void ngx_http_idem_audit_capture_ref(ngx_http_request_t *r,
@@ -458,6 +462,8 @@ ngx_http_idem_cmd_t *ngx_http_idem_audit_cmd(ngx_http_idem_audit_t *audit,
     ngx_uint_t nentries, ngx_log_t *log);
 ngx_int_t ngx_http_idem_audit_reply(ngx_http_idem_cmd_t *cmd,
     redisReply **reply, ngx_http_idem_cmd_t **next);
+ngx_int_t ngx_http_idem_audit_ctx_reply(ngx_http_idem_cmd_t *cmd,
+    redisReply **reply, ngx_uint_t *appended);
 ngx_uint_t ngx_http_idem_audit_entries(ngx_http_idem_cmd_t *cmd,
     idem_audit_entry_t *e, ngx_uint_t max);
 ngx_http_idem_audit_t *ngx_http_idem_audit_of(ngx_http_idem_cmd_t *cmd);

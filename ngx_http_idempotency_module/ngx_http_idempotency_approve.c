@@ -539,22 +539,12 @@ static void
 ngx_http_idem_approve_done(ngx_http_idem_cmd_t *cmd, redisReply *reply)
 {
     ngx_int_t             rc;
-    ngx_http_idem_cmd_t  *next;
+    ngx_uint_t            appended;
     ngx_http_idem_ctx_t  *ctx;
 
     ctx = cmd->data;
-    rc = ngx_http_idem_audit_reply(cmd, &reply, &next);
 
-    if (rc == NGX_AGAIN) {
-        ctx->cmd = next;
-        return;
-    }
-
-    if (rc == NGX_ERROR) {
-        reply = NULL;
-    }
-
-    if (ctx == NULL
+    if (ngx_http_idem_audit_ctx_reply(cmd, &reply, &appended) == NGX_DONE
         || ngx_http_idem_approve_reply(cmd, reply, REDIS_REPLY_ARRAY)
            != NGX_OK)
     {

@@ -124,9 +124,51 @@ ngx_http_idem_audit_stream_conf(ngx_conf_t *cf, ngx_command_t *cmd,
 
 
 static void
-ngx_http_idem_audit_key_cleanup(void *data)
+ngx_http_idem_key_cleanup(void *data)
 {
     idem_jws_key_free(data);
+}
+
+
+/*
+ * A key file read with the configuration (idempotency_audit_key, and
+ * idempotency_confirm_key's): the key, whose secret a cleanup of the
+ * configuration's pool frees, or NULL once the fault is logged after the
+ * directive's name.
+ */
+idem_jws_key_t *
+ngx_http_idem_key_file(ngx_conf_t *cf, ngx_str_t *name, idem_jws_alg_e alg,
+    const char *kid, const char *directive)
+{
+    char                 err[512];
+    ngx_str_t            file;
+    idem_jws_key_t      *key;
+    ngx_pool_cleanup_t  *cln;
+
+    file = *name;
+
+    if (ngx_conf_full_name(cf->cycle, &file, 1) != NGX_OK) {
+        return NULL;
+    }
+
+    cln = ngx_pool_cleanup_add(cf->pool, sizeof(idem_jws_key_t));
+    if (cln == NULL) {
+        return NULL;
+    }
+
+    key = cln->data;
+    ngx_memzero(key, sizeof(idem_jws_key_t));
+    cln->handler = ngx_http_idem_key_cleanup;
+
+    if (idem_jws_key_load(key, alg, (char *) file.data, kid, 0, err,
+                          sizeof(err)) != 0)
+    {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0, "\"%s\": %s", directive,
+                           err);
+        return NULL;
+    }
+
+    return key;
 }
 
 
@@ -136,44 +178,19 @@ ngx_http_idem_audit_key_conf(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 {
     ngx_http_idem_loc_conf_t  *lcf = conf;
 
-    char                 err[512];
-    ngx_str_t           *value, file;
-    idem_jws_key_t      *key;
-    ngx_pool_cleanup_t  *cln;
+    ngx_str_t  *value;
 
     if (lcf->audit_key != NGX_CONF_UNSET_PTR) {
         return "is duplicate";
     }
 
     value = cf->args->elts;
-    file = value[1];
-
-    if (ngx_conf_full_name(cf->cycle, &file, 1) != NGX_OK) {
-        return NGX_CONF_ERROR;
-    }
-
-    cln = ngx_pool_cleanup_add(cf->pool, sizeof(idem_jws_key_t));
-    if (cln == NULL) {
-        return NGX_CONF_ERROR;
-    }
-
-    key = cln->data;
-    ngx_memzero(key, sizeof(idem_jws_key_t));
-    cln->handler = ngx_http_idem_audit_key_cleanup;
 
     /* the format of an HS256 secret: the file's bytes, at least 32 */
-    if (idem_jws_key_load(key, IDEM_JWS_HS256, (char *) file.data, NULL, 0,
-                          err, sizeof(err))
-        != 0)
-    {
-        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "\"idempotency_audit_key\": %s", err);
-        return NGX_CONF_ERROR;
-    }
+    lcf->audit_key = ngx_http_idem_key_file(cf, &value[1], IDEM_JWS_HS256,
+                                            NULL, "idempotency_audit_key");
 
-    lcf->audit_key = key;
-
-    return NGX_CONF_OK;
+    return lcf->audit_key ? NGX_CONF_OK : NGX_CONF_ERROR;
 }
 
 
@@ -443,39 +460,17 @@ void
 ngx_http_idem_audit_capture_ref(ngx_http_request_t *r,
     ngx_http_idem_ctx_t *ctx)
 {
-    ngx_uint_t        i;
-    ngx_str_t        *name;
-    ngx_list_part_t  *part;
     ngx_table_elt_t  *h;
 
-    name = &ctx->conf->audit_ref;
-
-    if (ctx->conf->audit == NULL || name->len == 0) {
+    if (ctx->conf->audit == NULL || ctx->conf->audit_ref.len == 0) {
         return;
     }
 
-    part = &r->headers_out.headers.part;
-    h = part->elts;
-
-    for (i = 0; /* void */; i++) {
-
-        if (i >= part->nelts) {
-            if (part->next == NULL) {
-                return;
-            }
-
-            part = part->next;
-            h = part->elts;
-            i = 0;
-        }
-
-        if (h[i].hash && h[i].key.len == name->len
-            && ngx_strncasecmp(h[i].key.data, name->data, name->len) == 0)
-        {
-            ngx_http_idem_audit_cut(r->pool, &ctx->audit_ref, h[i].value.data,
-                                    h[i].value.len);
-            return;
-        }
+    h = ngx_http_idem_header_out(r, ctx->conf->audit_ref.data,
+                                 ctx->conf->audit_ref.len);
+    if (h) {
+        ngx_http_idem_audit_cut(r->pool, &ctx->audit_ref, h->value.data,
+                                h->value.len);
     }
 }
 
@@ -969,6 +964,45 @@ ngx_http_idem_audit_unused(ngx_http_idem_cmd_t *cmd, ngx_uint_t at,
     head->seq = (uint64_t) seq - 1;
     head->hash_len = prev.len;
     ngx_memcpy(head->hash, prev.data, prev.len);
+}
+
+
+/*
+ * The same for a command whose data is a request's context (NULL once the
+ * request has gone): NGX_DONE when the reply is dealt with (sent again,
+ * the context following the copy; or nobody waits), else NGX_OK with the
+ * context's command cleared and *reply the script's own, or NULL when
+ * nothing can be said (a race lost too often: nothing was written);
+ * *appended says whether the entries went in.
+ */
+ngx_int_t
+ngx_http_idem_audit_ctx_reply(ngx_http_idem_cmd_t *cmd, redisReply **reply,
+    ngx_uint_t *appended)
+{
+    ngx_int_t             rc;
+    ngx_http_idem_cmd_t  *next;
+    ngx_http_idem_ctx_t  *ctx;
+
+    ctx = cmd->data;
+    rc = ngx_http_idem_audit_reply(cmd, reply, &next);
+
+    if (rc == NGX_AGAIN) {
+        ctx->cmd = next;
+        return NGX_DONE;
+    }
+
+    if (ctx == NULL || rc == NGX_DECLINED) {
+        return NGX_DONE;
+    }
+
+    ctx->cmd = NULL;
+    *appended = (rc == NGX_DONE);
+
+    if (rc == NGX_ERROR) {
+        *reply = NULL;
+    }
+
+    return NGX_OK;
 }
 
 

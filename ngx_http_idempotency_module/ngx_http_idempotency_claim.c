@@ -1222,26 +1222,18 @@ ngx_http_idem_claim_done(ngx_http_idem_cmd_t *cmd, redisReply *reply)
 static void
 ngx_http_idem_claim_audit_done(ngx_http_idem_cmd_t *cmd, redisReply *reply)
 {
-    ngx_int_t             rc;
-    ngx_http_idem_cmd_t  *next;
+    ngx_uint_t            appended;
     ngx_http_idem_ctx_t  *ctx;
 
     ctx = cmd->data;
-    rc = ngx_http_idem_audit_reply(cmd, &reply, &next);
 
-    if (rc == NGX_AGAIN) {
-        ctx->cmd = next;
+    if (ngx_http_idem_audit_ctx_reply(cmd, &reply, &appended) == NGX_DONE) {
         return;
     }
 
-    if (ctx == NULL) {
-        return;
-    }
-
-    ctx->cmd = NULL;
     ctx->audit_answered = 1;
 
-    if (rc == NGX_DONE) {
+    if (appended) {
         ctx->audit_attempted = 1;
 
     } else {

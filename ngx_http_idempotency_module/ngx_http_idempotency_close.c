@@ -346,32 +346,11 @@ ngx_http_idem_fail_cmd(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
 static ngx_int_t
 ngx_http_idem_retry_after(ngx_http_request_t *r)
 {
-    ngx_uint_t        i;
-    ngx_list_part_t  *part;
     ngx_table_elt_t  *h;
 
-    part = &r->headers_out.headers.part;
-    h = part->elts;
+    h = ngx_http_idem_header_out(r, (u_char *) "Retry-After", 11);
 
-    for (i = 0; /* void */; i++) {
-
-        if (i >= part->nelts) {
-            if (part->next == NULL) {
-                return -1;
-            }
-
-            part = part->next;
-            h = part->elts;
-            i = 0;
-        }
-
-        if (h[i].hash && h[i].key.len == 11
-            && ngx_strncasecmp(h[i].key.data, (u_char *) "Retry-After", 11)
-               == 0)
-        {
-            return ngx_atoi(h[i].value.data, h[i].value.len);
-        }
-    }
+    return h ? ngx_atoi(h->value.data, h->value.len) : -1;
 }
 
 

@@ -295,29 +295,17 @@ static void
 ngx_http_idem_ops_done(ngx_http_idem_cmd_t *cmd, redisReply *reply)
 {
     ngx_int_t                 rc;
+    ngx_uint_t                appended;
     ngx_connection_t         *c;
     ngx_http_request_t       *r;
-    ngx_http_idem_cmd_t      *next;
     ngx_http_idem_ctx_t      *ctx;
     ngx_http_idem_ops_out_t   out;
 
     ctx = cmd->data;
-    rc = ngx_http_idem_audit_reply(cmd, &reply, &next);
 
-    if (rc == NGX_AGAIN) {
-        ctx->cmd = next;
+    if (ngx_http_idem_audit_ctx_reply(cmd, &reply, &appended) == NGX_DONE) {
         return;
     }
-
-    if (ctx == NULL) {
-        return;
-    }
-
-    if (rc == NGX_ERROR) {
-        reply = NULL;
-    }
-
-    ctx->cmd = NULL;
 
     if (cmd->script == NGX_HTTP_IDEM_SCRIPT_ADMIN && ctx->conf->audit) {
         rc = ngx_http_idem_admin_resolve(ctx->request, ctx, reply);
