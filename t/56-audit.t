@@ -20,7 +20,7 @@ use Time::HiRes qw(time sleep);
 use Idem::Test;
 
 my $t = Idem::Test->new;
-$t->start_stack(<<'EOF', workers => 1, log_format => 'rid=$request_id key="$idempotency_key" outcome=$idempotency_outcome');
+$t->start_stack(<<'EOF', workers => 1, redis => { unixsocket => 1 }, log_format => 'rid=$request_id key="$idempotency_key" outcome=$idempotency_outcome');
 idempotency_metrics_zone idem 64k;
 server {
     listen 127.0.0.1:%%PORT%%;
@@ -197,6 +197,8 @@ ok(!grep({ !$by_rid{ $_->[0] } } @executed), 'every executed request\'s $request
 my ($rc, $out, $err) = $t->audit_tool('--stream', 'idem:story', 'verify');
 is($rc, 0, 'verify: intact') or diag("$out$err");
 is($out, scalar(@$all) . " $all->[-1]{h}\n", 'verify prints the head: seq hash');
+my ($urc, $uout) = $t->audit_tool('--redis', $t->redis_socket, '--stream', 'idem:story', 'verify');
+is("$urc $uout", "0 $out", 'verify over the unix socket: the same head');
 my @anchors = $t->error_log =~ /audit stream "idem:story" head (\d+) ([0-9a-f]{64})/g;
 my %anchored = @anchors;
 ok(%anchored && !grep({ $_ % 5 } keys %anchored), 'the error log anchors the head at multiples of 5');

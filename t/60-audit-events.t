@@ -153,6 +153,7 @@ my $body = { amount => 4200 };
     is(($bg->result(15) // {})->{status}, 201, 'the first completes');
     is(shown($k2), 'attempted in_progress', 'the refused deploy: attempted in_progress');
     is_deeply([ map { $_->{op} } @{ entries_of($k2) } ], [ '', '' ], 'it names no operation (it has none)');
+    is($t->effects(key => $k1) . ' ' . $t->effects(key => $k2), '1 0', 'effects: the holder once, the refused none');
 }
 
 # ---- a duplicate that waits and is replayed; one told to retry later
@@ -165,6 +166,7 @@ my $body = { amount => 4200 };
     is(($bg->result(15) // {})->{status}, 201, 'the first completes');
     is(shown($k), 'attempted sent accepted completed attempted replayed',
        'the waiter: attempted replayed, never in_progress');
+    is($t->effects(key => $k), 1, 'one effect');
 
     my $k2 = $t->key('wait-503');
     $bg = $t->http_bg(POST => '/wait', key => $k2, json => {}, headers => [ @alice, 'X-Delay' => 1, 'X-Status' => 503 ]);
@@ -175,6 +177,7 @@ my $body = { amount => 4200 };
     is(shown($k2), 'attempted sent accepted released attempted released',
        'released, then the waiter\'s attempted released');
     is(entries_of($k2)->[-1]{status}, '503', 'the waiter\'s "released" holds the 503 it got');
+    is($t->effects(key => $k2), 1, 'one effect (the waiter did not run)');
 }
 
 my ($rc, $out, $err) = $t->audit_tool('--stream', 'idem:ev', 'verify');
