@@ -17,7 +17,8 @@ CORE_SRCS := $(MODDIR)/idem_text.c $(MODDIR)/idem_number.c \
              $(MODDIR)/idem_fingerprint.c $(MODDIR)/idem_key.c \
              $(MODDIR)/idem_record.c $(MODDIR)/idem_reply.c \
              $(MODDIR)/idem_pointer.c $(MODDIR)/idem_jws.c \
-             $(MODDIR)/idem_slot.c $(MODDIR)/idem_audit.c
+             $(MODDIR)/idem_json.c $(MODDIR)/idem_slot.c \
+             $(MODDIR)/idem_audit.c
 CORE_HDRS := $(wildcard $(MODDIR)/idem_*.h)
 NGX_SRCS  := $(wildcard $(MODDIR)/ngx_http_idempotency*.c) \
              $(wildcard $(MODDIR)/ngx_http_idempotency*.h)
@@ -74,9 +75,11 @@ $(BUILD)/idempotency-fingerprint: tools/idempotency-fingerprint.c $(CORE_SRCS) $
 	$(CC) $(CFLAGS) $(CPPFLAGS) -I$(MODDIR) -o $@ $< $(CORE_SRCS) $(LDFLAGS) $(CORE_LIBS)
 
 # of the core only the JWS signer, the one the module verifies with (and
-# the pointers and text layer it reads a proposal with); libcurl for
-# --endpoint
-APPROVE_CORE := $(MODDIR)/idem_jws.c $(MODDIR)/idem_pointer.c $(MODDIR)/idem_text.c
+# the pointers, text layer and canonical JSON it shows a proposal with);
+# libcurl for --endpoint
+APPROVE_CORE := $(MODDIR)/idem_jws.c $(MODDIR)/idem_pointer.c $(MODDIR)/idem_text.c \
+                $(MODDIR)/idem_json.c $(MODDIR)/idem_jcs.c $(MODDIR)/idem_jcs_parse.c \
+                $(MODDIR)/idem_number.c
 $(BUILD)/idempotency-approve: tools/idempotency-approve.c $(APPROVE_CORE) $(CORE_HDRS)
 	@mkdir -p $(BUILD)
 	$(CC) $(CFLAGS) $(CPPFLAGS) -I$(MODDIR) $(shell pkg-config --cflags libcurl) -o $@ $< \

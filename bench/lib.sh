@@ -134,6 +134,40 @@ start_redis() {   # sets REDIS_PORT REDIS_PID
 
 rcli() { redis-cli -h 127.0.0.1 -p "$REDIS_PORT" "$@"; }
 
+# start_cluster N: a Redis Cluster of N masters (no replicas) in $T/cN,
+# each on a free port with its bus on another one (cluster-port), slots
+# spread by redis-cli; sets CLUSTER_PORTS and BENCH_CLUSTER ("host:port ...")
+start_cluster() {
+    local n=$1 i p b ports pid
+    read -r -a ports <<<"$(free_ports $(( 2 * n )))"
+    CLUSTER_PORTS=() BENCH_CLUSTER=''
+    for (( i = 0; i < n; i++ )); do
+        p=${ports[$(( 2 * i ))]} b=${ports[$(( 2 * i + 1 ))]}
+        mkdir -p "$T/c$i"
+        redis-server --bind 127.0.0.1 --port "$p" --cluster-enabled yes --cluster-port "$b" \
+            --cluster-config-file "$T/c$i/nodes.conf" --save '' --appendonly no \
+            --dir "$T/c$i" --logfile "$T/c$i/redis.log" --daemonize no </dev/null >/dev/null 2>&1 &
+        pid=$!
+        track "$pid" TERM "redis-server-c$i"
+        wait_port "$p" "$pid" "cluster node c$i" "$T/c$i/redis.log"
+        CLUSTER_PORTS+=("$p")
+        BENCH_CLUSTER="$BENCH_CLUSTER 127.0.0.1:$p"
+    done
+    # shellcheck disable=SC2086
+    redis-cli --cluster create $BENCH_CLUSTER --cluster-replicas 0 --cluster-yes \
+        >"$T/cluster-create.log" 2>&1 || { cat "$T/cluster-create.log" >&2; die "redis-cli --cluster create failed"; }
+    for (( i = 0; i < 100; i++ )); do
+        [ "$(ccli_all CLUSTER INFO | grep -c '^cluster_state:ok')" = "$n" ] && return 0
+        sleep 0.1
+    done
+    die "the cluster did not reach cluster_state:ok"
+}
+
+ccli_all() {   # ccli_all CMD...: CMD on every cluster node, the answers one after another
+    local p
+    for p in "${CLUSTER_PORTS[@]}"; do redis-cli -h 127.0.0.1 -p "$p" "$@" | tr -d '\r'; done
+}
+
 # --- nginx -------------------------------------------------------------------
 
 nginx_common() {   # nginx_common DIR: the http{} settings both nginx share
@@ -183,10 +217,12 @@ upstream_requests() {   # total requests the upstream has answered so far
     curl -s "http://127.0.0.1:$UPSTREAM_PORT/__status" | awk 'NR == 3 { print $3 }'
 }
 
-# front_conf NAME A_PORT B_PORT MASTER(on|off): the nginx under test.
-# A_PORT or B_PORT may be empty to leave that server out.
+# front_conf NAME A_PORT B_PORT MASTER(on|off) [C_PORT]: the nginx under test.
+# A_PORT or B_PORT may be empty to leave that server out.  C_PORT adds
+# server C: B's settings with the records in the Redis Cluster of the
+# BENCH_CLUSTER nodes ("host:port ...", see start_cluster).
 front_conf() {
-    local name=$1 pa=$2 pb=$3 master=$4 d=$T/$1
+    local name=$1 pa=$2 pb=$3 master=$4 pc=${5:-} d=$T/$1
     mkdir -p "$d"
     local proxy="
             proxy_pass http://backend;
@@ -240,16 +276,30 @@ EOF
     }
 EOF
         fi
+        if [ -n "$pc" ]; then
+            cat <<EOF
+
+    # C: B with its records in a Redis Cluster
+    server {
+        listen 127.0.0.1:$pc backlog=4096;
+        idempotency_redis_cluster $BENCH_CLUSTER;
+        location / {
+            idempotency on;
+            idempotency_thread_pool ${BENCH_THREAD_POOL:-idem};$proxy
+        }
+    }
+EOF
+        fi
         echo "}"
     } >"$d/nginx.conf"
     "$NGINX" -t -q -p "$d" -c "$d/nginx.conf" -e "$d/error.log" 2>"$d/nginx-t.log" \
         || { cat "$d/nginx-t.log" >&2; die "nginx -t failed for $d/nginx.conf"; }
 }
 
-# start_front NAME A_PORT B_PORT: sets FRONT_PID (master) and FRONT_WORKER
+# start_front NAME A_PORT B_PORT [C_PORT]: sets FRONT_PID (master) and FRONT_WORKER
 start_front() {
     local d=$T/$1 port=${2:-$3}
-    front_conf "$1" "$2" "$3" on
+    front_conf "$1" "$2" "$3" on "${4:-}"
     "$NGINX" -p "$d" -c "$d/nginx.conf" -e "$d/error.log" </dev/null &
     FRONT_PID=$!
     track "$FRONT_PID" QUIT "nginx-$1"

@@ -22,30 +22,47 @@
  *  - every decoder is deterministic, and gives the same answer when the
  *    non-string elements carry no bytes (it never reads them);
  *  - claim.lua: an answer that is not one of {"claimed"}, {"record", v},
- *    {"in_progress", v, left}, {"released", v} sets nothing; "record" is
- *    a value that is not a marker, "released" one that is, "in_progress"
- *    a claim with 1..lease ms left (element 2 in decimal); the exact
- *    element count; the record is element 1 decoded (idem_value_decode),
- *    its pointers inside element 1, and it re-encodes to element 1 byte
- *    for byte; the answer written back as claim.lua writes it decodes the
- *    same; a completed record's headers iterate inside element 1;
+ *    {"in_progress", v, left}, {"released", v}, {"reused", v[, left]},
+ *    {"locked", left | "", op | ""} sets nothing; "record" is a value that
+ *    is not a marker, "released" one that is, "in_progress" a claim with
+ *    1..lease ms left (element 2 in decimal), "reused" a completed 2xx or
+ *    an unknown record without a lease or a claim with 1..lease ms left,
+ *    "locked" no record, its lease element 1 in decimal (0 when empty)
+ *    and its holder's id element 2 itself, 32 lowercase hex, or none when
+ *    empty; the exact element count; the record is element 1 decoded
+ *    (idem_value_decode), its pointers inside element 1 (an alias's target
+ *    at its end), and it re-encodes to element 1 byte for byte; the answer
+ *    written back as claim.lua writes it decodes the same; a completed
+ *    record's headers iterate inside element 1;
  *  - SET: nil is "claimed", a value that decodes is "record" with that
  *    value, anything else "corrupt";
  *  - status.lua: "no record" exactly for the empty reply; a record is
- *    exactly {value, "0"|"1"}, the value a record that is not a marker,
- *    lapsed ("1") only for a claim, the state shown its state's name or
- *    "unknown" when lapsed; anything else sets nothing;
+ *    exactly {value, "0"|"1"}, or {value, "0", state} for an alias, the
+ *    value a record that is not a marker, lapsed ("1") only for a claim,
+ *    the state shown its state's name or "unknown" when lapsed; an
+ *    alias's state is "" (none shown) or one of i c u a p (its name
+ *    shown), and no other record has one; anything else sets nothing;
  *  - admin.lua: "refused" exactly with 2 elements and a state of
- *    in_progress or completed (element 1), the other answers with 1
- *    element, the state set for "refused" only;
+ *    in_progress, completed, awaiting_confirmation, approved or alias
+ *    (element 1), the other answers with 1 element, the state set for
+ *    "refused" only;
  *  - idem_close_decode maps 0, 1, 2 and nothing else;
+ *  - idem_redirect (idem_slot.h: a cluster node's MOVED or ASK error,
+ *    the whole input as its text): deterministic; an accepted answer has
+ *    its word at the start, a slot below 16384, a port of 1..65535, an
+ *    endpoint inside the text of printable bytes without a space, and the
+ *    same fields come back when the answer is written again from them;
  *  - well-formed answers of each script built from the input's first
- *    bytes (a record of the right state, the lease left within it) are
- *    accepted with exactly their fields, so a decoder that refuses good
- *    answers fails too.
+ *    bytes (a record of the right state, the lease left within it; reused
+ *    of a 2xx, an unknown or a claim, locked with or without its lease
+ *    and id, an alias's status with each state, admin refusing each
+ *    state) are accepted with exactly their fields, so a decoder that
+ *    refuses good answers fails too; reused of a completed 300..599 is
+ *    refused.
  */
 
 #include "idem_reply.h"
+#include "idem_slot.h"
 
 #include "fuzz_common.h"
 #include "fuzz_value.h"
@@ -201,8 +218,14 @@ value_same(const idem_value_t *a, const idem_value_t *b)
            && a->ttl_ms == b->ttl_ms && a->status == b->status
            && a->stored == b->stored && a->resolved == b->resolved
            && a->retry_after == b->retry_after
+           && a->expires == b->expires
+           && a->approved_until == b->approved_until
+           && same_bytes(a->approver, a->approver_len, b->approver,
+                         b->approver_len)
            && same_bytes(a->hdr, a->hdr_len, b->hdr, b->hdr_len)
-           && same_bytes(a->body, a->body_len, b->body, b->body_len);
+           && same_bytes(a->body, a->body_len, b->body, b->body_len)
+           && same_bytes(a->target, a->target ? IDEM_RECORD_KEY_LEN : 0,
+                         b->target, b->target ? IDEM_RECORD_KEY_LEN : 0);
 }
 
 
@@ -211,7 +234,8 @@ static int
 value_identical(const idem_value_t *a, const idem_value_t *b)
 {
     return value_same(a, b) && a->op == b->op && a->fp == b->fp
-           && a->owner == b->owner && a->hdr == b->hdr && a->body == b->body;
+           && a->owner == b->owner && a->hdr == b->hdr && a->body == b->body
+           && a->approver == b->approver && a->target == b->target;
 }
 
 
@@ -220,7 +244,7 @@ value_unset(const idem_value_t *v)
 {
     return v->state == 0 && v->op == NULL && v->fp == NULL
            && v->owner == NULL && v->hdr == NULL && v->body == NULL
-           && v->status == 0;
+           && v->approver == NULL && v->target == NULL && v->status == 0;
 }
 
 
@@ -266,6 +290,10 @@ check_rec_from(const idem_value_t *rec, const idem_rv_t *e, const char *what)
                && (rec->owner == NULL
                    || rec->owner == e->data + IDEM_OWNER_OFF),
                "%s: the record's head is not in its element", what);
+
+    FUZZ_CHECK((rec->state == 's')
+               == (rec->target == e->data + e->len - 1 - IDEM_RECORD_KEY_LEN),
+               "%s: an alias's target is not the end of its element", what);
 
     enc = encode_exact(rec, &len);
 
@@ -330,7 +358,15 @@ static int
 claim_identical(const idem_claim_t *a, const idem_claim_t *b)
 {
     return a->kind == b->kind && a->lease_left == b->lease_left
-           && value_identical(&a->rec, &b->rec);
+           && a->lock_op == b->lock_op && value_identical(&a->rec, &b->rec);
+}
+
+
+/* the lease ms left as claim.lua writes it: decimal, or "" for none */
+static idem_rv_t
+rv_lease(char *buf, size_t size, unsigned long long left, int empty)
+{
+    return rv_str(buf, empty ? 0 : (size_t) snprintf(buf, size, "%llu", left));
 }
 
 
@@ -346,12 +382,27 @@ check_claim_rewrite(const idem_claim_t *c)
     enc = NULL;
     len = 0;
 
-    if (c->kind != IDEM_CLAIM_CLAIMED) {
+    if (c->kind != IDEM_CLAIM_CLAIMED && c->kind != IDEM_CLAIM_LOCKED) {
         enc = encode_exact(&c->rec, &len);
         el[1] = rv_str(enc, len);
     }
 
     switch (c->kind) {
+
+    case IDEM_CLAIM_LOCKED:
+        el[0] = rv_str("locked", 6);
+        el[1] = rv_lease(lease, sizeof(lease), c->lease_left,
+                         c->lease_left == 0);
+        el[2] = rv_str(c->lock_op ? c->lock_op : "",
+                       c->lock_op ? IDEM_TOKEN_LEN : 0);
+        n = 3;
+        break;
+
+    case IDEM_CLAIM_REUSED:
+        el[0] = rv_str("reused", 6);
+        el[2] = rv_lease(lease, sizeof(lease), c->lease_left, 0);
+        n = c->rec.state == 'i' ? 3 : 2;
+        break;
 
     case IDEM_CLAIM_CLAIMED:
         el[0] = rv_str("claimed", 7);
@@ -378,11 +429,57 @@ check_claim_rewrite(const idem_claim_t *c)
 
     FUZZ_CHECK(idem_claim_decode(el, n, &again) == c->kind
                && again.lease_left == c->lease_left
-               && value_same(&again.rec, &c->rec),
+               && value_same(&again.rec, &c->rec)
+               && same_bytes(again.lock_op, again.lock_op ? IDEM_TOKEN_LEN : 0,
+                             c->lock_op, c->lock_op ? IDEM_TOKEN_LEN : 0),
                "claim: kind %d written back decodes as %d", c->kind,
                again.kind);
 
     free(enc);
+}
+
+
+/*
+ * {"reused", value}: a completed 2xx or an unknown operation; {"reused",
+ * claim, left}: one in flight with 1..lease ms left
+ */
+static void
+check_reused(const fuzz_reply_t *rp, const idem_rv_t *el,
+    const idem_claim_t *a)
+{
+    FUZZ_CHECK(rv_is(&el[0], "reused") && a->lock_op == NULL
+               && ((rp->count == 2 && a->lease_left == 0
+                    && (a->rec.state == 'u'
+                        || (a->rec.state == 'c' && a->rec.status >= 200
+                            && a->rec.status <= 299)))
+                   || (rp->count == 3 && a->rec.state == 'i'
+                       && a->lease_left >= 1
+                       && a->lease_left
+                          <= (unsigned long long) a->rec.lease_ms
+                       && (long long) a->lease_left == rv_decimal(&el[2]))),
+               "claim: reused is not {\"reused\", 2xx|unknown} or "
+               "{\"reused\", claim, 1..lease_ms}");
+    check_rec_from(&a->rec, &el[1], "claim reused");
+}
+
+
+/* {"locked", left | "", op | ""}: no record, the id inside element 2 */
+static void
+check_locked(const fuzz_reply_t *rp, const idem_rv_t *el,
+    const idem_claim_t *a)
+{
+    FUZZ_CHECK(rp->count == 3 && rv_is(&el[0], "locked")
+               && el[1].is_str && el[2].is_str && value_unset(&a->rec),
+               "claim: locked is not {\"locked\", lease, op}");
+    FUZZ_CHECK(el[1].len == 0 ? a->lease_left == 0
+               : (long long) a->lease_left == rv_decimal(&el[1]),
+               "claim: locked with lease \"%s\" gives %llu",
+               fuzz_show(el[1].data, el[1].len), a->lease_left);
+    FUZZ_CHECK(el[2].len == 0 ? a->lock_op == NULL
+               : (a->lock_op == el[2].data && el[2].len == IDEM_TOKEN_LEN
+                  && fuzz_lower_hex(a->lock_op, IDEM_TOKEN_LEN)),
+               "claim: locked with the id \"%s\"",
+               fuzz_show(el[2].data, el[2].len));
 }
 
 
@@ -438,10 +535,19 @@ check_claim(const fuzz_reply_t *rp)
         check_rec_from(&a.rec, &el[1], "claim released");
         break;
 
+    case IDEM_CLAIM_REUSED:
+        check_reused(rp, el, &a);
+        break;
+
+    case IDEM_CLAIM_LOCKED:
+        check_locked(rp, el, &a);
+        break;
+
     default:
         FUZZ_CHECK(kind == IDEM_CLAIM_INVALID || kind == IDEM_CLAIM_CORRUPT,
                    "claim: kind %d", kind);
-        FUZZ_CHECK(value_unset(&a.rec) && a.lease_left == 0,
+        FUZZ_CHECK(value_unset(&a.rec) && a.lease_left == 0
+                   && a.lock_op == NULL,
                    "claim: a refused answer set fields");
         free(bare);
         free(el);
@@ -500,7 +606,29 @@ static int
 status_identical(const idem_status_t *a, const idem_status_t *b)
 {
     return a->kind == b->kind && a->state == b->state
+           && a->alias_state == b->alias_state
            && value_identical(&a->rec, &b->rec);
+}
+
+
+/*
+ * An alias's third element: "" (its operation holds nothing any more) or
+ * the letter of a state that operation's key can hold: not a marker, not
+ * an alias.
+ */
+static const char *
+alias_state_of(const idem_rv_t *e)
+{
+    if (!e->is_str || e->len > 1) {
+        return "(refused)";
+    }
+
+    if (e->len == 0) {
+        return NULL;
+    }
+
+    return memchr("icuap", e->data[0], 5) ? idem_state_name(e->data[0])
+                                          : "(refused)";
 }
 
 
@@ -530,7 +658,8 @@ check_status(const fuzz_reply_t *rp)
 
     if (kind != IDEM_STATUS_RECORD) {
         FUZZ_CHECK((kind == IDEM_STATUS_NONE || kind == IDEM_STATUS_INVALID)
-                   && a.state == NULL && value_unset(&a.rec),
+                   && a.state == NULL && a.alias_state == NULL
+                   && value_unset(&a.rec),
                    "status: a reply that is no record set fields");
         free(bare);
         free(el);
@@ -539,9 +668,17 @@ check_status(const fuzz_reply_t *rp)
 
     lapsed = rv_is(&el[1], "1");
 
-    FUZZ_CHECK(rp->count == 2 && (lapsed || rv_is(&el[1], "0"))
+    FUZZ_CHECK(rp->count == (a.rec.state == 's' ? 3 : 2)
+               && (lapsed || rv_is(&el[1], "0"))
                && a.rec.state != 'r' && (!lapsed || a.rec.state == 'i'),
-               "status: a record is not {value, \"0\"|\"1\"}");
+               "status: a record is not {value, \"0\"|\"1\"[, alias]}");
+    FUZZ_CHECK(a.rec.state == 's'
+               ? (a.alias_state == NULL ? el[2].is_str && el[2].len == 0
+                  : alias_state_of(&el[2]) != NULL
+                    && strcmp(a.alias_state, alias_state_of(&el[2])) == 0)
+               : a.alias_state == NULL,
+               "status: alias state \"%s\" for '%c'",
+               a.alias_state ? a.alias_state : "(null)", a.rec.state);
     FUZZ_CHECK(a.state != NULL
                && strcmp(a.state, idem_state_name(lapsed ? 'u'
                                                   : a.rec.state)) == 0,
@@ -581,7 +718,10 @@ check_admin(const fuzz_reply_t *rp)
     case IDEM_ADMIN_REFUSED:
         FUZZ_CHECK(rp->count == 2 && sa && rv_is(&el[1], sa)
                    && (strcmp(sa, "in_progress") == 0
-                       || strcmp(sa, "completed") == 0)
+                       || strcmp(sa, "completed") == 0
+                       || strcmp(sa, "awaiting_confirmation") == 0
+                       || strcmp(sa, "approved") == 0
+                       || strcmp(sa, "alias") == 0)
                    && rv_is(&el[0], "refused"),
                    "admin: refused shape");
         break;
@@ -627,6 +767,64 @@ check_close(const uint8_t *data, size_t size)
     FUZZ_CHECK(k == (n == 0 ? IDEM_CLOSE_NOT_HELD : n == 1 ? IDEM_CLOSE_DONE
                      : n == 2 ? IDEM_CLOSE_MARKED : IDEM_CLOSE_INVALID),
                "close: %lld gives %d", n, k);
+}
+
+
+static int
+fuzz_printable(const char *p, size_t len)
+{
+    size_t  i;
+
+    for (i = 0; i < len; i++) {
+        if ((unsigned char) p[i] <= 0x20 || (unsigned char) p[i] >= 0x7f) {
+            return 0;
+        }
+    }
+
+    return 1;
+}
+
+
+static void
+check_redirect(const uint8_t *data, size_t size)
+{
+    int               ok1, ok2;
+    char             *text, again[64 + 64];
+    size_t            n;
+    idem_redirect_t   r, r2;
+
+    text = fuzz_dup(data, size);
+    ok1 = idem_redirect(text, size, &r);
+    ok2 = idem_redirect(text, size, &r2);
+
+    FUZZ_CHECK(ok1 == ok2
+               && (!ok1 || (r.ask == r2.ask && r.slot == r2.slot
+                            && r.host == r2.host && r.host_len == r2.host_len
+                            && r.port == r2.port)),
+               "redirect: not deterministic");
+
+    if (ok1) {
+        FUZZ_CHECK(r.slot < IDEM_SLOTS && r.port >= 1 && r.port <= 65535
+                   && r.host >= text && r.host + r.host_len <= text + size
+                   && fuzz_printable(r.host, r.host_len)
+                   && memcmp(text, r.ask ? "ASK " : "MOVED ",
+                             r.ask ? 4 : 6) == 0,
+                   "redirect: accepted fields out of shape");
+
+        if (r.host_len <= 64) {
+            n = (size_t) snprintf(again, sizeof(again), "%s %u %.*s:%d",
+                                  r.ask ? "ASK" : "MOVED", r.slot,
+                                  (int) r.host_len, r.host, r.port);
+            FUZZ_CHECK(idem_redirect(again, n, &r2) && r2.ask == r.ask
+                       && r2.slot == r.slot && r2.port == r.port
+                       && r2.host_len == r.host_len
+                       && memcmp(r2.host, r.host, r.host_len) == 0,
+                       "redirect: written again, \"%s\" reads otherwise",
+                       again);
+        }
+    }
+
+    free(text);
 }
 
 
@@ -720,6 +918,102 @@ check_accepts(const uint8_t *data, size_t size)
 }
 
 
+/*
+ * idempotency_unique and idempotency_lock: {"reused", ...} of each state
+ * that holds an identity (and not of a completed non-2xx), {"locked", ...}
+ * with and without its lease and id, status.lua's answer for an alias
+ * (and the alias as "record", of another fingerprint), admin.lua refusing
+ * each state it refuses
+ */
+static void
+check_accepts_business(const uint8_t *data, size_t size)
+{
+    static const char   holds[] = "cui", letters[] = "icuap";
+    static const char  *refused[] = { "in_progress", "completed",
+                                      "awaiting_confirmation", "approved",
+                                      "alias" };
+    char               *enc, lease[32], op[IDEM_TOKEN_LEN];
+    size_t              len, pick;
+    unsigned            b;
+    long long           left;
+    const char         *st;
+    idem_rv_t           el[IDEM_CLAIM_ELEMS];
+    fuzz_value_t        fv;
+    idem_claim_t        c;
+    idem_status_t       s;
+    fuzz_reader_t       r = { data, size, 0 };
+
+    b = rd8(&r);
+
+    fuzz_value_from_input(&r, holds[b % 3], rd8(&r), &fv);
+    fv.v.status = fv.v.state == 'c' ? 200 + fv.v.status % 100 : 0;
+    left = fv.v.state == 'i' ? rd_num(&r, 1, fv.v.lease_ms) : 0;
+    enc = encode_exact(&fv.v, &len);
+    el[0] = rv_str("reused", 6);
+    el[1] = rv_str(enc, len);
+    el[2] = rv_lease(lease, sizeof(lease), (unsigned long long) left, 0);
+
+    FUZZ_CHECK(idem_claim_decode(el, fv.v.state == 'i' ? 3 : 2, &c)
+               == IDEM_CLAIM_REUSED && (long long) c.lease_left == left
+               && c.lock_op == NULL && value_same(&c.rec, &fv.v),
+               "claim: a good reused answer was not accepted: %s",
+               fuzz_show(enc, len));
+    free(enc);
+
+    if (fv.v.state == 'c') {
+        fv.v.status = 300 + (int) (b % 300);
+        enc = encode_exact(&fv.v, &len);
+        el[1] = rv_str(enc, len);
+        FUZZ_CHECK(idem_claim_decode(el, 2, &c) == IDEM_CLAIM_INVALID,
+                   "claim: reused with a completed %d", fv.v.status);
+        free(enc);
+    }
+
+    rd_hex(&r, op, IDEM_TOKEN_LEN);
+    left = (b & 8) ? 0 : rd_num(&r, 1, IDEM_TIME_MS_MAX);
+    el[0] = rv_str("locked", 6);
+    el[1] = rv_lease(lease, sizeof(lease), (unsigned long long) left,
+                     left == 0);
+    el[2] = rv_str(op, (b & 16) ? 0 : IDEM_TOKEN_LEN);
+
+    FUZZ_CHECK(idem_claim_decode(el, 3, &c) == IDEM_CLAIM_LOCKED
+               && (long long) c.lease_left == left
+               && c.lock_op == ((b & 16) ? NULL : op) && value_unset(&c.rec),
+               "claim: a good locked answer was not accepted (lease %lld, "
+               "id %s)", left, (b & 16) ? "none" : "given");
+
+    fuzz_value_from_input(&r, 's', rd8(&r), &fv);
+    enc = encode_exact(&fv.v, &len);
+    pick = (b >> 5) % 6;
+    el[0] = rv_str(enc, len);
+    el[1] = rv_str("0", 1);
+    el[2] = rv_str(letters + pick, pick < 5 ? 1 : 0);
+
+    FUZZ_CHECK(idem_status_decode(el, 3, &s) == IDEM_STATUS_RECORD
+               && value_same(&s.rec, &fv.v) && s.state != NULL
+               && strcmp(s.state, "alias") == 0
+               && (pick == 5 ? s.alias_state == NULL
+                   : s.alias_state != NULL
+                     && strcmp(s.alias_state, alias_state_of(&el[2])) == 0),
+               "status: a good answer for an alias was not accepted: %s",
+               fuzz_show(enc, len));
+
+    el[0] = rv_str("record", 6);
+    el[1] = rv_str(enc, len);
+    FUZZ_CHECK(idem_claim_decode(el, 2, &c) == IDEM_CLAIM_RECORD
+               && value_same(&c.rec, &fv.v),
+               "claim: an alias as record was not accepted: %s",
+               fuzz_show(enc, len));
+    free(enc);
+
+    el[0] = rv_str("refused", 7);
+    el[1] = rv_str(refused[b % 5], strlen(refused[b % 5]));
+    FUZZ_CHECK(idem_admin_decode(el, 2, &st) == IDEM_ADMIN_REFUSED
+               && st != NULL && strcmp(st, refused[b % 5]) == 0,
+               "admin: refused %s was not accepted", refused[b % 5]);
+}
+
+
 int
 LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -732,7 +1026,9 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     check_admin(&rp);
     check_set(data, size);
     check_close(data, size);
+    check_redirect(data, size);
     check_accepts(data, size);
+    check_accepts_business(data, size);
 
     reply_free(&rp);
 

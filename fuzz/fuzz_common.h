@@ -75,6 +75,22 @@ fuzz_sha256_hex(const void *p, size_t n, char hex[65])
 }
 
 
+/* 1 when p[0..n) is lowercase hex (written here, not idem_is_hex()) */
+static int
+fuzz_lower_hex(const char *p, size_t n)
+{
+    size_t  i;
+
+    for (i = 0; i < n; i++) {
+        if (!((p[i] >= '0' && p[i] <= '9') || (p[i] >= 'a' && p[i] <= 'f'))) {
+            return 0;
+        }
+    }
+
+    return 1;
+}
+
+
 /* printable escape of (a prefix of) bytes for the failure message */
 static const char *
 fuzz_show(const char *p, size_t n)

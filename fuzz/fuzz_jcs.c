@@ -25,7 +25,10 @@
  * paths that miss, that first line, "/a", "/0") is refused exactly when,
  * and why, the input is refused without them, gives the same bytes in
  * place, and is the tree path's result: jcs_tree_exclude() on the parsed
- * tree, then jcs_tree_write().
+ * tree, then jcs_tree_write().  idempotency_json_var's reading: cJSON
+ * (as the module parses a body) reads accepted input as the same value,
+ * and idem_json_pointer names in it what it names in the core parser's
+ * tree: the node a path into that tree was built to, or nothing.
  * And for the first 8 bytes read as a double: a finite value is written
  * by idem_jcs_format_number as text that strtod reads back to the same
  * double (-0 as 0) and that is its own canonical form.
@@ -35,6 +38,8 @@
 
 #include <cjson/cJSON.h>
 
+#include "idem_json.h"
+#include "idem_jws.h"
 #include "jcs_tree.h"
 
 #include "fuzz_common.h"
@@ -455,9 +460,13 @@ check_pointer_parse(const uint8_t *data, size_t size)
 }
 
 
-/* a path into v chosen by the input's bytes; it may miss on purpose */
+/*
+ * A path into v chosen by the input's bytes; it may miss on purpose.  *at
+ * (when at is not NULL) is the node it names, or NULL after such a miss.
+ */
 static void
-fuzz_pick_path(const cJSON *v, fuzz_jcs_t *c, size_t *pos, fuzz_str_t *s)
+fuzz_pick_path(const cJSON *v, fuzz_jcs_t *c, size_t *pos, fuzz_str_t *s,
+    const cJSON **at)
 {
     const cJSON  *ch;
     char          num[24];
@@ -467,12 +476,21 @@ fuzz_pick_path(const cJSON *v, fuzz_jcs_t *c, size_t *pos, fuzz_str_t *s)
     s->len = 0;
     fuzz_str_add(s, "", 0);
 
+    if (at != NULL) {
+        *at = v;
+    }
+
     while ((cJSON_IsArray(v) || cJSON_IsObject(v)) && c->size > 0) {
         b = c->data[(*pos)++ % c->size];
         n = cJSON_GetArraySize(v);
 
         if (n == 0 || (b & 0xc0) == 0xc0) {
             fuzz_str_add(s, (b & 1) ? "/0" : "/nope", (b & 1) ? 2 : 5);
+
+            if (at != NULL) {
+                *at = NULL;
+            }
+
             return;
         }
 
@@ -484,6 +502,10 @@ fuzz_pick_path(const cJSON *v, fuzz_jcs_t *c, size_t *pos, fuzz_str_t *s)
         } else {
             snprintf(num, sizeof(num), "/%d", i);
             fuzz_str_add(s, num, strlen(num));
+        }
+
+        if (at != NULL) {
+            *at = ch;
         }
 
         if ((b & 0xc0) == 0x80 || s->len > 4096) {
@@ -533,7 +555,7 @@ fuzz_excl_build(fuzz_excl_t *e, fuzz_jcs_t *c)
     pos = c->size / 2;
 
     for (i = 0; c->tree != NULL && i < 4; i++) {
-        fuzz_pick_path(c->tree, c, &pos, &s);
+        fuzz_pick_path(c->tree, c, &pos, &s, NULL);
         if (s.len > 0) {
             fuzz_excl_add(e, s.data, s.len);
         }
@@ -605,6 +627,51 @@ check_exclude(fuzz_jcs_t *c)
 }
 
 
+/*
+ * idempotency_json_var: the body parsed by cJSON as the module parses it
+ * is the input's value, and a pointer (a path into the input's tree
+ * chosen by its bytes, or one that misses) names in it, by
+ * idem_json_pointer, what it names in the tree of the core's parser: the
+ * very node the path was built to, equal values, or nothing in both.
+ */
+static void
+check_json_pointer(fuzz_jcs_t *c)
+{
+    int            i;
+    cJSON         *root;
+    size_t         pos;
+    fuzz_str_t     s;
+    const cJSON   *at, *a, *b;
+
+    root = cJSON_ParseWithLength(c->in, c->size);
+
+    FUZZ_CHECK(root != NULL && fuzz_equal(root, c->tree),
+               "cJSON reads canonical JSON otherwise (or not): \"%s\"",
+               fuzz_show(c->in, c->size));
+
+    memset(&s, 0, sizeof(fuzz_str_t));
+    pos = c->size / 3;
+
+    for (i = 0; i < 4; i++) {
+        fuzz_pick_path(c->tree, c, &pos, &s, &at);
+
+        a = idem_json_pointer(root, s.data, s.len);
+        b = idem_json_pointer(c->tree, s.data, s.len);
+
+        FUZZ_CHECK(at == NULL || b == at,
+                   "the pointer \"%s\" misses the node it was built to",
+                   fuzz_show(s.data, s.len));
+        FUZZ_CHECK((a == NULL) == (b == NULL)
+                   && (a == NULL || fuzz_equal(a, b)),
+                   "the pointer \"%s\" names other values in the two trees",
+                   fuzz_show(s.data, s.len));
+    }
+
+    free(s.data);
+    cJSON_Delete(root);
+}
+
+
 int
 LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -632,6 +699,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         check_tree_write(&c);
         check_fixed_point(&c);
         check_same_value(&c);
+        check_json_pointer(&c);
     }
 
     cJSON_Delete(c.tree);

@@ -14,6 +14,8 @@
  *    input, in that order; idem_value_len is the input's length and
  *    idem_value_encode writes exactly the input back (decode->encode is
  *    the identity), also when the body is left NULL and copied in after;
+ *    an alias's target is the record key ("idem:{" 32 hex "}:r") that
+ *    ends the value;
  *    the stored headers iterate with idem_hdrs_next without leaving them
  *    and end;
  *  - a value built from the input's bytes (value_from_input: the state,
@@ -22,7 +24,8 @@
  *    fields (encode->decode), so a decoder that refuses good records
  *    fails; and one near miss of it (a byte of the head out of its
  *    alphabet, an owner where none may be, a number out of its range, a
- *    byte more or less) is refused;
+ *    byte more or less, an alias whose target is not a record key or
+ *    that has a field less or more) is refused;
  *  - the input as a stored-header blob: decoding terminates, returns only
  *    pairs inside the blob with a non-empty name, and a blob that decodes
  *    completely re-encodes (idem_hdrs_put) to the same bytes; pairs built
@@ -272,24 +275,18 @@ check_record_key(const char *in, size_t size)
 /* ------------------------------------------------------- record values */
 
 static int
-lower_hex(const char *p, size_t n)
-{
-    size_t  i;
-
-    for (i = 0; i < n; i++) {
-        if (!((p[i] >= '0' && p[i] <= '9') || (p[i] >= 'a' && p[i] <= 'f'))) {
-            return 0;
-        }
-    }
-
-    return 1;
-}
-
-
-static int
 in_range(long long n, long long min, long long max)
 {
     return n >= min && n <= max;
+}
+
+
+/* "idem:{" 32 lowercase hex "}:r", IDEM_RECORD_KEY_LEN bytes at p */
+static int
+is_record_key(const char *p)
+{
+    return memcmp(p, "idem:{", 6) == 0 && fuzz_lower_hex(p + 6, 32)
+           && memcmp(p + 38, "}:r", 3) == 0;
 }
 
 
@@ -367,6 +364,17 @@ value_diff(const idem_value_t *in, const idem_value_t *out)
                            in->approver_len))
         {
             return "approver";
+        }
+        return NULL;
+
+    case 's':
+        if (out->created != in->created) {
+            return "alias created";
+        }
+        if (out->target == NULL
+            || memcmp(out->target, in->target, IDEM_RECORD_KEY_LEN) != 0)
+        {
+            return "target";
         }
         return NULL;
 
@@ -457,12 +465,14 @@ check_accepted(const char *in, size_t size, const idem_value_t *v)
     FUZZ_CHECK(idem_state_name(v->state) != NULL && v->state == in[1],
                "accepted state '%c' has no name", v->state);
     FUZZ_CHECK(v->waiters == (in[2] == '1'), "waiters %d", v->waiters);
-    FUZZ_CHECK(v->op == in + IDEM_OP_OFF && lower_hex(v->op, IDEM_TOKEN_LEN)
-               && v->fp == in + IDEM_FP_OFF && lower_hex(v->fp, IDEM_FP_LEN),
+    FUZZ_CHECK(v->op == in + IDEM_OP_OFF
+               && fuzz_lower_hex(v->op, IDEM_TOKEN_LEN)
+               && v->fp == in + IDEM_FP_OFF
+               && fuzz_lower_hex(v->fp, IDEM_FP_LEN),
                "op or fp not at their offsets in hex");
     FUZZ_CHECK(v->owner == NULL
                || (v->owner == in + IDEM_OWNER_OFF
-                   && lower_hex(v->owner, IDEM_TOKEN_LEN)),
+                   && fuzz_lower_hex(v->owner, IDEM_TOKEN_LEN)),
                "owner not at its offset in hex");
     FUZZ_CHECK(v->state == 'r' || (v->owner != NULL) == (v->state == 'i'),
                "state '%c' %s an owner", v->state,
@@ -520,6 +530,14 @@ check_accepted(const char *in, size_t size, const idem_value_t *v)
                    "approver outside the value or of a bad length");
         break;
 
+    case 's':
+        FUZZ_CHECK(in_range(v->created, 0, IDEM_TIME_MS_MAX)
+                   && v->target == in + size - 1 - IDEM_RECORD_KEY_LEN
+                   && is_record_key(v->target),
+                   "alias: created %lld, or a target that is not the record "
+                   "key at the end of the value", v->created);
+        break;
+
     default:
         FUZZ_CHECK((v->status == 0 || in_range(v->status, 200, 599))
                    && in_range(v->retry_after, -1, IDEM_TIME_MS_MAX),
@@ -564,11 +582,11 @@ fuzz_long_name(void)
 static void
 value_from_input(fuzz_reader_t *r, fuzz_value_t *fv)
 {
-    static const char   states[] = "icurapi";
+    static const char   states[] = "icurapsi";
     unsigned            b;
 
     b = rd8(r);
-    fuzz_value_from_input(r, states[b % 7], b / 7, fv);
+    fuzz_value_from_input(r, states[b % 8], b / 8, fv);
 }
 
 
@@ -597,6 +615,73 @@ not_hex(unsigned b, int dash)
     c = bad[b % (sizeof(bad) - 1)];
 
     return (c == '-' && !dash) ? 'G' : c;
+}
+
+
+/*
+ * A near miss of an alias (encoded as enc, len; its target netstring,
+ * "41:" and the record key and ",", is the last 45 bytes): a byte of the
+ * target changed (its hex out of the alphabet, its prefix or suffix
+ * another byte, such as another key's suffix), the target a byte shorter
+ * or longer, or a field less or more.
+ */
+static void
+check_alias_miss(const char *enc, size_t len, unsigned at)
+{
+    char      *m;
+    size_t     ns, p, pos;
+    unsigned   sub;
+
+    ns = len - (IDEM_RECORD_KEY_LEN + 4);
+    sub = at % 4;
+    pos = at / 4;
+
+    m = malloc(len + 8);
+    if (m == NULL) {
+        abort();
+    }
+
+    memcpy(m, enc, len);
+
+    if (sub == 1) {
+        p = ns + 3 + pos % IDEM_RECORD_KEY_LEN;
+        if (p >= ns + 3 + 6 && p < ns + 3 + 38) {
+            m[p] = not_hex((unsigned) pos, 1);
+
+        } else if (p == len - 2) {
+            m[p] = "ulosR"[pos % 5];           /* "}:r" becomes "}:u" ... */
+
+        } else {
+            m[p] = (char) (m[p] ^ (0x20 | pos));
+        }
+
+        expect_refused(m, len, "alias: a byte of the target");
+
+    } else if (sub == 2 && (pos & 1)) {
+        /* 40 bytes: the first or the last one left out */
+        memcpy(m + ns, "40:", 3);
+        memcpy(m + ns + 3, enc + ns + 3 + ((pos & 2) ? 1 : 0), 40);
+        m[ns + 43] = ',';
+        expect_refused(m, ns + 44, "alias: a target of 40 bytes");
+
+    } else if (sub == 2) {
+        /* 42 bytes: one more before or after */
+        memcpy(m + ns, "42:", 3);
+        p = (pos & 2) ? 1 : 0;
+        memcpy(m + ns + 3 + p, enc + ns + 3, IDEM_RECORD_KEY_LEN);
+        m[(pos & 2) ? ns + 3 : ns + 3 + IDEM_RECORD_KEY_LEN] = 'a';
+        m[ns + 45] = ',';
+        expect_refused(m, ns + 46, "alias: a target of 42 bytes");
+
+    } else if (pos & 1) {
+        expect_refused(m, ns, "alias: no target");
+
+    } else {
+        memcpy(m + len, "0:,", 3);
+        expect_refused(m, len + 3, "alias: a third field");
+    }
+
+    free(m);
 }
 
 
@@ -630,7 +715,7 @@ check_near_miss(fuzz_reader_t *r, const fuzz_value_t *fv, const char *enc,
         break;
 
     case 1:
-        m[1] = "xIRCU\x00" "d2"[at % 8];
+        m[1] = "xIRCUS\x00" "d2"[at % 9];
         expect_refused(m, mlen, "state byte");
         break;
 
@@ -683,6 +768,11 @@ check_near_miss(fuzz_reader_t *r, const fuzz_value_t *fv, const char *enc,
         break;
 
     default:
+        if (fv->v.state == 's' && at % 4 != 0) {
+            check_alias_miss(enc, len, at);
+            break;
+        }
+
         /* a number out of its range, written by the encoder */
         w = fv->v;
 
@@ -704,6 +794,9 @@ check_near_miss(fuzz_reader_t *r, const fuzz_value_t *fv, const char *enc,
             break;
         case 'a':
             w.expires = IDEM_TIME_MS_MAX + 1 + at;
+            break;
+        case 's':
+            w.created = IDEM_TIME_MS_MAX + 1 + at;
             break;
         case 'p':
             if (at & 1) {

@@ -85,7 +85,22 @@ typedef struct {
     char           op[IDEM_TOKEN_LEN];
     char           fp[IDEM_FP_LEN];
     char           owner[IDEM_TOKEN_LEN];
+    char           target[IDEM_RECORD_KEY_LEN];     /* an alias's */
 } fuzz_value_t;
+
+
+/* a record key as idem_record_key() writes it, its hex from the input */
+static void
+rd_record_key(fuzz_reader_t *r, char *out)
+{
+    size_t  pre;
+
+    pre = sizeof(IDEM_RECORD_PREFIX) - 1;
+
+    memcpy(out, IDEM_RECORD_PREFIX, pre);
+    rd_hex(r, out + pre, 32);
+    memcpy(out + pre + 32, IDEM_RECORD_SUFFIX, sizeof(IDEM_RECORD_SUFFIX) - 1);
+}
 
 
 /*
@@ -93,7 +108,8 @@ typedef struct {
  * of "b" (one input byte the caller has read) decide: 1 waiters, 2 an
  * owner on a release marker, 4 stored and 8 resolved on a completion,
  * 4 no status and 8 no retry-after on a marker.  A completion takes what
- * is left of the input as its headers and body.
+ * is left of the input as its headers and body; an alias names a record
+ * key whose hex comes from the input.
  */
 static void
 fuzz_value_from_input(fuzz_reader_t *r, char state, unsigned b,
@@ -162,6 +178,12 @@ fuzz_value_from_input(fuzz_reader_t *r, char state, unsigned b,
             v->approver_len = rest >= hlen ? hlen : 1;
             r->i += rest >= hlen ? hlen : 0;
         }
+        break;
+
+    case 's':
+        v->created = rd_num(r, 0, IDEM_TIME_MS_MAX);
+        rd_record_key(r, fv->target);
+        v->target = fv->target;
         break;
 
     default:

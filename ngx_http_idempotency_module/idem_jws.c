@@ -21,7 +21,6 @@
 #include <openssl/pem.h>
 
 #include "idem_jws.h"
-#include "idem_pointer.h"
 
 
 #define IDEM_JWS_FILE_MAX   (1024 * 1024)
@@ -813,72 +812,4 @@ idem_jws_sign(const idem_jws_key_t *key, const char *payload,
     *p = '\0';
 
     return tok;
-}
-
-
-/* ---------------------------------------------------- JSON pointer */
-
-/* one step of a pointer: a member of an object, an element of an array */
-static const cJSON *
-idem_json_step(const cJSON *node, const idem_ptr_token_t *t)
-{
-    const cJSON  *c;
-
-    if (cJSON_IsObject(node)) {
-        for (c = node->child; c; c = c->next) {
-            if (c->string && strlen(c->string) == t->len
-                && memcmp(c->string, t->data, t->len) == 0)
-            {
-                return c;
-            }
-        }
-
-        return NULL;
-    }
-
-    if (!cJSON_IsArray(node) || t->index < 0
-        || t->index >= cJSON_GetArraySize(node))
-    {
-        return NULL;
-    }
-
-    return cJSON_GetArrayItem(node, (int) t->index);
-}
-
-
-const cJSON *
-idem_json_pointer_walk(const cJSON *root, const idem_ptr_t *p)
-{
-    size_t        i;
-    const cJSON  *node;
-
-    node = root;
-
-    for (i = 0; node && i < p->ntokens; i++) {
-        node = idem_json_step(node, &p->tokens[i]);
-    }
-
-    return node;
-}
-
-
-/* the pointer's syntax is idem_pointer.c's, the one place for it */
-const cJSON *
-idem_json_pointer(const cJSON *root, const char *ptr, size_t len)
-{
-    idem_ptr_t    p;
-    const cJSON  *node;
-
-    if (len == 0) {
-        return root;
-    }
-
-    if (idem_ptr_parse(ptr, len, &p) != IDEM_PTR_OK) {
-        return NULL;
-    }
-
-    node = idem_json_pointer_walk(root, &p);
-    idem_ptr_free(&p);
-
-    return node;
 }

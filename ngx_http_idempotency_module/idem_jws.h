@@ -15,7 +15,6 @@
 
 #include <openssl/evp.h>
 
-#include "idem_pointer.h"
 
 
 /* larger Idempotency-Confirmation values are refused unread */
@@ -101,17 +100,6 @@ char *idem_jws_sign(const idem_jws_key_t *key, const char *payload,
 char *idem_jws_approval(const char *idk, const char *fp, const char *sub,
     int64_t iat, int64_t exp, const char *jti);
 
-/*
- * RFC 6901: the value at ptr[0..len) in root, or NULL (a syntax error, a
- * missing member, an index past the end).  idem_json_pointer_walk() is
- * the same for a pointer parsed once (idem_ptr_parse()), as the module
- * does for idempotency_confirm_show and idempotency_json_var.
- */
-struct cJSON;
-const struct cJSON *idem_json_pointer(const struct cJSON *root,
-    const char *ptr, size_t len);
-const struct cJSON *idem_json_pointer_walk(const struct cJSON *root,
-    const idem_ptr_t *p);
 
 /*
  * base64url without padding, strictly: only the URL alphabet, no '=',

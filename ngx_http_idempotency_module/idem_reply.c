@@ -189,15 +189,17 @@ idem_status_kind(const idem_rv_t *el, size_t n, idem_status_t *s)
         return IDEM_STATUS_INVALID;
     }
 
-    /* an alias comes with the state of the operation it reuses, or "" */
+    /*
+     * an alias comes with the state of the operation it reuses, or ""
+     * (status.lua's answer for a marker, an alias or no record there)
+     */
     if ((s->rec.state == 's') != (n == 3)) {
         return IDEM_STATUS_INVALID;
     }
 
     if (n == 3) {
         if (!el[2].is_str || el[2].len > 1
-            || (el[2].len == 1 && (el[2].data[0] == 's'
-                                   || idem_state_name(el[2].data[0]) == NULL)))
+            || (el[2].len == 1 && memchr("icuap", el[2].data[0], 5) == NULL))
         {
             return IDEM_STATUS_INVALID;
         }

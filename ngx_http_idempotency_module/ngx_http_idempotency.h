@@ -13,6 +13,7 @@
 
 #include "idem_audit.h"
 #include "idem_fingerprint.h"
+#include "idem_json.h"
 #include "idem_jws.h"
 #include "idem_key.h"
 #include "idem_record.h"
@@ -72,14 +73,14 @@ typedef struct {
 
 
 /*
- * A value of idempotency_unique or idempotency_lock, and its variables
- * alone ("tickets:$id" and "${id}"): the value holds nothing when they
- * are all empty, such as when the body lacks the member.
+ * A value of idempotency_unique or idempotency_lock, and each of its
+ * variables alone ("tickets:$host:$id": "$host", "$id"): an identity is
+ * none when one of them is empty (a body without the member must not make
+ * every such request one identity), a lock is none only when all are.
  */
 typedef struct {
     ngx_http_complex_value_t     value;
-    ngx_http_complex_value_t     vars;
-    unsigned                     has_vars:1;
+    ngx_array_t                 *vars;     /* ngx_http_complex_value_t */
 } ngx_http_idem_business_t;
 
 
@@ -239,6 +240,7 @@ typedef enum {
     NGX_HTTP_IDEM_P_APPROVAL_MISMATCH,
     NGX_HTTP_IDEM_P_NOT_APPROVABLE,
     NGX_HTTP_IDEM_P_LOCK_HELD,
+    NGX_HTTP_IDEM_P_BODY_UNREADABLE,
     NGX_HTTP_IDEM_NPROBLEMS
 } ngx_http_idem_problem_e;
 
@@ -344,6 +346,11 @@ struct ngx_http_idem_ctx_s {
     /* idempotency_json_var: the body parsed once, NULL if not JSON */
     void                        *json_root;   /* cJSON * */
     unsigned                     json_parsed:1;
+    /*
+     * a variable was read, and empty because the body, of a JSON media
+     * type, could not be (not canonical JSON, or too large)
+     */
+    unsigned                     json_unreadable:1;
 
     /*
      * idempotency_unique and idempotency_lock: their keys, "" when the
@@ -433,6 +440,8 @@ ngx_int_t ngx_http_idem_pointer_conf(ngx_conf_t *cf, ngx_str_t *directive,
     ngx_str_t *text, ngx_http_idem_pointer_t *ptr);
 struct cJSON *ngx_http_idem_json_body(ngx_http_request_t *r,
     ngx_http_idem_ctx_t *ctx);
+ngx_int_t ngx_http_idem_json_text(ngx_http_request_t *r,
+    const struct cJSON *node, ngx_str_t *text);
 
 /* ngx_http_idempotency_audit.c: idempotency_audit */
 char *ngx_http_idem_audit_stream_conf(ngx_conf_t *cf, ngx_command_t *cmd,

@@ -381,6 +381,17 @@ ngx_http_idem_audit_merge(ngx_conf_t *cf, ngx_http_idem_loc_conf_t *prev,
         return NGX_CONF_OK;
     }
 
+    /* a script changes a record and appends to the stream in one step */
+    if (conf->redis->route && (conf->enable || conf->ops)) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"idempotency_audit\" cannot be used with "
+                           "\"idempotency_redis_cluster\": its stream is in "
+                           "another hash slot than the records, and Redis "
+                           "Cluster runs a script on the keys of one slot "
+                           "only");
+        return NGX_CONF_ERROR;
+    }
+
     mcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_idempotency_module);
 
     if (mcf->request_id == NGX_CONF_UNSET) {

@@ -28,44 +28,55 @@ ngx_http_idem_business_compile(ngx_conf_t *cf, ngx_str_t *text,
 }
 
 
-/* "tickets:$a-${b}" gives "${a}${b}": the value's variables alone */
+/*
+ * "tickets:$a-${b}" gives "$a" and "${b}": each variable of the value,
+ * which ngx_http_compile_complex_value() has already found well formed
+ */
 static ngx_int_t
-ngx_http_idem_business_vars(ngx_conf_t *cf, ngx_str_t *text, ngx_str_t *vars)
+ngx_http_idem_business_vars(ngx_conf_t *cf, ngx_str_t *text,
+    ngx_http_idem_business_t *b)
 {
-    u_char  *p, *end, *name, *q;
+    u_char                    *p, *end;
+    ngx_str_t                  one;
+    ngx_http_complex_value_t  *cv;
 
-    vars->data = ngx_pnalloc(cf->pool, 3 * text->len);
-    if (vars->data == NULL) {
+    b->vars = ngx_array_create(cf->pool, 2, sizeof(ngx_http_complex_value_t));
+    if (b->vars == NULL) {
         return NGX_ERROR;
     }
 
-    q = vars->data;
     end = text->data + text->len;
 
-    for (p = text->data; p < end; p++) {
-        if (*p != '$' || p + 1 == end) {
+    for (p = text->data; p + 1 < end; p++) {
+        if (*p != '$') {
             continue;
         }
 
+        one.data = p;
+
         if (p[1] == '{') {
-            name = p + 2;
-            for (p = name; p < end && *p != '}'; p++) { /* void */ }
+            for (p += 2; p < end && *p != '}'; p++) { /* void */ }
+            one.len = p - one.data + 1;
 
         } else {
-            name = p + 1;
-            for (p = name; p < end && (*p == '_' || isalnum(*p)); p++) {
+            for (p++; p < end && (*p == '_' || isalnum(*p)); p++) {
                 /* void */
+            }
+
+            one.len = p-- - one.data;
+
+            if (one.len == 1) {
+                continue;
             }
         }
 
-        if (p > name) {
-            q = ngx_sprintf(q, "${%*s}", (size_t) (p - name), name);
+        cv = ngx_array_push(b->vars);
+        if (cv == NULL
+            || ngx_http_idem_business_compile(cf, &one, cv) != NGX_CONF_OK)
+        {
+            return NGX_ERROR;
         }
-
-        p--;
     }
-
-    vars->len = q - vars->data;
 
     return NGX_OK;
 }
@@ -77,7 +88,7 @@ ngx_http_idem_business_conf(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 {
     char  *p = conf;
 
-    ngx_str_t                  *value, vars;
+    ngx_str_t                  *value;
     ngx_http_idem_business_t  **bv, *b;
 
     bv = (ngx_http_idem_business_t **) (p + cmd->offset);
@@ -102,21 +113,13 @@ ngx_http_idem_business_conf(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     if (b == NULL
         || ngx_http_idem_business_compile(cf, &value[1], &b->value)
            != NGX_CONF_OK
-        || ngx_http_idem_business_vars(cf, &value[1], &vars) != NGX_OK)
-    {
-        return NGX_CONF_ERROR;
-    }
-
-    b->has_vars = (vars.len != 0);
-
-    if (b->has_vars
-        && ngx_http_idem_business_compile(cf, &vars, &b->vars) != NGX_CONF_OK)
+        || ngx_http_idem_business_vars(cf, &value[1], b) != NGX_OK)
     {
         return NGX_CONF_ERROR;
     }
 
     /* a constant would make every request of the location one identity */
-    if (!b->has_vars
+    if (b->vars->nelts == 0
         && cmd->offset == offsetof(ngx_http_idem_loc_conf_t, unique))
     {
         return "has no variable: every request of the location would be "
@@ -130,12 +133,44 @@ ngx_http_idem_business_conf(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 }
 
 
-/* the key of one value: "" (nothing to check) when its variables are empty */
+/*
+ * Whether the value names nothing: an identity when one of its variables
+ * is empty, a lock when all of them are
+ */
+static ngx_int_t
+ngx_http_idem_business_none(ngx_http_request_t *r,
+    ngx_http_idem_business_t *b, ngx_uint_t any, ngx_uint_t *none)
+{
+    ngx_str_t                  v;
+    ngx_uint_t                 i, empty;
+    ngx_http_complex_value_t  *cv;
+
+    cv = b->vars->elts;
+    empty = 0;
+
+    for (i = 0; i < b->vars->nelts; i++) {
+        if (ngx_http_complex_value(r, &cv[i], &v) != NGX_OK) {
+            return NGX_ERROR;
+        }
+
+        empty += (v.len == 0);
+    }
+
+    *none = b->vars->nelts
+            && (any ? empty != 0 : empty == b->vars->nelts);
+
+    return NGX_OK;
+}
+
+
+/* the key of one value, or "" (nothing to check) */
 static ngx_int_t
 ngx_http_idem_business_key(ngx_http_request_t *r, ngx_http_idem_business_t *b,
-    const char *domain, ngx_str_t *scope, const char *suffix, u_char *out)
+    ngx_uint_t any, const char *domain, ngx_str_t *scope, const char *suffix,
+    u_char *out)
 {
-    ngx_str_t  v;
+    ngx_str_t   v;
+    ngx_uint_t  none;
 
     out[0] = '\0';
 
@@ -143,14 +178,12 @@ ngx_http_idem_business_key(ngx_http_request_t *r, ngx_http_idem_business_t *b,
         return NGX_OK;
     }
 
-    if (b->has_vars) {
-        if (ngx_http_complex_value(r, &b->vars, &v) != NGX_OK) {
-            return NGX_ERROR;
-        }
+    if (ngx_http_idem_business_none(r, b, any, &none) != NGX_OK) {
+        return NGX_ERROR;
+    }
 
-        if (v.len == 0) {
-            return NGX_OK;
-        }
+    if (none) {
+        return NGX_OK;
     }
 
     if (ngx_http_complex_value(r, &b->value, &v) != NGX_OK) {
@@ -196,10 +229,10 @@ ngx_http_idem_business_keys(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
         return NGX_ERROR;
     }
 
-    if (ngx_http_idem_business_key(r, lcf->unique, "idem-unique-v1", scope,
-                                   IDEM_UNIQUE_SUFFIX, ctx->ukey)
+    if (ngx_http_idem_business_key(r, lcf->unique, 1, "idem-unique-v1",
+                                   scope, IDEM_UNIQUE_SUFFIX, ctx->ukey)
         != NGX_OK
-        || ngx_http_idem_business_key(r, lcf->lock, "idem-lock-v1", &none,
+        || ngx_http_idem_business_key(r, lcf->lock, 0, "idem-lock-v1", &none,
                                       IDEM_LOCK_SUFFIX, ctx->lkey)
            != NGX_OK)
     {

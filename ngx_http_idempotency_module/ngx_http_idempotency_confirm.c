@@ -402,6 +402,7 @@ ngx_http_idem_confirm_show(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
     cJSON *proposal)
 {
     cJSON                    *root, *show;
+    ngx_str_t                 text;
     ngx_uint_t                i;
     const cJSON              *v;
     ngx_http_idem_pointer_t  *ptr;
@@ -421,8 +422,14 @@ ngx_http_idem_confirm_show(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
     for (i = 0; i < ctx->conf->confirm_show->nelts; i++) {
         v = root ? idem_json_pointer_walk(root, &ptr[i].parsed) : NULL;
 
+        /* exactly what the fingerprint reads: cJSON prints 0.3 for ...04 */
+        if (v && ngx_http_idem_json_text(r, v, &text) != NGX_OK) {
+            v = NULL;
+        }
+
         cJSON_AddItemToObject(show, (char *) ptr[i].text.data,
-                              v ? cJSON_Duplicate(v, 1) : cJSON_CreateNull());
+                              v ? cJSON_CreateRaw((char *) text.data)
+                                : cJSON_CreateNull());
     }
 }
 

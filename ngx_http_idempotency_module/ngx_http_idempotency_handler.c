@@ -266,10 +266,29 @@ static ngx_int_t
 ngx_http_idem_claim_fingerprinted(ngx_http_request_t *r,
     ngx_http_idem_ctx_t *ctx)
 {
+    ctx->json_unreadable = 0;
+
     if (!ctx->fingerprinted || ngx_http_idem_tokens(r, ctx) != NGX_OK
-        || ngx_http_idem_confirm_check(r, ctx) != NGX_OK)
+        || ngx_http_idem_confirm_check(r, ctx) != NGX_OK
+        || ngx_http_idem_business_keys(r, ctx) != NGX_OK)
     {
         return ngx_http_idem_finalize(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
+    }
+
+    /*
+     * A decision (confirmation, identity, lock) read a body member from a
+     * JSON body it could not read: an empty value would let the request
+     * through unconfirmed, or free of its identity or lock, while the
+     * upstream reads the member (the last of two duplicates, say).
+     */
+    if (ctx->json_unreadable) {
+        ctx->phase = NGX_HTTP_IDEM_DONE;
+        ctx->outcome = NGX_HTTP_IDEM_OUT_REJECTED;
+        ngx_str_null(&ctx->op_id);
+        return ngx_http_idem_finalize(r,
+                   ngx_http_idem_send_problem(r, ctx,
+                                              NGX_HTTP_IDEM_P_BODY_UNREADABLE,
+                                              NULL));
     }
 
     if (ngx_http_idem_claim_send(r, ctx) == NGX_OK) {
@@ -321,13 +340,15 @@ ngx_http_idem_act(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
 
     /*
      * fail-open never runs a request that waits for a person's approval,
-     * nor one whose record Redis had answered before it went away (the
-     * audit's append failed after the claim's look)
+     * nor one whose lock nobody can take (that is no retry, but a second
+     * operation on what the lock guards), nor one whose record Redis had
+     * answered before it went away (the audit's append failed after the
+     * claim's look)
      */
     if (ctx->answer == NGX_HTTP_IDEM_ANS_STORE_DOWN
         && ctx->conf->store_failure == NGX_HTTP_IDEM_FAILURE_OPEN
         && ctx->confirm != NGX_HTTP_IDEM_CONFIRM_PROPOSE
-        && !ctx->audit_answered)
+        && ctx->lkey[0] == '\0' && !ctx->audit_answered)
     {
         return ngx_http_idem_bypass(r, ctx);
     }

@@ -11,6 +11,7 @@
 #include <cjson/cJSON.h>
 
 #include "idem_jcs.h"
+#include "idem_json.h"
 
 
 /* bodies larger than this are not parsed for variables or a proposal */
@@ -169,41 +170,51 @@ ngx_http_idem_json_var_write(idem_sink_t *sink, const char *p, size_t n)
 
 
 /*
- * A string member gives its value; anything else its RFC 8785 text, the
- * form the fingerprint reads it in (members sorted, numbers as ECMAScript
- * prints them), so equal values give equal variables.
+ * node's RFC 8785 text (members sorted, numbers exactly as ECMAScript
+ * prints them), in the request's pool and NUL-terminated: the form the
+ * fingerprint reads a member in, and the one a proposal shows.
+ */
+ngx_int_t
+ngx_http_idem_json_text(ngx_http_request_t *r, const cJSON *node,
+    ngx_str_t *text)
+{
+    idem_sink_t                     sink;
+    ngx_http_idem_json_var_sink_t   out;
+
+    ngx_str_null(text);
+    out.pool = r->pool;
+    out.out = text;
+    out.size = 0;
+    sink.write = ngx_http_idem_json_var_write;
+    sink.data = &out;
+
+    if (idem_json_canonical(node, &sink) != 0
+        || sink.write(&sink, "", 1) != 0)
+    {
+        return NGX_ERROR;
+    }
+
+    text->len--;
+
+    return NGX_OK;
+}
+
+
+/*
+ * A string member gives its value; anything else its RFC 8785 text, so
+ * equal values give equal variables.
  */
 static ngx_int_t
 ngx_http_idem_json_var_text(ngx_http_request_t *r, const cJSON *node,
     ngx_str_t *value)
 {
-    char                           *s;
-    idem_sink_t                     sink;
-    idem_jcs_rc_t                   rc;
-    ngx_http_idem_json_var_sink_t   out;
-
     if (cJSON_IsString(node)) {
         value->data = (u_char *) node->valuestring;
         value->len = ngx_strlen(node->valuestring);
         return NGX_OK;
     }
 
-    s = cJSON_PrintUnformatted(node);
-    if (s == NULL) {
-        return NGX_ERROR;
-    }
-
-    out.pool = r->pool;
-    out.out = value;
-    out.size = 0;
-    sink.write = ngx_http_idem_json_var_write;
-    sink.data = &out;
-
-    rc = idem_jcs_canonicalize(s, ngx_strlen(s), &sink);
-
-    cJSON_free(s);
-
-    return rc == IDEM_JCS_OK ? NGX_OK : NGX_ERROR;
+    return ngx_http_idem_json_text(r, node, value);
 }
 
 
@@ -221,6 +232,13 @@ ngx_http_idem_json_var_get(ngx_http_request_t *r,
     ctx = ngx_http_idem_get_ctx(r->main);
     root = ctx ? ngx_http_idem_json_body(r->main, ctx) : NULL;
     node = root ? idem_json_pointer_walk(root, &jv->pointer.parsed) : NULL;
+
+    /* a JSON body the variable could not read: the decisions refuse it */
+    if (root == NULL && ctx && ctx->fingerprinted
+        && ctx->body_form != IDEM_BODY_RAW)
+    {
+        ctx->json_unreadable = 1;
+    }
 
     ngx_str_null(&value);
 

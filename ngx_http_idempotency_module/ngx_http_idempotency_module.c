@@ -6,6 +6,7 @@
 
 #include "ngx_http_idempotency.h"
 #include "ngx_http_idempotency_sentinel.h"
+#include "ngx_http_idempotency_cluster.h"
 
 
 static ngx_int_t ngx_http_idem_postconfiguration(ngx_conf_t *cf);
@@ -18,6 +19,8 @@ static char *ngx_http_idem_enable(ngx_conf_t *cf, ngx_command_t *cmd,
 static char *ngx_http_idem_redis(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 static char *ngx_http_idem_redis_wait(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+static char *ngx_http_idem_redis_cluster(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 static char *ngx_http_idem_redis_sentinel(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
@@ -98,6 +101,13 @@ static ngx_command_t  ngx_http_idem_commands[] = {
     { ngx_string("idempotency_redis_sentinel"),
       NGX_HTTP_IDEM_CONF_ANY|NGX_CONF_2MORE,
       ngx_http_idem_redis_sentinel,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      0,
+      NULL },
+
+    { ngx_string("idempotency_redis_cluster"),
+      NGX_HTTP_IDEM_CONF_ANY|NGX_CONF_1MORE,
+      ngx_http_idem_redis_cluster,
       NGX_HTTP_LOC_CONF_OFFSET,
       0,
       NULL },
@@ -694,6 +704,32 @@ ngx_http_idem_check_content(ngx_conf_t *cf, ngx_http_idem_loc_conf_t *conf)
 }
 
 
+/*
+ * A unique or lock key is in another hash slot than the record it goes
+ * with (docs/business-keys.md), and a Redis Cluster runs a script on the
+ * keys of one slot only: the claim could not take them in one step.
+ */
+static char *
+ngx_http_idem_check_cluster(ngx_conf_t *cf, ngx_http_idem_loc_conf_t *conf)
+{
+    if (!conf->enable || conf->redis == NULL || conf->redis->route == NULL
+        || (conf->unique == NULL && conf->lock == NULL))
+    {
+        return NGX_CONF_OK;
+    }
+
+    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                       "\"%s\" cannot be used with "
+                       "\"idempotency_redis_cluster\": its key is in another "
+                       "hash slot than the record's, and Redis Cluster runs "
+                       "a script on the keys of one slot only",
+                       conf->unique ? "idempotency_unique"
+                                    : "idempotency_lock");
+
+    return NGX_CONF_ERROR;
+}
+
+
 static char *
 ngx_http_idem_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
 {
@@ -743,7 +779,9 @@ ngx_http_idem_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
         return NGX_CONF_ERROR;
     }
 
-    if (ngx_http_idem_check_content(cf, conf) != NGX_CONF_OK) {
+    if (ngx_http_idem_check_content(cf, conf) != NGX_CONF_OK
+        || ngx_http_idem_check_cluster(cf, conf) != NGX_CONF_OK)
+    {
         return NGX_CONF_ERROR;
     }
 
@@ -755,7 +793,8 @@ ngx_http_idem_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
     if ((conf->enable || conf->ops) && conf->redis == NULL) {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                            "\"%s\" needs \"idempotency_redis\" (or "
-                           "\"idempotency_redis_sentinel\") "
+                           "\"idempotency_redis_sentinel\", "
+                           "\"idempotency_redis_cluster\") "
                            "in the same or an enclosing block",
                            conf->enable ? "idempotency on"
                                         : "idempotency_status/admin/approve");
@@ -1338,26 +1377,119 @@ ngx_http_idem_redis_same(ngx_http_idem_redis_t *a, ngx_http_idem_redis_t *b)
 }
 
 
-/* one Redis topology per scope: a server or a Sentinel-named master */
+/* the directive that named a server */
+static const char *
+ngx_http_idem_topology(ngx_http_idem_redis_t *rd)
+{
+    if (rd->route) {
+        return "idempotency_redis_cluster";
+    }
+
+    return rd->locate ? "idempotency_redis_sentinel" : "idempotency_redis";
+}
+
+
+/* one Redis topology per scope: a server, a Sentinel master, a Cluster */
 static char *
 ngx_http_idem_redis_taken(ngx_conf_t *cf, ngx_command_t *cmd,
-    ngx_http_idem_loc_conf_t *lcf, ngx_uint_t sentinel)
+    ngx_http_idem_loc_conf_t *lcf)
 {
+    const char  *other;
+
     if (lcf->redis == NULL) {
         return NGX_CONF_OK;
     }
 
-    if ((lcf->redis->locate != NULL) == sentinel) {
+    other = ngx_http_idem_topology(lcf->redis);
+
+    if (ngx_strlen(other) == cmd->name.len
+        && ngx_strncmp(other, cmd->name.data, cmd->name.len) == 0)
+    {
         return "is duplicate";
     }
 
     ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                        "\"%V\" and \"%s\" in one block: "
-                       "one Redis topology per scope", &cmd->name,
-                       sentinel ? "idempotency_redis"
-                                : "idempotency_redis_sentinel");
+                       "one Redis topology per scope", &cmd->name, other);
 
     return NGX_CONF_ERROR;
+}
+
+
+/* a server in every worker's list, and this scope's */
+static char *
+ngx_http_idem_server_add(ngx_conf_t *cf, ngx_http_idem_loc_conf_t *lcf,
+    ngx_http_idem_redis_t *rd)
+{
+    ngx_http_idem_redis_t      **slot;
+    ngx_http_idem_main_conf_t   *mcf;
+
+    mcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_idempotency_module);
+
+    slot = ngx_array_push(&mcf->servers);
+    if (slot == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    *slot = rd;
+    lcf->redis = rd;
+
+    return NGX_CONF_OK;
+}
+
+
+typedef char *(*ngx_http_idem_param_pt)(ngx_conf_t *cf, ngx_command_t *cmd,
+    ngx_http_idem_redis_t *rd, ngx_str_t *v);
+
+/*
+ * What the directives of a topology (Sentinel, Cluster) share: the
+ * server's defaults, its parameters from the first-th on (param reads the
+ * directive's own and passes the server's to ngx_http_idem_redis_param),
+ * and at least one seed, a "seed" ("sentinel", "cluster node").
+ */
+static char *
+ngx_http_idem_topology_conf(ngx_conf_t *cf, ngx_command_t *cmd,
+    ngx_http_idem_redis_t *rd, ngx_uint_t first, ngx_http_idem_param_pt param,
+    ngx_array_t *seeds, const char *seed)
+{
+    ngx_str_t   *value;
+    ngx_uint_t   i;
+
+    value = cf->args->elts;
+    rd->connect_timeout = 1000;
+    rd->timeout = 1000;
+
+    for (i = first; i < cf->args->nelts; i++) {
+        if (param(cf, cmd, rd, &value[i]) != NGX_CONF_OK) {
+            return NGX_CONF_ERROR;
+        }
+    }
+
+    if (seeds->nelts == 0) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"%V\" directive needs at least one %s "
+                           "host:port", &cmd->name, seed);
+        return NGX_CONF_ERROR;
+    }
+
+    return NGX_CONF_OK;
+}
+
+
+/* the server's name in logs: "kind:what" */
+static char *
+ngx_http_idem_server_name(ngx_conf_t *cf, ngx_http_idem_redis_t *rd,
+    const char *kind, ngx_str_t *what)
+{
+    rd->name.len = ngx_strlen(kind) + 1 + what->len;
+    rd->name.data = ngx_pnalloc(cf->pool, rd->name.len);
+    if (rd->name.data == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    ngx_sprintf(rd->name.data, "%s:%V", kind, what);
+
+    return NGX_CONF_OK;
 }
 
 
@@ -1369,10 +1501,10 @@ ngx_http_idem_redis(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     char                       *rv;
     ngx_str_t                  *value;
     ngx_uint_t                  i;
-    ngx_http_idem_redis_t      *rd, **servers, **slot;
+    ngx_http_idem_redis_t      *rd, **servers;
     ngx_http_idem_main_conf_t  *mcf;
 
-    rv = ngx_http_idem_redis_taken(cf, cmd, lcf, 0);
+    rv = ngx_http_idem_redis_taken(cf, cmd, lcf);
     if (rv != NGX_CONF_OK) {
         return rv;
     }
@@ -1409,15 +1541,7 @@ ngx_http_idem_redis(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
         }
     }
 
-    slot = ngx_array_push(&mcf->servers);
-    if (slot == NULL) {
-        return NGX_CONF_ERROR;
-    }
-
-    *slot = rd;
-    lcf->redis = rd;
-
-    return NGX_CONF_OK;
+    return ngx_http_idem_server_add(cf, lcf, rd);
 }
 
 
@@ -1454,14 +1578,17 @@ ngx_http_idem_sentinel_name(ngx_conf_t *cf, ngx_command_t *cmd,
 }
 
 
-/* resolved now, like idempotency_redis: getaddrinfo would block a worker */
+/*
+ * A sentinel's or a cluster node's host:port ("what" says which), resolved
+ * now like idempotency_redis: getaddrinfo would block a worker.
+ */
 static char *
-ngx_http_idem_sentinel_seed(ngx_conf_t *cf, ngx_command_t *cmd,
-    ngx_http_idem_sentinel_t *sn, ngx_str_t *v)
+ngx_http_idem_seed(ngx_conf_t *cf, ngx_command_t *cmd, ngx_array_t *seeds,
+    ngx_str_t *v, const char *what)
 {
-    u_char                         *p;
-    ngx_url_t                       u;
-    ngx_http_idem_sentinel_addr_t  *a;
+    u_char                *p;
+    ngx_url_t              u;
+    ngx_http_idem_addr_t  *a;
 
     ngx_memzero(&u, sizeof(ngx_url_t));
     u.url = *v;
@@ -1471,13 +1598,13 @@ ngx_http_idem_sentinel_seed(ngx_conf_t *cf, ngx_command_t *cmd,
         || u.no_port)
     {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "invalid sentinel address \"%V\" in \"%V\" "
-                           "directive: host:port expected%s%s", v,
+                           "invalid %s address \"%V\" in \"%V\" "
+                           "directive: host:port expected%s%s", what, v,
                            &cmd->name, u.err ? ": " : "", u.err ? u.err : "");
         return NGX_CONF_ERROR;
     }
 
-    a = ngx_array_push(&sn->seeds);
+    a = ngx_array_push(seeds);
     p = ngx_pnalloc(cf->pool, NGX_SOCKADDR_STRLEN + 1);
     if (a == NULL || p == NULL) {
         return NGX_CONF_ERROR;
@@ -1500,7 +1627,7 @@ ngx_http_idem_sentinel_param(ngx_conf_t *cf, ngx_command_t *cmd,
     ngx_http_idem_sentinel_t  *sn = rd->locate_data;
 
     if (ngx_strlchr(v->data, v->data + v->len, '=') == NULL) {
-        return ngx_http_idem_sentinel_seed(cf, cmd, sn, v);
+        return ngx_http_idem_seed(cf, cmd, &sn->seeds, v, "sentinel");
     }
 
     if (ngx_strncmp(v->data, "sentinel_password=", 18) == 0) {
@@ -1519,14 +1646,12 @@ ngx_http_idem_redis_sentinel(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 {
     ngx_http_idem_loc_conf_t  *lcf = conf;
 
-    char                       *rv;
-    ngx_str_t                  *value;
-    ngx_uint_t                  i;
-    ngx_http_idem_redis_t      *rd, **slot;
-    ngx_http_idem_sentinel_t   *sn;
-    ngx_http_idem_main_conf_t  *mcf;
+    char                      *rv;
+    ngx_str_t                 *value;
+    ngx_http_idem_redis_t     *rd;
+    ngx_http_idem_sentinel_t  *sn;
 
-    rv = ngx_http_idem_redis_taken(cf, cmd, lcf, 1);
+    rv = ngx_http_idem_redis_taken(cf, cmd, lcf);
     if (rv != NGX_CONF_OK) {
         return rv;
     }
@@ -1541,51 +1666,147 @@ ngx_http_idem_redis_sentinel(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     sn = ngx_pcalloc(cf->pool, sizeof(ngx_http_idem_sentinel_t));
     if (rd == NULL || sn == NULL
         || ngx_array_init(&sn->seeds, cf->pool, 3,
-                          sizeof(ngx_http_idem_sentinel_addr_t))
+                          sizeof(ngx_http_idem_addr_t))
            != NGX_OK)
     {
         return NGX_CONF_ERROR;
     }
 
     sn->master = value[1];
-    rd->name.len = sizeof("sentinel:") - 1 + value[1].len;
-    rd->name.data = ngx_pnalloc(cf->pool, rd->name.len);
-    if (rd->name.data == NULL) {
-        return NGX_CONF_ERROR;
-    }
-
-    ngx_sprintf(rd->name.data, "sentinel:%V", &value[1]);
-    rd->connect_timeout = 1000;
-    rd->timeout = 1000;
     rd->locate = ngx_http_idem_sentinel_locate;
     rd->locate_data = sn;
 
-    for (i = 2; i < cf->args->nelts; i++) {
-        if (ngx_http_idem_sentinel_param(cf, cmd, rd, &value[i])
-            != NGX_CONF_OK)
+    if (ngx_http_idem_topology_conf(cf, cmd, rd, 2,
+                                    ngx_http_idem_sentinel_param, &sn->seeds,
+                                    "sentinel")
+        != NGX_CONF_OK
+        || ngx_http_idem_server_name(cf, rd, "sentinel", &value[1])
+           != NGX_CONF_OK)
+    {
+        return NGX_CONF_ERROR;
+    }
+
+    return ngx_http_idem_server_add(cf, lcf, rd);
+}
+
+
+static char *
+ngx_http_idem_cluster_param(ngx_conf_t *cf, ngx_command_t *cmd,
+    ngx_http_idem_redis_t *rd, ngx_str_t *v)
+{
+    ngx_http_idem_cluster_t  *cl = rd->locate_data;
+
+    if (ngx_strlchr(v->data, v->data + v->len, '=') == NULL) {
+        return ngx_http_idem_seed(cf, cmd, &cl->seeds, v, "cluster node");
+    }
+
+    if (ngx_strncmp(v->data, "db=", 3) == 0) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "invalid parameter \"%V\" in \"%V\" directive: "
+                           "a Redis Cluster has database 0 only", v,
+                           &cmd->name);
+        return NGX_CONF_ERROR;
+    }
+
+    /* the nodes' own: user=, password=, the timeouts */
+    return ngx_http_idem_redis_param(cf, cmd, rd, v);
+}
+
+
+/* the same seeds, in the same order, and the same options */
+static ngx_http_idem_redis_t *
+ngx_http_idem_cluster_known(ngx_http_idem_main_conf_t *mcf,
+    ngx_http_idem_redis_t *rd)
+{
+    ngx_uint_t                i, j;
+    ngx_http_idem_addr_t     *a, *b;
+    ngx_http_idem_redis_t   **servers;
+    ngx_http_idem_cluster_t  *ca, *cb;
+
+    servers = mcf->servers.elts;
+    ca = rd->locate_data;
+    a = ca->seeds.elts;
+
+    for (i = 0; i < mcf->servers.nelts; i++) {
+        if (servers[i]->route == NULL
+            || !ngx_http_idem_redis_same(servers[i], rd))
         {
-            return NGX_CONF_ERROR;
+            continue;
+        }
+
+        cb = servers[i]->locate_data;
+        b = cb->seeds.elts;
+
+        for (j = 0; j < ca->seeds.nelts && ca->seeds.nelts == cb->seeds.nelts;
+             j++)
+        {
+            if (!ngx_http_idem_str_eq(&a[j].name, &b[j].name)) {
+                break;
+            }
+        }
+
+        if (j == ca->seeds.nelts && j == cb->seeds.nelts) {
+            return servers[i];
         }
     }
 
-    if (sn->seeds.nelts == 0) {
-        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "\"%V\" directive needs at least one sentinel "
-                           "host:port after the master name", &cmd->name);
+    return NULL;
+}
+
+
+/* idempotency_redis_cluster host:port ... [user=] [password=] [timeouts] */
+static char *
+ngx_http_idem_redis_cluster(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_http_idem_loc_conf_t  *lcf = conf;
+
+    char                       *rv;
+    ngx_http_idem_redis_t      *rd;
+    ngx_http_idem_cluster_t    *cl;
+    ngx_http_idem_main_conf_t  *mcf;
+
+    rv = ngx_http_idem_redis_taken(cf, cmd, lcf);
+    if (rv != NGX_CONF_OK) {
+        return rv;
+    }
+
+    rd = ngx_pcalloc(cf->pool, sizeof(ngx_http_idem_redis_t));
+    cl = ngx_pcalloc(cf->pool, sizeof(ngx_http_idem_cluster_t));
+    if (rd == NULL || cl == NULL
+        || ngx_array_init(&cl->seeds, cf->pool, 3,
+                          sizeof(ngx_http_idem_addr_t))
+           != NGX_OK)
+    {
         return NGX_CONF_ERROR;
     }
 
+    rd->locate = ngx_http_idem_cluster_locate;
+    rd->route = ngx_http_idem_cluster_route;
+    rd->redirect = ngx_http_idem_cluster_redirect;
+    rd->locate_data = cl;
+    cl->redis = rd;
+
+    /* named in logs by its first node as written */
+    if (ngx_http_idem_topology_conf(cf, cmd, rd, 1,
+                                    ngx_http_idem_cluster_param, &cl->seeds,
+                                    "cluster node")
+        != NGX_CONF_OK
+        || ngx_http_idem_server_name(cf, rd, "cluster",
+               &((ngx_http_idem_addr_t *) cl->seeds.elts)[0].name)
+           != NGX_CONF_OK)
+    {
+        return NGX_CONF_ERROR;
+    }
+
+    /* locations naming the same cluster share its connections */
     mcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_idempotency_module);
 
-    slot = ngx_array_push(&mcf->servers);
-    if (slot == NULL) {
-        return NGX_CONF_ERROR;
+    lcf->redis = ngx_http_idem_cluster_known(mcf, rd);
+    if (lcf->redis) {
+        return NGX_CONF_OK;
     }
 
-    *slot = rd;
-    lcf->redis = rd;
-
-    return NGX_CONF_OK;
+    return ngx_http_idem_server_add(cf, lcf, rd);
 }
 
 
@@ -1857,8 +2078,12 @@ ngx_http_idem_init_process(ngx_cycle_t *cycle)
     ngx_http_idem_metrics_init_process(mcf->metrics_zone);
     ngx_http_idem_audit_init_process();
 
-    /* first: the transport's links ask it where the master is */
+    /* first: the transport's links ask them where the servers are */
     ngx_http_idem_sentinel_init_process(cycle, &mcf->servers);
+
+    if (ngx_http_idem_cluster_init_process(cycle, &mcf->servers) != NGX_OK) {
+        return NGX_ERROR;
+    }
 
     return ngx_http_idem_redis_init_process(cycle, &mcf->servers,
                                             mcf->scripts);
@@ -1881,5 +2106,6 @@ ngx_http_idem_exit_process(ngx_cycle_t *cycle)
     }
 
     ngx_http_idem_sentinel_exit_process(&mcf->servers);
+    ngx_http_idem_cluster_exit_process(&mcf->servers);
     ngx_http_idem_redis_exit_process(&mcf->servers);
 }

@@ -1,8 +1,10 @@
 /*
  * hiredis' asynchronous API inside nginx's event loop: one connection per
- * worker and configured server, pipelined, with nginx timers for the link
- * set-up and for each command (hiredis 0.14 has none), reconnect with
- * backoff, and the queue of durable commands sent again after a loss.
+ * worker and configured server (per node of a Redis Cluster, which a
+ * topology's hooks name), pipelined, with nginx timers for the link set-up
+ * and for each command (hiredis 0.14 has none), reconnect with backoff,
+ * MOVED and ASK followed, and the queue of durable commands sent again
+ * after a loss.
  */
 
 #include <ngx_config.h>
@@ -19,6 +21,8 @@
 
 static void ngx_http_idem_link_schedule(ngx_http_idem_link_t *lk);
 static void ngx_http_idem_link_recycle_later(ngx_http_idem_link_t *lk);
+static void ngx_http_idem_link_init(ngx_http_idem_link_t *lk,
+    ngx_http_idem_redis_t *rd, ngx_uint_t subscriber);
 static void ngx_http_idem_waiters_wake(ngx_http_idem_redis_t *rd,
     const u_char *key);
 static void ngx_http_idem_redis_reply(redisAsyncContext *ac, void *r,
@@ -26,72 +30,63 @@ static void ngx_http_idem_redis_reply(redisAsyncContext *ac, void *r,
 static void ngx_http_idem_resend(ngx_http_idem_redis_t *rd);
 
 
-/* event hooks hiredis calls; level-triggered so replies > 16 KiB flow */
+/*
+ * The event hooks hiredis calls, for every connection of the module:
+ * level-triggered, so that a reply over 16 KiB (hiredis reads 16 KiB per
+ * call) keeps the socket readable until it is all read.
+ */
 
 static void
-ngx_http_idem_link_add(ngx_http_idem_link_t *lk, ngx_uint_t write)
+ngx_http_idem_io_event(ngx_http_idem_io_t *io, ngx_uint_t write,
+    ngx_uint_t add)
 {
     ngx_event_t  *ev;
 
-    if (lk->conn == NULL) {
+    if (io->conn == NULL) {
         return;
     }
 
-    ev = write ? lk->conn->write : lk->conn->read;
+    ev = write ? io->conn->write : io->conn->read;
 
-    if (!ev->active) {
+    if (add && !ev->active) {
         if (ngx_add_event(ev, write ? NGX_WRITE_EVENT : NGX_READ_EVENT,
                           NGX_LEVEL_EVENT)
-            != NGX_OK)
+            != NGX_OK && io->failed)
         {
-            ngx_http_idem_link_recycle_later(lk);
+            io->failed(io);
         }
-    }
-}
 
-
-static void
-ngx_http_idem_link_del(ngx_http_idem_link_t *lk, ngx_uint_t write)
-{
-    ngx_event_t  *ev;
-
-    if (lk->conn == NULL) {
-        return;
-    }
-
-    ev = write ? lk->conn->write : lk->conn->read;
-
-    if (ev->active) {
+    } else if (!add && ev->active) {
         ngx_del_event(ev, write ? NGX_WRITE_EVENT : NGX_READ_EVENT, 0);
     }
 }
 
 
 static void
-ngx_http_idem_link_add_read(void *privdata)
+ngx_http_idem_io_add_read(void *privdata)
 {
-    ngx_http_idem_link_add(privdata, 0);
+    ngx_http_idem_io_event(privdata, 0, 1);
 }
 
 
 static void
-ngx_http_idem_link_del_read(void *privdata)
+ngx_http_idem_io_del_read(void *privdata)
 {
-    ngx_http_idem_link_del(privdata, 0);
+    ngx_http_idem_io_event(privdata, 0, 0);
 }
 
 
 static void
-ngx_http_idem_link_add_write(void *privdata)
+ngx_http_idem_io_add_write(void *privdata)
 {
-    ngx_http_idem_link_add(privdata, 1);
+    ngx_http_idem_io_event(privdata, 1, 1);
 }
 
 
 static void
-ngx_http_idem_link_del_write(void *privdata)
+ngx_http_idem_io_del_write(void *privdata)
 {
-    ngx_http_idem_link_del(privdata, 1);
+    ngx_http_idem_io_event(privdata, 1, 0);
 }
 
 
@@ -100,63 +95,105 @@ ngx_http_idem_link_del_write(void *privdata)
  * only unhooked and returned, never closed: one fd, one close.
  */
 static void
-ngx_http_idem_link_cleanup(void *privdata)
+ngx_http_idem_io_cleanup(void *privdata)
 {
-    ngx_http_idem_link_t  *lk = privdata;
+    ngx_http_idem_io_t  *io = privdata;
 
     ngx_connection_t  *c;
 
-    c = lk->conn;
+    c = io->conn;
+
+    if (c) {
+        ngx_http_idem_io_event(io, 0, 0);
+        ngx_http_idem_io_event(io, 1, 0);
+
+        io->conn = NULL;
+
+        if (c->read->posted) {
+            ngx_delete_posted_event(c->read);
+        }
+
+        if (c->write->posted) {
+            ngx_delete_posted_event(c->write);
+        }
+
+        ngx_free_connection(c);
+        c->fd = (ngx_socket_t) -1;
+    }
+
+    if (io->freed) {
+        io->freed(io);
+    }
+}
+
+
+static void
+ngx_http_idem_io_read_handler(ngx_event_t *ev)
+{
+    ngx_connection_t    *c = ev->data;
+    ngx_http_idem_io_t  *io = c->data;
+
+    if (io->ac) {
+        redisAsyncHandleRead(io->ac);
+    }
+}
+
+
+static void
+ngx_http_idem_io_write_handler(ngx_event_t *ev)
+{
+    ngx_connection_t    *c = ev->data;
+    ngx_http_idem_io_t  *io = c->data;
+
+    if (io->ac) {
+        redisAsyncHandleWrite(io->ac);
+    }
+}
+
+
+ngx_int_t
+ngx_http_idem_io_attach(ngx_http_idem_io_t *io, redisAsyncContext *ac,
+    ngx_log_t *log)
+{
+    ngx_connection_t  *c;
+
+    c = ngx_get_connection(ac->c.fd, log);
     if (c == NULL) {
-        return;
+        return NGX_ERROR;
     }
 
-    ngx_http_idem_link_del(lk, 0);
-    ngx_http_idem_link_del(lk, 1);
+    c->data = io;
+    c->read->handler = ngx_http_idem_io_read_handler;
+    c->write->handler = ngx_http_idem_io_write_handler;
+    c->read->log = log;
+    c->write->log = log;
 
-    lk->conn = NULL;
+    ac->ev.data = io;
+    ac->ev.addRead = ngx_http_idem_io_add_read;
+    ac->ev.delRead = ngx_http_idem_io_del_read;
+    ac->ev.addWrite = ngx_http_idem_io_add_write;
+    ac->ev.delWrite = ngx_http_idem_io_del_write;
+    ac->ev.cleanup = ngx_http_idem_io_cleanup;
 
-    if (c->read->posted) {
-        ngx_delete_posted_event(c->read);
-    }
+    io->ac = ac;
+    io->conn = c;
 
-    if (c->write->posted) {
-        ngx_delete_posted_event(c->write);
-    }
-
-    ngx_free_connection(c);
-    c->fd = (ngx_socket_t) -1;
+    return NGX_OK;
 }
 
 
-static void
-ngx_http_idem_link_read_handler(ngx_event_t *ev)
+/* the first writable event tells hiredis that the connect finished */
+void
+ngx_http_idem_io_connect(ngx_http_idem_io_t *io)
 {
-    ngx_connection_t      *c = ev->data;
-    ngx_http_idem_link_t  *lk = c->data;
-
-    if (lk->ac) {
-        redisAsyncHandleRead(lk->ac);
-    }
-}
-
-
-static void
-ngx_http_idem_link_write_handler(ngx_event_t *ev)
-{
-    ngx_connection_t      *c = ev->data;
-    ngx_http_idem_link_t  *lk = c->data;
-
-    if (lk->ac) {
-        redisAsyncHandleWrite(lk->ac);
-    }
+    ngx_http_idem_io_add_write(io);
 }
 
 
 static const char *
 ngx_http_idem_link_name(ngx_http_idem_link_t *lk)
 {
-    return lk->subscriber ? " (subscriber)" : "";
+    return lk->label;
 }
 
 
@@ -224,7 +261,7 @@ ngx_http_idem_link_on_connect(const redisAsyncContext *ac, int status)
     ngx_http_idem_metrics_redis_error(NGX_HTTP_IDEM_RERR_CONNECT);
 
     /* hiredis frees the context right after this callback */
-    lk->ac = NULL;
+    lk->io.ac = NULL;
     ngx_http_idem_link_down(lk);
     ngx_http_idem_link_schedule(lk);
 }
@@ -236,8 +273,8 @@ ngx_http_idem_link_on_disconnect(const redisAsyncContext *ac, int status)
     ngx_http_idem_link_t   *lk = ac->data;
     ngx_http_idem_redis_t  *rd = lk->redis;
 
-    if (lk->ac == ac) {
-        lk->ac = NULL;
+    if (lk->io.ac == ac) {
+        lk->io.ac = NULL;
     }
 
     if (lk->connect_timer.timer_set) {
@@ -270,7 +307,7 @@ ngx_http_idem_link_handshake(redisAsyncContext *ac, void *r, void *privdata)
     redisReply            *reply = r;
     ngx_http_idem_link_t  *lk = ac->data;
 
-    if (reply == NULL || lk->ac != ac) {
+    if (reply == NULL || lk->io.ac != ac) {
         return;             /* the context is being freed */
     }
 
@@ -343,7 +380,7 @@ ngx_http_idem_link_role(redisAsyncContext *ac, void *r, void *privdata)
 
     ngx_str_t  role;
 
-    if (reply == NULL || lk->ac != ac || reply->type == REDIS_REPLY_ERROR) {
+    if (reply == NULL || lk->io.ac != ac || reply->type == REDIS_REPLY_ERROR) {
         ngx_http_idem_link_handshake(ac, r, privdata);
         return;
     }
@@ -374,7 +411,7 @@ ngx_http_idem_link_setup(ngx_http_idem_link_t *lk, redisCallbackFn *fn,
 
     va_start(ap, format);
 
-    if (redisvAsyncCommand(lk->ac, fn, what, format, ap) == REDIS_OK
+    if (redisvAsyncCommand(lk->io.ac, fn, what, format, ap) == REDIS_OK
         && fn != ngx_http_idem_link_message)
     {
         lk->handshake++;
@@ -405,7 +442,8 @@ ngx_http_idem_link_handshake_send(ngx_http_idem_link_t *lk)
                                  rd->password.len);
     }
 
-    if (rd->locate) {
+    /* a Cluster's nodes redirect what is not theirs: no ROLE there */
+    if (rd->locate && rd->route == NULL) {
         ngx_http_idem_link_setup(lk, ngx_http_idem_link_role, "ROLE", "ROLE");
     }
 
@@ -431,38 +469,47 @@ ngx_http_idem_link_handshake_send(ngx_http_idem_link_t *lk)
 }
 
 
+/* an event of the link's connection could not be added */
+static void
+ngx_http_idem_link_failed(ngx_http_idem_io_t *io)
+{
+    ngx_http_idem_link_recycle_later(io->data);
+}
+
+
 static ngx_int_t
 ngx_http_idem_link_attach(ngx_http_idem_link_t *lk, redisAsyncContext *ac)
 {
-    ngx_connection_t       *c;
-    ngx_http_idem_redis_t  *rd = lk->redis;
-
-    c = ngx_get_connection(ac->c.fd, rd->log);
-    if (c == NULL) {
+    if (ngx_http_idem_io_attach(&lk->io, ac, lk->redis->log) != NGX_OK) {
         return NGX_ERROR;
     }
 
-    c->data = lk;
-    c->read->handler = ngx_http_idem_link_read_handler;
-    c->write->handler = ngx_http_idem_link_write_handler;
-    c->read->log = rd->log;
-    c->write->log = rd->log;
-
+    lk->io.data = lk;
+    lk->io.failed = ngx_http_idem_link_failed;
+    lk->io.freed = NULL;
     ac->data = lk;
-    ac->ev.data = lk;
-    ac->ev.addRead = ngx_http_idem_link_add_read;
-    ac->ev.delRead = ngx_http_idem_link_del_read;
-    ac->ev.addWrite = ngx_http_idem_link_add_write;
-    ac->ev.delWrite = ngx_http_idem_link_del_write;
-    ac->ev.cleanup = ngx_http_idem_link_cleanup;
 
     redisAsyncSetConnectCallback(ac, ngx_http_idem_link_on_connect);
     redisAsyncSetDisconnectCallback(ac, ngx_http_idem_link_on_disconnect);
 
-    lk->ac = ac;
-    lk->conn = c;
-
     return NGX_OK;
+}
+
+
+static redisAsyncContext *
+ngx_http_idem_link_context(ngx_http_idem_link_t *lk)
+{
+    ngx_http_idem_redis_t  *rd = lk->redis;
+
+    if (lk->node) {
+        return redisAsyncConnect((char *) lk->host, lk->port);
+    }
+
+    if (rd->port) {
+        return redisAsyncConnect((char *) rd->host.data, rd->port);
+    }
+
+    return redisAsyncConnectUnix((char *) rd->host.data);
 }
 
 
@@ -472,20 +519,18 @@ ngx_http_idem_link_connect(ngx_http_idem_link_t *lk)
     redisAsyncContext      *ac;
     ngx_http_idem_redis_t  *rd = lk->redis;
 
-    /* every loss of a located server asks where the master is now */
-    if (rd->locate && lk->gen == rd->gen) {
+    /*
+     * Every loss of a located server asks where the master is now (in a
+     * Cluster: where the subscriber goes); a node's link has its address.
+     */
+    if (rd->locate && lk->gen == rd->gen && !lk->node) {
         rd->locate(rd);
         return;
     }
 
     lk->gen = rd->gen;
 
-    if (rd->port) {
-        ac = redisAsyncConnect((char *) rd->host.data, rd->port);
-
-    } else {
-        ac = redisAsyncConnectUnix((char *) rd->host.data);
-    }
+    ac = ngx_http_idem_link_context(lk);
 
     if (ac == NULL) {
         ngx_log_error(NGX_LOG_ALERT, rd->log, 0,
@@ -517,8 +562,7 @@ ngx_http_idem_link_connect(ngx_http_idem_link_t *lk)
 
     ngx_http_idem_link_handshake_send(lk);
 
-    /* the first writable event tells hiredis the connect finished */
-    ngx_http_idem_link_add_write(lk);
+    ngx_http_idem_io_connect(&lk->io);
 }
 
 
@@ -541,8 +585,13 @@ ngx_http_idem_backoff_jitter(ngx_msec_t backoff)
 static void
 ngx_http_idem_link_schedule(ngx_http_idem_link_t *lk)
 {
-    if (lk->redis->exiting || lk->reconnect.timer_set) {
+    if (lk->redis->exiting || lk->stopped || lk->reconnect.timer_set) {
         return;
+    }
+
+    /* a Cluster node lost: its slots may be failing over */
+    if (lk->node) {
+        lk->redis->locate(lk->redis);
     }
 
     lk->backoff = ngx_http_idem_backoff_step(lk->backoff);
@@ -566,7 +615,7 @@ ngx_http_idem_link_reconnect_handler(ngx_event_t *ev)
 {
     ngx_http_idem_link_t  *lk = ev->data;
 
-    if (lk->ac == NULL && !lk->redis->exiting) {
+    if (lk->io.ac == NULL && !lk->redis->exiting && !lk->stopped) {
         ngx_http_idem_link_connect(lk);
     }
 }
@@ -579,12 +628,12 @@ ngx_http_idem_link_reconnect_handler(ngx_event_t *ev)
 static void
 ngx_http_idem_link_recycle_later(ngx_http_idem_link_t *lk)
 {
-    if (lk->ac == NULL) {
+    if (lk->io.ac == NULL) {
         return;
     }
 
     ngx_http_idem_link_down(lk);
-    lk->recycle_ac = lk->ac;
+    lk->recycle_ac = lk->io.ac;
 
     if (!lk->recycle.posted) {
         ngx_post_event(&lk->recycle, &ngx_posted_events);
@@ -599,13 +648,13 @@ ngx_http_idem_link_recycle_handler(ngx_event_t *ev)
 
     redisAsyncContext  *ac;
 
-    ac = lk->ac;
+    ac = lk->io.ac;
 
     if (ac == NULL || ac != lk->recycle_ac) {
         return;
     }
 
-    lk->ac = NULL;
+    lk->io.ac = NULL;
     lk->recycle_ac = NULL;
     ngx_http_idem_link_down(lk);
 
@@ -613,9 +662,11 @@ ngx_http_idem_link_recycle_handler(ngx_event_t *ev)
         ngx_del_timer(&lk->connect_timer);
     }
 
-    ngx_log_error(NGX_LOG_WARN, lk->redis->log, 0,
-                  "idempotency: closing redis %V%s connection",
-                  &lk->redis->name, ngx_http_idem_link_name(lk));
+    ngx_log_error((lk->stopped ? NGX_LOG_NOTICE : NGX_LOG_WARN),
+                  lk->redis->log, 0,
+                  "idempotency: closing redis %V%s connection%s",
+                  &lk->redis->name, ngx_http_idem_link_name(lk),
+                  lk->stopped ? ": the node left the slot map" : "");
 
     /* fails every pending command (NULL replies), then closes the fd */
     redisAsyncFree(ac);
@@ -658,6 +709,10 @@ ngx_http_idem_link_init(ngx_http_idem_link_t *lk, ngx_http_idem_redis_t *rd,
     lk->redis = rd;
     lk->subscriber = subscriber;
 
+    if (lk->label == NULL) {
+        lk->label = subscriber ? " (subscriber)" : "";
+    }
+
     ngx_http_idem_event_init(&lk->reconnect,
                              ngx_http_idem_link_reconnect_handler,
                              lk, rd->log, 1);
@@ -672,7 +727,7 @@ ngx_http_idem_link_init(ngx_http_idem_link_t *lk, ngx_http_idem_redis_t *rd,
 }
 
 
-static void
+void
 ngx_http_idem_link_close(ngx_http_idem_link_t *lk)
 {
     redisAsyncContext  *ac;
@@ -693,12 +748,66 @@ ngx_http_idem_link_close(ngx_http_idem_link_t *lk)
         ngx_delete_posted_event(&lk->recycle);
     }
 
-    ac = lk->ac;
-    lk->ac = NULL;
+    ac = lk->io.ac;
+    lk->io.ac = NULL;
 
     if (ac) {
         redisAsyncFree(ac);
     }
+}
+
+
+void
+ngx_http_idem_link_open(ngx_http_idem_link_t *lk, ngx_http_idem_redis_t *rd,
+    u_char *host, int port, const char *label)
+{
+    if (rd->exiting) {
+        return;
+    }
+
+    lk->node = 1;
+    lk->host = host;
+    lk->port = port;
+    lk->label = label;
+
+    if (lk->redis == NULL) {
+        ngx_http_idem_link_init(lk, rd, 0);
+        return;
+    }
+
+    if (!lk->stopped) {
+        return;
+    }
+
+    /* a stop whose connection is still to be freed: that reconnects */
+    lk->stopped = 0;
+    lk->backoff = 0;
+
+    if (lk->io.ac == NULL && !lk->reconnect.timer_set) {
+        ngx_http_idem_link_connect(lk);
+    }
+}
+
+
+/*
+ * Its node left the map: commands in flight there get their answer (or a
+ * MOVED that the map already follows) until the posted close fails the
+ * rest, which are routed again.
+ */
+void
+ngx_http_idem_link_stop(ngx_http_idem_link_t *lk)
+{
+    if (lk->redis == NULL || lk->stopped) {
+        return;
+    }
+
+    lk->stopped = 1;
+
+    if (lk->reconnect.timer_set) {
+        ngx_del_timer(&lk->reconnect);
+    }
+
+    ngx_http_idem_link_recycle_later(lk);
 }
 
 
@@ -709,7 +818,7 @@ ngx_http_idem_link_follow(ngx_http_idem_link_t *lk, ngx_uint_t moved)
         return;                        /* no such link in this worker */
     }
 
-    if (lk->ac) {
+    if (lk->io.ac) {
         if (moved) {
             ngx_http_idem_link_recycle_later(lk);
 
@@ -739,11 +848,11 @@ ngx_http_idem_redis_located(ngx_http_idem_redis_t *rd, ngx_str_t *host,
     }
 
     if (host == NULL) {
-        if (rd->cmd.redis && rd->cmd.ac == NULL) {
+        if (rd->cmd.redis && rd->cmd.io.ac == NULL) {
             ngx_http_idem_link_schedule(&rd->cmd);
         }
 
-        if (rd->sub.redis && rd->sub.ac == NULL) {
+        if (rd->sub.redis && rd->sub.io.ac == NULL) {
             ngx_http_idem_link_schedule(&rd->sub);
         }
 
@@ -755,8 +864,8 @@ ngx_http_idem_redis_located(ngx_http_idem_redis_t *rd, ngx_str_t *host,
 
     if (moved) {
         ngx_log_error(NGX_LOG_NOTICE, rd->log, 0,
-                      "idempotency: redis %V: master at %V:%i",
-                      &rd->name, host, port);
+                      "idempotency: redis %V: %s at %V:%i", &rd->name,
+                      rd->route ? "subscriber" : "master", host, port);
     }
 
     rd->host.len = ngx_min(host->len, NGX_SOCKADDR_STRLEN);
@@ -767,6 +876,11 @@ ngx_http_idem_redis_located(ngx_http_idem_redis_t *rd, ngx_str_t *host,
 
     ngx_http_idem_link_follow(&rd->cmd, moved);
     ngx_http_idem_link_follow(&rd->sub, moved);
+
+    /* a Cluster's new slot map: what waited for a node may go now */
+    if (rd->route) {
+        ngx_http_idem_resend(rd);
+    }
 }
 
 
@@ -786,7 +900,10 @@ ngx_http_idem_redis_init_process(ngx_cycle_t *cycle, ngx_array_t *servers,
         ngx_queue_init(&rd->waiters);
         ngx_queue_init(&rd->resend);
 
-        ngx_http_idem_link_init(&rd->cmd, rd, 0);
+        /* a Cluster's command links are its nodes' */
+        if (rd->route == NULL) {
+            ngx_http_idem_link_init(&rd->cmd, rd, 0);
+        }
 
         if (rd->subscribe) {
             ngx_http_idem_link_init(&rd->sub, rd, 1);
@@ -1050,13 +1167,53 @@ ngx_http_idem_cmd_copy(ngx_http_idem_cmd_t *cmd)
     copy->pos = (u_char *) copy + (cmd->pos - old);
     copy->key = cmd->key ? (u_char *) copy + (cmd->key - old) : NULL;
 
+    /* sent afresh: routed again, never redirected yet */
     ngx_memzero(&copy->timer, sizeof(ngx_event_t));
     copy->told = 0;
     copy->resent = 0;
     copy->handler = NULL;
     copy->data = NULL;
+    copy->link = cmd->pinned ? cmd->link : NULL;
+    copy->redirects = 0;
+    copy->asking = 0;
 
     return copy;
+}
+
+
+/* words (static text) then nargs arguments set by name, on one link */
+static ngx_http_idem_cmd_t *
+ngx_http_idem_cmd_pinned(ngx_http_idem_link_t *lk, ngx_str_t *words,
+    ngx_uint_t n, ngx_uint_t nargs, size_t size)
+{
+    ngx_uint_t            i;
+    ngx_http_idem_cmd_t  *cmd;
+
+    cmd = ngx_http_idem_cmd_alloc(lk->redis, n + nargs, NULL, size,
+                                  lk->redis->log);
+    if (cmd == NULL) {
+        return NULL;
+    }
+
+    cmd->script = NGX_HTTP_IDEM_NSCRIPTS;
+    cmd->arg0 = n;
+    cmd->link = lk;
+    cmd->pinned = 1;
+
+    for (i = 0; i < n; i++) {
+        cmd->argv[i] = (const char *) words[i].data;
+        cmd->argvlen[i] = words[i].len;
+    }
+
+    return cmd;
+}
+
+
+ngx_http_idem_cmd_t *
+ngx_http_idem_cmd_on_link(ngx_http_idem_link_t *lk, ngx_str_t *words,
+    ngx_uint_t n)
+{
+    return ngx_http_idem_cmd_pinned(lk, words, n, 0, 0);
 }
 
 
@@ -1139,9 +1296,35 @@ ngx_http_idem_cmd_key(ngx_http_idem_cmd_t *cmd)
 }
 
 
-/* keeps a durable command for the next connection; NGX_DECLINED: full */
+/*
+ * Where a command goes: the server's link, or in a Cluster the link of
+ * the node that serves its key's slot (none while nobody can say); a
+ * pinned command (WAIT, CLUSTER SLOTS) goes on its own link only.
+ */
+static ngx_http_idem_link_t *
+ngx_http_idem_cmd_route(ngx_http_idem_cmd_t *cmd)
+{
+    ngx_http_idem_redis_t  *rd = cmd->redis;
+
+    if (cmd->pinned) {
+        return cmd->link;
+    }
+
+    if (rd->route == NULL) {
+        return &rd->cmd;
+    }
+
+    return cmd->key ? rd->route(rd, cmd->key) : NULL;
+}
+
+
+/*
+ * Keeps a durable command for the next connection (in a Cluster: for the
+ * next link that comes up or the next slot map); NGX_DECLINED: full.  lk
+ * is the link it could not go on, if any.
+ */
 static ngx_int_t
-ngx_http_idem_resend_later(ngx_http_idem_cmd_t *cmd)
+ngx_http_idem_resend_later(ngx_http_idem_cmd_t *cmd, ngx_http_idem_link_t *lk)
 {
     ngx_http_idem_redis_t  *rd;
 
@@ -1166,12 +1349,12 @@ ngx_http_idem_resend_later(ngx_http_idem_cmd_t *cmd)
     ngx_queue_insert_tail(&rd->resend, &cmd->queue);
 
     /* a reconnect already scheduled with a long backoff comes sooner */
-    if (rd->cmd.reconnect.timer_set
-        && rd->cmd.backoff > NGX_HTTP_IDEM_BACKOFF_MIN)
+    if (lk && lk->redis && lk->reconnect.timer_set
+        && lk->backoff > NGX_HTTP_IDEM_BACKOFF_MIN)
     {
-        ngx_del_timer(&rd->cmd.reconnect);
-        rd->cmd.backoff = 0;
-        ngx_http_idem_link_schedule(&rd->cmd);
+        ngx_del_timer(&lk->reconnect);
+        lk->backoff = 0;
+        ngx_http_idem_link_schedule(lk);
     }
 
     return NGX_OK;
@@ -1181,25 +1364,37 @@ ngx_http_idem_resend_later(ngx_http_idem_cmd_t *cmd)
 static void
 ngx_http_idem_resend(ngx_http_idem_redis_t *rd)
 {
-    ngx_queue_t          *q;
+    ngx_uint_t            n;
+    ngx_queue_t           queue, *q;
     ngx_http_idem_cmd_t  *cmd;
 
-    if (rd->resend_n) {
-        ngx_log_error(NGX_LOG_NOTICE, rd->log, 0,
-                      "idempotency: sending %ui unrecorded results again",
-                      rd->resend_n);
+    if (rd->resend_n == 0) {
+        return;
     }
 
-    while (!ngx_queue_empty(&rd->resend)) {
-        q = ngx_queue_head(&rd->resend);
+    /* one that cannot go yet is kept again, for the next round */
+    ngx_queue_init(&queue);
+    ngx_queue_add(&queue, &rd->resend);
+    ngx_queue_init(&rd->resend);
+    rd->resend_n = 0;
+    rd->resend_size = 0;
+    n = 0;
+
+    while (!ngx_queue_empty(&queue)) {
+        q = ngx_queue_head(&queue);
         ngx_queue_remove(q);
 
         cmd = ngx_queue_data(q, ngx_http_idem_cmd_t, queue);
-        rd->resend_n--;
-        rd->resend_size -= cmd->size;
-
         cmd->resent = 1;
-        (void) ngx_http_idem_cmd_send(cmd, cmd->handler, cmd->data);
+
+        if (ngx_http_idem_cmd_send(cmd, cmd->handler, cmd->data) == NGX_OK) {
+            n++;
+        }
+    }
+
+    if (n) {
+        ngx_log_error(NGX_LOG_NOTICE, rd->log, 0,
+                      "idempotency: sending %ui unrecorded results again", n);
     }
 }
 
@@ -1213,19 +1408,21 @@ ngx_http_idem_resend(ngx_http_idem_redis_t *rd)
 static ngx_int_t
 ngx_http_idem_cmd_drain(ngx_http_idem_redis_t *rd, ngx_http_idem_cmd_t *cmd)
 {
-    int         n;
-    ngx_uint_t  i;
+    int                    n;
+    ngx_uint_t             i;
+    ngx_http_idem_link_t  *lk;
 
+    lk = cmd->link;
     rd->timing_out = cmd;
 
     for (i = 0; i < 256 && rd->timing_out == cmd; i++) {
-        if (rd->cmd.ac == NULL || rd->cmd.conn == NULL
-            || ioctl(rd->cmd.conn->fd, FIONREAD, &n) == -1 || n <= 0)
+        if (lk->io.ac == NULL || lk->io.conn == NULL
+            || ioctl(lk->io.conn->fd, FIONREAD, &n) == -1 || n <= 0)
         {
             break;
         }
 
-        redisAsyncHandleRead(rd->cmd.ac);
+        redisAsyncHandleRead(lk->io.ac);
     }
 
     if (rd->timing_out != cmd) {
@@ -1248,16 +1445,19 @@ ngx_http_idem_cmd_timeout(ngx_event_t *ev)
 {
     ngx_http_idem_cmd_t  *cmd = ev->data;
 
+    ngx_http_idem_link_t   *lk;
     ngx_http_idem_redis_t  *rd;
 
     rd = cmd->redis;
+    lk = cmd->link;
 
     if (ngx_http_idem_cmd_drain(rd, cmd) == NGX_OK) {
         return;
     }
 
     ngx_log_error(NGX_LOG_ERR, rd->log, 0,
-                  "idempotency: redis %V command timed out", &rd->name);
+                  "idempotency: redis %V command timed out%s", &rd->name,
+                  ngx_http_idem_link_name(lk));
     ngx_http_idem_metrics_redis_error(NGX_HTTP_IDEM_RERR_TIMEOUT);
 
     if (!cmd->durable) {
@@ -1268,7 +1468,7 @@ ngx_http_idem_cmd_timeout(ngx_event_t *ev)
         }
     }
 
-    ngx_http_idem_link_recycle_later(&rd->cmd);
+    ngx_http_idem_link_recycle_later(lk);
 }
 
 
@@ -1319,22 +1519,51 @@ ngx_http_idem_cmd_write(redisAsyncContext *ac, ngx_http_idem_cmd_t *cmd)
 }
 
 
+/*
+ * ASKING lets the node that imports a slot run the one command that
+ * follows it on the connection: hiredis writes the two in this order.
+ */
+static int
+ngx_http_idem_cmd_put(ngx_http_idem_link_t *lk, ngx_http_idem_cmd_t *cmd)
+{
+    static const char  asking[] = "*1\r\n$6\r\nASKING\r\n";
+
+    if (lk->io.ac == NULL || lk->state == NGX_HTTP_IDEM_REDIS_DOWN) {
+        return REDIS_ERR;
+    }
+
+    if (cmd->asking
+        && redisAsyncFormattedCommand(lk->io.ac, NULL, NULL, asking,
+                                      sizeof(asking) - 1)
+           != REDIS_OK)
+    {
+        return REDIS_ERR;
+    }
+
+    return ngx_http_idem_cmd_write(lk->io.ac, cmd);
+}
+
+
 ngx_int_t
 ngx_http_idem_cmd_send(ngx_http_idem_cmd_t *cmd,
     ngx_http_idem_reply_pt handler, void *data)
 {
+    ngx_http_idem_link_t   *lk;
     ngx_http_idem_redis_t  *rd;
 
     rd = cmd->redis;
 
     cmd->handler = handler;
     cmd->data = data;
+    cmd->asking = 0;
+    /* each send (a resend of a kept command too) may follow a few */
+    cmd->redirects = 0;
 
-    if (rd->cmd.ac == NULL || rd->cmd.state == NGX_HTTP_IDEM_REDIS_DOWN
-        || ngx_http_idem_cmd_write(rd->cmd.ac, cmd) != REDIS_OK)
-    {
+    lk = ngx_http_idem_cmd_route(cmd);
+
+    if (lk == NULL || ngx_http_idem_cmd_put(lk, cmd) != REDIS_OK) {
         /* not written: no callback will ever come for this one */
-        if (ngx_http_idem_resend_later(cmd) == NGX_OK) {
+        if (ngx_http_idem_resend_later(cmd, lk) == NGX_OK) {
             return NGX_AGAIN;
         }
 
@@ -1347,6 +1576,8 @@ ngx_http_idem_cmd_send(ngx_http_idem_cmd_t *cmd,
         ngx_free(cmd);
         return NGX_ERROR;
     }
+
+    cmd->link = lk;
 
     ngx_http_idem_event_init(&cmd->timer, ngx_http_idem_cmd_timeout, cmd,
                              rd->log, 0);
@@ -1369,7 +1600,7 @@ ngx_http_idem_is_noscript(redisReply *reply)
 
 /* Redis restarted or failed over: its script cache is empty */
 static ngx_int_t
-ngx_http_idem_cmd_eval(redisAsyncContext *ac, ngx_http_idem_cmd_t *cmd)
+ngx_http_idem_cmd_eval(ngx_http_idem_link_t *lk, ngx_http_idem_cmd_t *cmd)
 {
     ngx_http_idem_script_t  *s;
 
@@ -1381,7 +1612,7 @@ ngx_http_idem_cmd_eval(redisAsyncContext *ac, ngx_http_idem_cmd_t *cmd)
     cmd->argv[1] = (const char *) s->text.data;
     cmd->argvlen[1] = s->text.len;
 
-    return ngx_http_idem_cmd_write(ac, cmd) == REDIS_OK ? NGX_OK : NGX_ERROR;
+    return ngx_http_idem_cmd_put(lk, cmd) == REDIS_OK ? NGX_OK : NGX_ERROR;
 }
 
 
@@ -1415,7 +1646,7 @@ ngx_http_idem_cmd_unwritable(ngx_http_idem_cmd_t *cmd, redisReply *reply)
 {
     ngx_http_idem_redis_t  *rd = cmd->redis;
 
-    if (reply == NULL || rd->locate == NULL
+    if (reply == NULL || rd->locate == NULL || rd->route
         || reply->type != REDIS_REPLY_ERROR
         || (ngx_strncmp(reply->str, "READONLY", 8) != 0
             && ngx_strncmp(reply->str, "NOREPLICAS", 10) != 0))
@@ -1429,28 +1660,138 @@ ngx_http_idem_cmd_unwritable(ngx_http_idem_cmd_t *cmd, redisReply *reply)
                   rd->port, ngx_min((size_t) reply->len, 60), reply->str);
 
     ngx_http_idem_metrics_redis_error(NGX_HTTP_IDEM_RERR_REPLY);
-    ngx_http_idem_link_recycle_later(&rd->cmd);
+    ngx_http_idem_link_recycle_later(cmd->link);
 
     return NULL;
+}
+
+
+/*
+ * Redis Cluster: MOVED (the slot has another master: the map learns it)
+ * and ASK (the slot is being moved there, and this key with it: this
+ * command alone goes there, after ASKING) are followed a few times; the
+ * command did not run where it went.
+ */
+#define NGX_HTTP_IDEM_REDIRECTS_MAX  5
+
+static ngx_int_t
+ngx_http_idem_cmd_redirect(ngx_http_idem_cmd_t *cmd,
+    ngx_http_idem_link_t *from, redisReply *reply)
+{
+    idem_redirect_t         to;
+    ngx_http_idem_link_t   *lk;
+    ngx_http_idem_redis_t  *rd = cmd->redis;
+
+    if (rd->redirect == NULL || reply == NULL || cmd->told || cmd->pinned
+        || reply->type != REDIS_REPLY_ERROR
+        || !idem_redirect(reply->str, reply->len, &to))
+    {
+        return NGX_DECLINED;
+    }
+
+    if (cmd->redirects++ >= NGX_HTTP_IDEM_REDIRECTS_MAX) {
+        ngx_log_error(NGX_LOG_WARN, rd->log, 0,
+                      "idempotency: redis %V: \"%*s\" after %d "
+                      "redirections of one command", &rd->name,
+                      ngx_min((size_t) reply->len, 80), reply->str,
+                      NGX_HTTP_IDEM_REDIRECTS_MAX);
+        return NGX_DECLINED;
+    }
+
+    lk = rd->redirect(rd, from, &to);
+
+    if (lk == NULL) {
+        return NGX_DECLINED;
+    }
+
+    cmd->asking = to.ask;
+
+    if (ngx_http_idem_cmd_put(lk, cmd) != REDIS_OK) {
+        return NGX_DECLINED;
+    }
+
+    cmd->link = lk;
+
+    /* a timer that found this answer waiting: the command goes on */
+    if (rd->timing_out == cmd) {
+        rd->timing_out = NULL;
+    }
+
+    if (cmd->timer.timer_set) {
+        ngx_del_timer(&cmd->timer);
+    }
+
+    ngx_add_timer(&cmd->timer, cmd->timeout ? cmd->timeout : rd->timeout);
+
+    return NGX_OK;
+}
+
+
+/*
+ * Redis Cluster: answers that say the command did not run and the
+ * cluster must settle first: a redirection not followed, CLUSTERDOWN (a
+ * slot without a master: a failover under way), TRYAGAIN (keys of a slot
+ * being moved), NOREPLICAS, READONLY.  The slot map is asked for again; a
+ * durable command waits for it, another one is answered with the error
+ * (store-unavailable).
+ */
+static ngx_uint_t
+ngx_http_idem_cmd_unserved(ngx_http_idem_cmd_t *cmd, redisReply *reply)
+{
+    ngx_uint_t              i;
+    ngx_http_idem_redis_t  *rd = cmd->redis;
+
+    static ngx_str_t  words[] = {
+        ngx_string("MOVED "), ngx_string("ASK "),
+        ngx_string("CLUSTERDOWN"), ngx_string("TRYAGAIN"),
+        ngx_string("NOREPLICAS"), ngx_string("READONLY")
+    };
+
+    if (rd->route == NULL || reply == NULL
+        || reply->type != REDIS_REPLY_ERROR)
+    {
+        return 0;
+    }
+
+    for (i = 0; i < sizeof(words) / sizeof(words[0]); i++) {
+        if ((size_t) reply->len >= words[i].len
+            && ngx_strncmp(reply->str, words[i].data, words[i].len) == 0)
+        {
+            ngx_log_error(NGX_LOG_WARN, rd->log, 0,
+                          "idempotency: redis %V%s: %*s", &rd->name,
+                          ngx_http_idem_link_name(cmd->link),
+                          ngx_min((size_t) reply->len, 80), reply->str);
+
+            rd->locate(rd);
+            return 1;
+        }
+    }
+
+    return 0;
 }
 
 
 static void
 ngx_http_idem_redis_reply(redisAsyncContext *ac, void *r, void *privdata)
 {
-    redisReply           *reply = r;
-    ngx_http_idem_cmd_t  *cmd = privdata;
+    redisReply            *reply = r;
+    ngx_http_idem_cmd_t   *cmd = privdata;
+    ngx_http_idem_link_t  *lk = ac->data;
 
     reply = ngx_http_idem_cmd_unwritable(cmd, reply);
 
     if (reply && !cmd->eval && cmd->script != NGX_HTTP_IDEM_NSCRIPTS
         && ngx_http_idem_is_noscript(reply))
     {
-        if (ngx_http_idem_cmd_eval(ac, cmd) == NGX_OK) {
+        if (ngx_http_idem_cmd_eval(lk, cmd) == NGX_OK) {
             return;
         }
 
         reply = NULL;
+    }
+
+    if (ngx_http_idem_cmd_redirect(cmd, lk, reply) == NGX_OK) {
+        return;
     }
 
     if (cmd->timer.timer_set) {
@@ -1465,18 +1806,45 @@ ngx_http_idem_redis_reply(redisAsyncContext *ac, void *r, void *privdata)
         cmd->redis->timing_out = NULL;
     }
 
-    if (reply == NULL && ngx_http_idem_resend_later(cmd) == NGX_OK) {
+    if ((reply == NULL || ngx_http_idem_cmd_unserved(cmd, reply))
+        && ngx_http_idem_resend_later(cmd, lk) == NGX_OK)
+    {
         return;
     }
 
     if (!cmd->told && cmd->handler) {
         cmd->told = 1;
-        cmd->redis->replying = ac;
+        cmd->redis->replying = (ac == lk->io.ac) ? lk : NULL;
         cmd->handler(cmd, reply);
         cmd->redis->replying = NULL;
     }
 
     ngx_free(cmd);
+}
+
+
+ngx_uint_t
+ngx_http_idem_numeric_host(ngx_str_t *host)
+{
+#if (NGX_HAVE_INET6)
+    u_char  addr[16];
+#endif
+
+    if (host->len == 0) {
+        return 0;
+    }
+
+    if (ngx_inet_addr(host->data, host->len) != INADDR_NONE) {
+        return 1;
+    }
+
+#if (NGX_HAVE_INET6)
+    if (ngx_inet6_addr(host->data, host->len, addr) == NGX_OK) {
+        return 1;
+    }
+#endif
+
+    return 0;
 }
 
 
@@ -1544,6 +1912,7 @@ ngx_http_idem_reply_elements(redisReply *reply, idem_rv_t *el, size_t max)
  */
 typedef struct {
     ngx_queue_t                  waiters;   /* ngx_http_idem_replicas_t */
+    ngx_http_idem_link_t        *link;
     ngx_uint_t                   replicas;
     ngx_msec_t                   timeout;
 } ngx_http_idem_wait_t;
@@ -1563,8 +1932,8 @@ ngx_http_idem_replicas_done(ngx_http_idem_cmd_t *cmd, redisReply *reply)
     rd = cmd->redis;
     wt = cmd->data;
 
-    if (rd->wait_last == wt) {
-        rd->wait_last = NULL;
+    if (wt->link->wait_last == wt) {
+        wt->link->wait_last = NULL;
     }
 
     acked = (reply && reply->type == REDIS_REPLY_INTEGER)
@@ -1590,31 +1959,30 @@ ngx_http_idem_replicas_done(ngx_http_idem_cmd_t *cmd, redisReply *reply)
 
 
 static ngx_http_idem_wait_t *
-ngx_http_idem_replicas_send(ngx_http_idem_redis_t *rd, ngx_uint_t replicas,
+ngx_http_idem_replicas_send(ngx_http_idem_link_t *lk, ngx_uint_t replicas,
     ngx_msec_t timeout)
 {
-    ngx_http_idem_cmd_t   *cmd;
-    ngx_http_idem_wait_t  *wt;
+    ngx_http_idem_cmd_t    *cmd;
+    ngx_http_idem_wait_t   *wt;
+    ngx_http_idem_redis_t  *rd = lk->redis;
 
     wt = ngx_alloc(sizeof(ngx_http_idem_wait_t), rd->log);
     if (wt == NULL) {
         return NULL;
     }
 
-    cmd = ngx_http_idem_cmd_alloc(rd, 3, NULL, 2 * NGX_INT64_LEN, rd->log);
+    cmd = ngx_http_idem_cmd_pinned(lk, &ngx_http_idem_wait_cmd, 1, 2,
+                                   2 * NGX_INT64_LEN);
     if (cmd == NULL) {
         ngx_free(wt);
         return NULL;
     }
 
     ngx_queue_init(&wt->waiters);
+    wt->link = lk;
     wt->replicas = replicas;
     wt->timeout = timeout;
 
-    cmd->script = NGX_HTTP_IDEM_NSCRIPTS;
-    cmd->arg0 = 1;
-    cmd->argv[0] = (const char *) ngx_http_idem_wait_cmd.data;
-    cmd->argvlen[0] = ngx_http_idem_wait_cmd.len;
     ngx_http_idem_cmd_set_num(cmd, 0, (int64_t) replicas);
     ngx_http_idem_cmd_set_num(cmd, 1, (int64_t) timeout);
 
@@ -1628,7 +1996,7 @@ ngx_http_idem_replicas_send(ngx_http_idem_redis_t *rd, ngx_uint_t replicas,
         return NULL;
     }
 
-    rd->wait_last = wt;
+    lk->wait_last = wt;
 
     return wt;
 }
@@ -1638,22 +2006,23 @@ ngx_int_t
 ngx_http_idem_replicas_wait(ngx_http_idem_redis_t *rd,
     ngx_http_idem_replicas_t *w, ngx_uint_t replicas, ngx_msec_t timeout)
 {
+    ngx_http_idem_link_t  *lk;
     ngx_http_idem_wait_t  *wt;
 
     /*
-     * WAIT counts the writes of the connection it is sent on: the reply
-     * being handled must have come on the connection WAIT would go to.
+     * WAIT counts the writes of the connection it is sent on: it goes on
+     * the one whose reply is being handled, while that one is current.
      */
-    if (rd->replying == NULL || rd->replying != rd->cmd.ac
-        || rd->cmd.state != NGX_HTTP_IDEM_REDIS_READY)
-    {
+    lk = rd->replying;
+
+    if (lk == NULL || lk->state != NGX_HTTP_IDEM_REDIS_READY) {
         return NGX_ERROR;
     }
 
-    wt = rd->wait_last;
+    wt = lk->wait_last;
 
     if (wt == NULL || wt->replicas != replicas || wt->timeout != timeout) {
-        wt = ngx_http_idem_replicas_send(rd, replicas, timeout);
+        wt = ngx_http_idem_replicas_send(lk, replicas, timeout);
         if (wt == NULL) {
             return NGX_ERROR;
         }

@@ -20,6 +20,7 @@
 
 #include "idem_record.h"
 #include "idem_reply.h"
+#include "idem_slot.h"
 #include "ngx_http_idempotency_script.h"
 
 
@@ -30,6 +31,36 @@ typedef enum {
 } ngx_http_idem_redis_state_e;
 
 
+/*
+ * A hiredis context inside nginx's event loop, as every connection of the
+ * module has it (the transport's links, the sentinel connections): its fd
+ * wrapped in an nginx connection, level-triggered events so that replies
+ * over 16 KiB keep flowing, and one close of the fd, hiredis's own.  The
+ * owner keeps ac->data for itself; "freed" is told when hiredis frees the
+ * context (its cleanup hook, before the disconnect callback), "failed"
+ * when an event could not be added.
+ */
+typedef struct ngx_http_idem_io_s  ngx_http_idem_io_t;
+
+typedef void (*ngx_http_idem_io_pt)(ngx_http_idem_io_t *io);
+
+struct ngx_http_idem_io_s {
+    redisAsyncContext           *ac;
+    ngx_connection_t            *conn;
+    ngx_http_idem_io_pt          failed;        /* may be NULL */
+    ngx_http_idem_io_pt          freed;         /* may be NULL */
+    void                        *data;
+};
+
+
+/* a seed of a topology (a sentinel, a cluster node), resolved by nginx -t */
+typedef struct {
+    ngx_str_t                    name;          /* as written, for logs */
+    u_char                      *host;          /* numeric, NUL-terminated */
+    int                          port;
+} ngx_http_idem_addr_t;
+
+
 typedef struct ngx_http_idem_redis_s  ngx_http_idem_redis_t;
 typedef struct ngx_http_idem_cmd_s    ngx_http_idem_cmd_t;
 typedef struct ngx_http_idem_waiter_s ngx_http_idem_waiter_t;
@@ -38,12 +69,16 @@ typedef struct ngx_http_idem_replicas_s  ngx_http_idem_replicas_t;
 
 /*
  * One connection of a worker to a server: the pipelined command link, or
- * the subscriber link that hears about records others wait for.
+ * the subscriber link that hears about records others wait for; in a
+ * Cluster, the command link of one node, whose address is its own.
  */
 typedef struct {
     ngx_http_idem_redis_t       *redis;
-    redisAsyncContext           *ac;
-    ngx_connection_t            *conn;
+    ngx_http_idem_io_t           io;
+    const char                  *label;         /* for logs: which link */
+    u_char                      *host;          /* a node's; NULL: rd's */
+    int                          port;
+    void                        *wait_last;     /* the last WAIT in flight */
     ngx_http_idem_redis_state_e  state;
     ngx_uint_t                   handshake;     /* set-up replies due */
     ngx_msec_t                   backoff;
@@ -55,6 +90,8 @@ typedef struct {
     unsigned                     subscriber:1;
     unsigned                     subscribed:1;
     unsigned                     counted:1;     /* in the metrics gauge */
+    unsigned                     node:1;        /* a Cluster node's */
+    unsigned                     stopped:1;     /* its node left the map */
 } ngx_http_idem_link_t;
 
 
@@ -64,6 +101,19 @@ typedef struct {
  * perhaps later, by ngx_http_idem_redis_located().
  */
 typedef void (*ngx_http_idem_locate_pt)(ngx_http_idem_redis_t *rd);
+
+/*
+ * Redis Cluster: the link of the node that serves the key's slot (NULL
+ * when none can now), and the link of the node a MOVED or ASK answer
+ * names (NULL when it cannot be reached: a host name, say).  In a Cluster
+ * the locate hook asks for the slot map again, and its answer places the
+ * subscriber.
+ */
+typedef ngx_http_idem_link_t *(*ngx_http_idem_route_pt)(
+    ngx_http_idem_redis_t *rd, const u_char *key);
+typedef ngx_http_idem_link_t *(*ngx_http_idem_redirect_pt)(
+    ngx_http_idem_redis_t *rd, ngx_http_idem_link_t *from,
+    idem_redirect_t *to);
 
 
 /*
@@ -84,6 +134,8 @@ struct ngx_http_idem_redis_s {
     ngx_msec_t                   waits_sum;     /* of their timeouts */
     ngx_http_idem_locate_pt      locate;        /* NULL: a fixed address */
     void                        *locate_data;
+    ngx_http_idem_route_pt       route;         /* NULL: not a Cluster */
+    ngx_http_idem_redirect_pt    redirect;
 
     ngx_http_idem_script_t      *scripts;
 
@@ -93,8 +145,7 @@ struct ngx_http_idem_redis_s {
     ngx_queue_t                  waiters;       /* ngx_http_idem_waiter_t */
     ngx_queue_t                  resend;        /* ngx_http_idem_cmd_t */
     ngx_http_idem_cmd_t         *timing_out;
-    redisAsyncContext           *replying;      /* whose reply is handled */
-    void                        *wait_last;     /* the last WAIT in flight */
+    ngx_http_idem_link_t        *replying;      /* whose reply is handled */
     ngx_uint_t                   resend_n;
     size_t                       resend_size;
     ngx_uint_t                   gen;           /* answers of locate */
@@ -131,6 +182,7 @@ struct ngx_http_idem_cmd_s {
     ngx_http_idem_script_e       script;    /* NSCRIPTS: a native one */
     ngx_http_idem_reply_pt       handler;
     void                        *data;
+    ngx_http_idem_link_t        *link;      /* where it was written */
     ngx_event_t                  timer;
     ngx_queue_t                  queue;     /* in redis->resend */
     size_t                       size;
@@ -141,11 +193,14 @@ struct ngx_http_idem_cmd_s {
     u_char                      *key;       /* IDEM_RECORD_KEY_LEN */
     ngx_uint_t                   arg0;      /* argv index of argument 0 */
     ngx_msec_t                   timeout;   /* 0: the server's timeout */
+    ngx_uint_t                   redirects; /* MOVED and ASK followed */
     uint64_t                     sent;      /* us, for idempotency_metrics */
     unsigned                     durable:1; /* sent again after a loss */
     unsigned                     eval:1;    /* resent as EVAL (NOSCRIPT) */
     unsigned                     told:1;    /* the handler has run */
     unsigned                     resent:1;  /* from the resend queue */
+    unsigned                     pinned:1;  /* goes on "link" only */
+    unsigned                     asking:1;  /* ASK: after ASKING */
 };
 
 
@@ -177,6 +232,15 @@ struct ngx_http_idem_replicas_s {
 };
 
 
+/*
+ * ac becomes io's: its events are nginx's from now on.  Then
+ * ngx_http_idem_io_connect() waits for the connect to finish (the first
+ * writable event).
+ */
+ngx_int_t ngx_http_idem_io_attach(ngx_http_idem_io_t *io,
+    redisAsyncContext *ac, ngx_log_t *log);
+void ngx_http_idem_io_connect(ngx_http_idem_io_t *io);
+
 ngx_int_t ngx_http_idem_redis_init_process(ngx_cycle_t *cycle,
     ngx_array_t *servers, ngx_http_idem_script_t *scripts);
 void ngx_http_idem_redis_exit_process(ngx_array_t *servers);
@@ -188,6 +252,19 @@ void ngx_http_idem_redis_exit_process(ngx_array_t *servers);
  */
 void ngx_http_idem_redis_located(ngx_http_idem_redis_t *rd, ngx_str_t *host,
     ngx_int_t port);
+
+/*
+ * A Cluster node's command link, to host (numeric, NUL-terminated) and
+ * port: opened (again, after a stop), and stopped when its node has left
+ * the slot map.  Its memory must stay until ngx_http_idem_link_close().
+ */
+void ngx_http_idem_link_open(ngx_http_idem_link_t *lk,
+    ngx_http_idem_redis_t *rd, u_char *host, int port, const char *label);
+void ngx_http_idem_link_stop(ngx_http_idem_link_t *lk);
+void ngx_http_idem_link_close(ngx_http_idem_link_t *lk);
+
+/* an IPv4 or IPv6 address: connecting to a name would block in getaddrinfo */
+ngx_uint_t ngx_http_idem_numeric_host(ngx_str_t *host);
 
 /* the reconnect backoff: 100 ms doubling up to 2 s, less up to a quarter */
 ngx_msec_t ngx_http_idem_backoff_step(ngx_msec_t backoff);
@@ -212,6 +289,10 @@ ngx_http_idem_cmd_t *ngx_http_idem_cmd_copy(ngx_http_idem_cmd_t *cmd);
 ngx_http_idem_cmd_t *ngx_http_idem_cmd_native(ngx_http_idem_redis_t *rd,
     ngx_str_t *name, ngx_uint_t nargs, const u_char *key, size_t size,
     ngx_log_t *log);
+
+/* a command of no key (CLUSTER SLOTS), sent on one link: not routed */
+ngx_http_idem_cmd_t *ngx_http_idem_cmd_on_link(ngx_http_idem_link_t *lk,
+    ngx_str_t *words, ngx_uint_t n);
 void ngx_http_idem_cmd_set(ngx_http_idem_cmd_t *cmd, ngx_uint_t arg,
     const void *data, size_t len);
 u_char *ngx_http_idem_cmd_start(ngx_http_idem_cmd_t *cmd, ngx_uint_t arg);

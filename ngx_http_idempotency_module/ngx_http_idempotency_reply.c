@@ -126,7 +126,14 @@ static ngx_http_idem_problem_t  ngx_http_idem_problems[] = {
     { "lock-held", "Another operation holds the lock",
       NGX_HTTP_CONFLICT, 1, 0, 0,
       "another operation holds this request's lock (idempotency_lock); "
-      "nothing was executed: retry with the same key after Retry-After" }
+      "nothing was executed: retry with the same key after Retry-After" },
+
+    { "body-unreadable", "Request body could not be read",
+      NGX_HTTP_BAD_REQUEST, 0, 0, 0,
+      "this endpoint decides by members of the JSON body (its business "
+      "identity, lock or confirmation), and the body could not be read as "
+      "the upstream would read it (not canonical JSON, such as duplicate "
+      "member names, or larger than 1 MiB); nothing was executed" }
 };
 
 

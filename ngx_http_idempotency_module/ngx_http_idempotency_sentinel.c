@@ -17,8 +17,7 @@
 
 struct ngx_http_idem_sn_conn_s {
     ngx_http_idem_sn_link_t     *lk;
-    redisAsyncContext           *ac;
-    ngx_connection_t            *c;
+    ngx_http_idem_io_t           io;
     ngx_event_t                  close;     /* free ac, then sc itself */
     unsigned                     dead:1;    /* hiredis freed ac */
 };
@@ -28,10 +27,10 @@ static void ngx_http_idem_sn_failed(ngx_http_idem_sn_link_t *lk);
 static void ngx_http_idem_sn_ask_next(ngx_http_idem_sentinel_t *sn);
 
 
-static ngx_http_idem_sentinel_addr_t *
+static ngx_http_idem_addr_t *
 ngx_http_idem_sn_seed(ngx_http_idem_sn_link_t *lk)
 {
-    ngx_http_idem_sentinel_addr_t  *seeds = lk->sn->seeds.elts;
+    ngx_http_idem_addr_t  *seeds = lk->sn->seeds.elts;
 
     return &seeds[lk->seed];
 }
@@ -44,89 +43,17 @@ ngx_http_idem_sn_what(ngx_http_idem_sn_link_t *lk)
 }
 
 
-/* the event hooks hiredis calls, as the transport's own links have them */
-
-static void
-ngx_http_idem_sn_event(ngx_http_idem_sn_conn_t *sc, ngx_uint_t write,
-    ngx_uint_t add)
-{
-    ngx_event_t  *ev;
-
-    if (sc->c == NULL) {
-        return;
-    }
-
-    ev = write ? sc->c->write : sc->c->read;
-
-    if (add && !ev->active) {
-        (void) ngx_add_event(ev, write ? NGX_WRITE_EVENT : NGX_READ_EVENT,
-                             NGX_LEVEL_EVENT);
-
-    } else if (!add && ev->active) {
-        ngx_del_event(ev, write ? NGX_WRITE_EVENT : NGX_READ_EVENT, 0);
-    }
-}
-
-
-static void
-ngx_http_idem_sn_add_read(void *privdata)
-{
-    ngx_http_idem_sn_event(privdata, 0, 1);
-}
-
-
-static void
-ngx_http_idem_sn_del_read(void *privdata)
-{
-    ngx_http_idem_sn_event(privdata, 0, 0);
-}
-
-
-static void
-ngx_http_idem_sn_add_write(void *privdata)
-{
-    ngx_http_idem_sn_event(privdata, 1, 1);
-}
-
-
-static void
-ngx_http_idem_sn_del_write(void *privdata)
-{
-    ngx_http_idem_sn_event(privdata, 1, 0);
-}
-
-
 /*
- * hiredis calls this before its disconnect callback, which still reads
- * ac->data: the connection's own state is freed later, as a posted event.
+ * hiredis frees the context before its disconnect callback, which still
+ * reads ac->data: the connection's own state is freed later, as a posted
+ * event.
  */
 static void
-ngx_http_idem_sn_cleanup(void *privdata)
+ngx_http_idem_sn_freed(ngx_http_idem_io_t *io)
 {
-    ngx_http_idem_sn_conn_t  *sc = privdata;
+    ngx_http_idem_sn_conn_t  *sc = io->data;
 
-    ngx_connection_t  *c;
-
-    c = sc->c;
-
-    if (c) {
-        ngx_http_idem_sn_event(sc, 0, 0);
-        ngx_http_idem_sn_event(sc, 1, 0);
-        sc->c = NULL;
-
-        if (c->read->posted) {
-            ngx_delete_posted_event(c->read);
-        }
-
-        if (c->write->posted) {
-            ngx_delete_posted_event(c->write);
-        }
-
-        ngx_free_connection(c);
-        c->fd = (ngx_socket_t) -1;
-    }
-
-    sc->ac = NULL;
+    sc->io.ac = NULL;
     sc->dead = 1;
 
     if (!sc->close.posted) {
@@ -145,31 +72,7 @@ ngx_http_idem_sn_close_handler(ngx_event_t *ev)
         return;
     }
 
-    redisAsyncFree(sc->ac);            /* its cleanup posts us again */
-}
-
-
-static void
-ngx_http_idem_sn_read_handler(ngx_event_t *ev)
-{
-    ngx_connection_t         *c = ev->data;
-    ngx_http_idem_sn_conn_t  *sc = c->data;
-
-    if (sc->ac) {
-        redisAsyncHandleRead(sc->ac);
-    }
-}
-
-
-static void
-ngx_http_idem_sn_write_handler(ngx_event_t *ev)
-{
-    ngx_connection_t         *c = ev->data;
-    ngx_http_idem_sn_conn_t  *sc = c->data;
-
-    if (sc->ac) {
-        redisAsyncHandleWrite(sc->ac);
-    }
+    redisAsyncFree(sc->io.ac);            /* its cleanup posts us again */
 }
 
 
@@ -252,7 +155,6 @@ static ngx_http_idem_sn_conn_t *
 ngx_http_idem_sn_attach(ngx_http_idem_sn_link_t *lk, redisAsyncContext *ac)
 {
     ngx_log_t                *log = lk->sn->log;
-    ngx_connection_t         *c;
     ngx_http_idem_sn_conn_t  *sc;
 
     sc = ngx_calloc(sizeof(ngx_http_idem_sn_conn_t), log);
@@ -260,32 +162,19 @@ ngx_http_idem_sn_attach(ngx_http_idem_sn_link_t *lk, redisAsyncContext *ac)
         return NULL;
     }
 
-    c = ngx_get_connection(ac->c.fd, log);
-    if (c == NULL) {
+    if (ngx_http_idem_io_attach(&sc->io, ac, log) != NGX_OK) {
         ngx_free(sc);
         return NULL;
     }
 
     sc->lk = lk;
-    sc->ac = ac;
-    sc->c = c;
+    sc->io.data = sc;
+    sc->io.freed = ngx_http_idem_sn_freed;
     sc->close.handler = ngx_http_idem_sn_close_handler;
     sc->close.data = sc;
     sc->close.log = log;
 
-    c->data = sc;
-    c->read->handler = ngx_http_idem_sn_read_handler;
-    c->write->handler = ngx_http_idem_sn_write_handler;
-    c->read->log = log;
-    c->write->log = log;
-
     ac->data = sc;
-    ac->ev.data = sc;
-    ac->ev.addRead = ngx_http_idem_sn_add_read;
-    ac->ev.delRead = ngx_http_idem_sn_del_read;
-    ac->ev.addWrite = ngx_http_idem_sn_add_write;
-    ac->ev.delWrite = ngx_http_idem_sn_del_write;
-    ac->ev.cleanup = ngx_http_idem_sn_cleanup;
 
     redisAsyncSetConnectCallback(ac, ngx_http_idem_sn_on_connect);
     redisAsyncSetDisconnectCallback(ac, ngx_http_idem_sn_on_disconnect);
@@ -325,9 +214,9 @@ static void ngx_http_idem_sn_message(redisAsyncContext *ac, void *r,
 static ngx_int_t
 ngx_http_idem_sn_open(ngx_http_idem_sn_link_t *lk)
 {
-    redisAsyncContext              *ac;
-    ngx_http_idem_sentinel_t       *sn = lk->sn;
-    ngx_http_idem_sentinel_addr_t  *a;
+    redisAsyncContext         *ac;
+    ngx_http_idem_addr_t      *a;
+    ngx_http_idem_sentinel_t  *sn = lk->sn;
 
     a = ngx_http_idem_sn_seed(lk);
 
@@ -361,7 +250,7 @@ ngx_http_idem_sn_open(ngx_http_idem_sn_link_t *lk)
 
     /* until connected (the subscriber: until subscribed) */
     ngx_add_timer(&lk->timer, sn->redis->connect_timeout);
-    ngx_http_idem_sn_add_write(lk->sc);
+    ngx_http_idem_io_connect(&lk->sc->io);
 
     return NGX_OK;
 
@@ -465,29 +354,13 @@ ngx_http_idem_sn_ask_next(ngx_http_idem_sentinel_t *sn)
 static ngx_int_t
 ngx_http_idem_sn_address(ngx_str_t *host, ngx_str_t *port, ngx_int_t *n)
 {
-#if (NGX_HAVE_INET6)
-    u_char  buf[NGX_INET6_ADDRSTRLEN];
-#endif
-
     *n = ngx_atoi(port->data, port->len);
 
-    if (*n < 1 || *n > 65535 || host->len == 0) {
+    if (*n < 1 || *n > 65535 || !ngx_http_idem_numeric_host(host)) {
         return NGX_ERROR;
     }
 
-    if (ngx_inet_addr(host->data, host->len) != INADDR_NONE) {
-        return NGX_OK;
-    }
-
-#if (NGX_HAVE_INET6)
-    if (host->len < sizeof(buf)
-        && ngx_inet6_addr(host->data, host->len, buf) == NGX_OK)
-    {
-        return NGX_OK;
-    }
-#endif
-
-    return NGX_ERROR;
+    return NGX_OK;
 }
 
 
@@ -717,7 +590,7 @@ ngx_http_idem_sn_link_close(ngx_http_idem_sn_link_t *lk)
             ngx_delete_posted_event(&sc->close);
         }
 
-        redisAsyncFree(sc->ac);
+        redisAsyncFree(sc->io.ac);
     }
 }
 

@@ -18,13 +18,6 @@
 typedef struct ngx_http_idem_sentinel_s  ngx_http_idem_sentinel_t;
 
 
-typedef struct {
-    ngx_str_t                    name;      /* as written, for logs */
-    u_char                      *host;      /* numeric, NUL-terminated */
-    int                          port;
-} ngx_http_idem_sentinel_addr_t;
-
-
 /* one connection to a sentinel; its hiredis context outlives it */
 typedef struct ngx_http_idem_sn_conn_s  ngx_http_idem_sn_conn_t;
 
@@ -42,7 +35,7 @@ typedef struct {
 
 struct ngx_http_idem_sentinel_s {
     ngx_str_t                    master;    /* the master's name */
-    ngx_array_t                  seeds;     /* ngx_http_idem_sentinel_addr_t */
+    ngx_array_t                  seeds;     /* ngx_http_idem_addr_t */
     ngx_str_t                    password;  /* AUTH to the sentinels */
 
     ngx_http_idem_redis_t       *redis;

@@ -50,6 +50,7 @@ for my $c (
     [ 'unix socket', 'idempotency on; idempotency_redis unix:/tmp/no-such-redis.sock;' ],
     [ 'hostname', "idempotency on; idempotency_redis localhost:$dead;" ],
     [ 'IPv6 literal', "idempotency on; idempotency_redis [::1]:$dead;" ],
+    [ 'a cluster', "idempotency on; idempotency_redis_cluster 127.0.0.1:$dead [::1]:$dead user=u password=p timeout=2s;" ],
     [ 'redis at http level, on per location', "idempotency on;", '' , "$R" ],
     [ 'off without redis', 'idempotency off;' ],
     [ 'conflict status 409', "idempotency on; $R idempotency_conflict_status 409;" ],
@@ -242,6 +243,12 @@ for my $c (
           "$ok idempotency_unique \$http_a \$http_b;" ],
         [ 'lock in a bad variable', qr/invalid variable name|unknown ".*" variable/,
           "$ok idempotency_lock \${;" ],
+        # their keys are in other hash slots than the record's
+        [ 'unique with a cluster',
+          qr/"idempotency_unique" cannot be used with "idempotency_redis_cluster": its key is in another hash slot than the record's/,
+          "idempotency on; idempotency_redis_cluster 127.0.0.1:$dead; idempotency_unique \$http_a;" ],
+        [ 'lock with a cluster', qr/"idempotency_lock" cannot be used with "idempotency_redis_cluster"/,
+          "idempotency on; idempotency_redis_cluster 127.0.0.1:$dead; idempotency_lock deploy:\$http_env;" ],
     ) {
         my ($what, $re, $loc) = @$c;
         my ($rc, $out) = $t->nginx_test_conf(conf($loc));
@@ -307,6 +314,8 @@ for my $c (
         [ 'stream bad parameter', qr/"idempotency_audit_stream": invalid parameter "every=5"/,
           "$ok idempotency_audit_stream s every=5;" ],
         [ 'audit maybe', qr/idempotency_audit/, "$ok idempotency_audit maybe;" ],
+        [ 'audit with a cluster', qr/"idempotency_audit" cannot be used with "idempotency_redis_cluster"/,
+          "idempotency on; idempotency_redis_cluster 127.0.0.1:$dead; idempotency_audit on;" ],
     ) {
         my ($what, $re, $loc) = @$c;
         my ($rc, $out) = $t->nginx_test_conf(conf($loc));

@@ -187,14 +187,6 @@ sub master_of {
     return undef;
 }
 
-sub answer {
-    my ($r) = @_;
-    my $p = $t->ptype($r);
-    return "$r->{status}" . ($p ? " $p" : '')
-        . (($r->{headers}{'idempotent-replayed'} // '') eq 'true' ? ' replayed' : '')
-        . ($r->{status} >= 400 && !defined $r->{headers}{'retry-after'} ? ' no-retry-after' : '');
-}
-
 # the answers docs/redis.md ("Sentinel") lists for a failover; with
 # idempotency_redis_wait, a claim the replicas did not get is released
 my %DOCUMENTED = map { $_ => 1 } (
@@ -204,9 +196,9 @@ my %DOCUMENTED = map { $_ => 1 } (
 subtest 'a write through discovery, the first seed dead' => sub {
     my $k = $t->key('discover');
     my ($r) = $t->retry_until_final('/fo/x', 10, key => $k, json => { a => 1 });
-    is(answer($r), '201', 'the first write executes');
+    is($t->answer($r), '201', 'the first write executes');
     my $again = $t->http(POST => '/fo/x', key => $k, json => { a => 1 });
-    is(answer($again), '201 replayed', 'its retry replays');
+    is($t->answer($again), '201 replayed', 'its retry replays');
     is($t->effects(key => $k), 1, 'one effect');
     ok(defined $t->redis_at($A[0], 'GET', $t->record_name($k)), 'the record is on the master');
     is($t->redis_at($A[1], 'ROLE')->[0], 'slave', 'the replica is still a replica');
@@ -233,11 +225,11 @@ subtest 'a stale answer naming a replica, then a demotion nobody announced' => s
         'ROLE: the named replica is found not to be a master');
     my $k = $t->key('ro');
     my $r = $t->http(POST => '/ro/x', key => $k, json => { a => 1 });
-    is(answer($r), '503 store-unavailable', 'no master yet: 503 with Retry-After');
+    is($t->answer($r), '503 store-unavailable', 'no master yet: 503 with Retry-After');
     is($t->effects(key => $k), 0, 'not executed');
     $spew->($R[0]);
     ($r) = $t->retry_until_final('/ro/x', 10, key => $k, json => { a => 1 });
-    is(answer($r), '201', 'once the master is named, the retry executes');
+    is($t->answer($r), '201', 'once the master is named, the retry executes');
     ok(defined $t->redis_at($R[0], 'GET', $t->record_name($k)), 'on the master');
 
     # ro-1 becomes the master and ro-0 its replica; nobody tells the workers
@@ -252,8 +244,8 @@ subtest 'a stale answer naming a replica, then a demotion nobody announced' => s
         my $k2 = $t->key('ro-after');
         my ($f, @a) = $t->retry_until_final('/ro/x', 3, key => $k2, json => { i => $i });
         push @seen, @a;
-        is($t->effects(key => $k2), answer($f) eq '201' ? 1 : 0, "key $i: executed at most once") or last;
-        if (answer($f) eq '201') { $done = time; last }
+        is($t->effects(key => $k2), $t->answer($f) eq '201' ? 1 : 0, "key $i: executed at most once") or last;
+        if ($t->answer($f) eq '201') { $done = time; last }
     }
     # the READONLY answer itself sends the worker to the sentinels: well
     # under the 2 s a command timeout and the reconnect backoff would take
@@ -264,90 +256,19 @@ subtest 'a stale answer naming a replica, then a demotion nobody announced' => s
     like($t->error_log, qr/redis sentinel:ro at 127\.0\.0\.1:$R[0] refuses writes \(READONLY/,
         'the READONLY answer sent the worker to the sentinels');
     my $again = $t->http(POST => '/ro/x', key => $k, json => { a => 1 });
-    is(answer($again), '201 replayed', 'the key of before the demotion replays from the new master');
+    is($t->answer($again), '201 replayed', 'the key of before the demotion replays from the new master');
     is($t->effects(key => $k), 1, 'and executed once');
 };
 
-# $CLIENTS forked clients, each sending new keys for $RUN seconds, each key
-# up to $ATTEMPTS times until a final answer, then once more; $fault runs
-# from the tick $at seconds in and returns the port of the new master
+# $CLIENTS clients send new keys and their retries for $RUN s; the fault
+# comes 3 s in (Idem::Test::storm)
 sub storm {
     my ($name, $old, $at, $fault) = @_;
-    my $base = "/$name/storm";
-    my $start = time + 0.5 + $CLIENTS * 0.02;
-    my ($fault_t, $new, $switch_t);
-    my $res = $t->parallel($CLIENTS, sub {
-        my $c = shift;
-        my (@keys, @log);
-        my $end = time + $RUN;
-        my $n = 0;
-        while (time < $end) {
-            my $k = "sentinel-$name-$$-$c-" . $n++;
-            push @keys, $k;
-            for my $i (1 .. $ATTEMPTS) {
-                my $t1 = time;
-                my $r = $t->http(POST => $base, key => $k, json => { c => $c, n => $n }, timeout => 5);
-                my $a = answer($r);
-                push @log, [ $k, $i, $t1, $a ];
-                last if $a =~ /^201 replayed|^409 outcome-unknown/;
-                if ($a eq '201') {
-                    my $again = $t->http(POST => $base, key => $k, json => { c => $c, n => $n }, timeout => 5);
-                    push @log, [ $k, $i + 1, time, answer($again) ];
-                    last;
-                }
-                last unless $a =~ /^503 store-(?:unavailable|not-replicated)|^409 in-progress/;
-                sleep 0.2;
-            }
-        }
-        return { keys => \@keys, log => \@log };
-    }, timeout => $RUN + 60, tick => sub {
-        if (!$fault_t && time >= $start + $at) {
-            $fault_t = time;
-            $fault->();
-        }
-        if ($fault_t && !$switch_t) {
-            my $m = master_of($name);
-            ($new, $switch_t) = ($m, time) if $m && $m != $old;
-        }
-    });
-
-    my (%seen, @bad, @keys, @exec);
-    for my $x (@$res) {
-        if (!$x) { push @bad, 'a client died'; next }
-        push @keys, @{ $x->{keys} };
-        for my $l (@{ $x->{log} }) {
-            my ($k, $i, $t1, $a) = @$l;
-            $seen{$a}++;
-            push @bad, "$k attempt $i: $a" unless $DOCUMENTED{$a};
-            push @exec, [ $t1, $k ] if $a eq '201';
-        }
-    }
-    my %effects;
-    $effects{ $_->{key} // '' }++ for $t->effect_list(uri => $base);
-    my @twice = grep { ($effects{$_} // 0) > 1 } @keys;
-    ok($fault_t && $switch_t, "$name: the fault happened and the sentinels named the new master")
-        or diag("fault at " . ($fault_t // 'never') . ", switch " . ($switch_t // 'never'));
-    ok(@keys >= $CLIENTS * 5, "$name: " . scalar(@keys) . ' keys sent');
-    is(scalar(@bad), 0, "$name: every answer is a documented one") or diag(join "\n", @bad[0 .. ($#bad < 15 ? $#bad : 15)]);
-    is(scalar(@twice), 0, "$name: no key executed twice (effects <= 1 for each of " . scalar(@keys) . ')')
-        or diag(join "\n", map { "$_: $effects{$_} effects" } @twice[0 .. ($#twice < 15 ? $#twice : 15)]);
-    diag("$name: answers: " . join(', ', map { "$_ x$seen{$_}" } sort keys %seen));
-
-    return unless $fault_t && $switch_t;
-    my ($first) = sort { $a <=> $b } map { $_->[0] } grep { $_->[0] >= $switch_t } @exec;
-    my @before = grep { $_->[0] < $fault_t } @exec;
-    ok(defined $first && $first - $fault_t < $RECOVERY,
-        "$name: new keys execute again within $RECOVERY s of the fault")
-        or return;
-    my @gap = sort { $a <=> $b } map { $_->[0] } @exec;
-    my $gap = 0;
-    for my $i (1 .. $#gap) { $gap = $gap[$i] - $gap[$i - 1] if $gap[$i] - $gap[$i - 1] > $gap }
-    diag("$name: new master $new");
-    diag(sprintf '%s: recovery: the sentinels named the new master %.2f s after the fault; '
-        . 'first new key executed %.2f s after the fault; longest gap between executions %.2f s; '
-        . '%d executions before the fault', $name, $switch_t - $fault_t, $first - $fault_t, $gap,
-        scalar @before);
-    ok(@before > 0, "$name: keys executed before the fault");
+    my $r = $t->storm(name => $name, path => "/$name/storm", clients => $CLIENTS, run => $RUN,
+                      attempts => $ATTEMPTS, at => $at, bound => $RECOVERY, fault => $fault,
+                      documented => \%DOCUMENTED,
+                      moved => sub { my $m = master_of($name); $m && $m != $old ? $m : 0 });
+    diag("$name: new master $r->{moved}") if $r->{moved};
 }
 
 storm('fo', $A[0], 3, sub {

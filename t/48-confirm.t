@@ -356,6 +356,24 @@ is($t->effects(key => $kt), 1, "the tool's approval: one effect");
 $r = pay('/pay', $kt);
 is($r->{headers}{'idempotent-replayed'}, 'true', 'then a replay');
 
+# a number cJSON's printer rounds (15 digits when they read back within
+# DBL_EPSILON): the proposal and the tool show it exactly, as the
+# fingerprint reads it; 1e21 and -0 as ECMAScript writes them
+{
+    my $kn = $t->key('confirm-exact');
+    my $raw = '{"amount":0.30000000000000004,"to":{"b":1e21,"a":-0.0},"memo":"x"}';
+    my $x = $t->http(POST => '/pay', key => $kn, json => $raw);
+    is($x->{status}, 428, 'a body with a number cJSON would round: 428');
+    like($x->{content}, qr#"/amount":0\.30000000000000004[,}]#, 'the proposal shows the amount exactly');
+    like($x->{content}, qr{"/to":\{"a":0,"b":1e\+21\}}, 'an object: members sorted, numbers as ECMAScript writes them');
+    spew("$p/exact.json", $x->{content});
+    `$TOOL --key $p/tool/ed25519.key --kid tool --sub carol --yes $p/exact.json 2>$p/shown-exact >/dev/null`;
+    my $sx = do { local (@ARGV, $/) = ("$p/shown-exact"); <> } // '';
+    like($sx, qr{/amount = 0\.30000000000000004\n}, 'idempotency-approve shows the amount exactly');
+    like($sx, qr{/to = \{"a":0,"b":1e\+21\}\n}, '... and the object canonically');
+    is($t->effects(key => $kn), 0, 'no effect');
+}
+
 my $kt2 = $t->key('confirm-tool-hs');
 $r = pay('/pay', $kt2);
 spew("$p/answer2.json", $r->{content});

@@ -143,6 +143,18 @@ my $EMPTY = '[][][][][][][][][][other]';
     $r = post('/c/pay', $k, '{"amount":10}');
     is($r->{status}, 201, 'amount 10: no confirmation, executes') or diag($t->show($r));
     is($t->effects(key => $k), 1, 'amount 10: one effect');
+
+    # the upstream's parser may read the second amount: an empty $amount
+    # (the body is not canonical JSON) must not mean "no confirmation"
+    $k = $t->key('dup');
+    $r = post('/c/pay', $k, '{"amount":10,"amount":5000}');
+    $t->is_problem($r, 400, 'body-unreadable', name => 'two amounts: 400 body-unreadable, not executed unconfirmed');
+    is($t->effects(key => $k), 0, 'two amounts: no effect');
+    ok(!$t->record($k), 'two amounts: nothing recorded');
+    $k = $t->key('dup-plain');
+    $r = post('/j/x', $k, '{"source_event_id":"a","source_event_id":"b"}');
+    is($r->{status}, 201, 'a location that only reads the variables (proxy_set_header) is not refused');
+    is($t->effects(key => $k), 1, '... one effect');
 }
 
 done_testing;

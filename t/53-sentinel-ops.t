@@ -11,7 +11,6 @@ use warnings;
 use FindBin;
 use lib "$FindBin::Bin/lib";
 use Test::More;
-use JSON::PP;
 use Time::HiRes qw(time sleep);
 use Idem::Test;
 
@@ -70,76 +69,7 @@ sub master_of {
     return undef;
 }
 
-sub status_of {
-    my ($k) = @_;
-    my $r = $t->http(GET => '/status', key => $k);
-    return ($r->{status}, eval { JSON::PP->new->decode($r->{content}) } // {});
-}
-
-# one slow attempt and $n duplicates that wait for it: one effect, and
-# every duplicate is woken with the replay (none runs out into in-progress)
-sub waiters {
-    my ($name, $n) = @_;
-    my $k = $t->key($name);
-    my $bg = $t->http_bg(POST => '/w', key => $k, json => { w => 1 },
-                         headers => [ 'X-Delay' => 1.5 ], timeout => 20);
-    ok($t->wait_for(sub { $t->effects(key => $k) == 1 }, 10), "$name: the first attempt runs");
-    my $res = $t->parallel($n, sub {
-        my $r = $t->http(POST => '/w', key => $k, json => { w => 1 }, timeout => 20);
-        return "$r->{status} " . ($r->{headers}{'idempotent-replayed'} // $t->ptype($r));
-    }, timeout => 30);
-    my $first = $bg->result(20);
-    is($first && $first->{status}, 201, "$name: the first attempt completes");
-    is(scalar(grep { ($_ // '') eq '201 true' } @$res), $n,
-       "$name: all $n waiting duplicates got the replay") or diag(explain $res);
-    is($t->effects(key => $k), 1, "$name: one effect");
-    return $k;
-}
-
-sub ops_round {
-    my ($name, $master) = @_;
-
-    my $k = $t->key("$name-status");
-    my $r = $t->http(POST => '/s', key => $k, json => { s => 1 });
-    is($r->{status}, 201, "$name: a write executes");
-    my ($code, $st) = status_of($k);
-    is($code, 200, "$name: the status endpoint answers");
-    is($st->{state}, 'completed', "$name: ... completed");
-    is($st->{response_status}, 201, "$name: ... with the upstream's status");
-    ($code) = status_of($t->key("$name-none"));
-    is($code, 404, "$name: status of an unknown key: 404");
-
-    # an unknown record on the master: the admin endpoint releases it there
-    # (the fingerprint of that request, read from another key's record: the
-    # key is not part of it)
-    my $kf = $t->key("$name-fp");
-    $t->http(POST => '/u', key => $kf, json => { u => 1 });
-    my (undef, $fst) = status_of($kf);
-    my $ku = $t->key("$name-unknown");
-    my $op = join '', map { sprintf '%02x', int rand 256 } 1 .. 16;
-    my $now = int(time * 1000);
-    is($t->redis_at($master, 'SET', $t->record_name($ku),
-                    $t->encode_record({ state => 'unknown', op => $op, fp => $fst->{fingerprint} // 'a' x 64,
-                                        created => $now, unknown_at => $now }),
-                    'PX', 600000), 'OK', "$name: an unknown record on the master");
-    ($code, $st) = status_of($ku);
-    is($st->{state}, 'unknown', "$name: status shows it unknown");
-    $r = $t->http(POST => '/u', key => $ku, json => { u => 1 });
-    is($t->ptype($r), 'outcome-unknown', "$name: a retry is told outcome-unknown");
-    $r = $t->http(POST => '/admin?action=release', key => $ku);
-    is($r->{status}, 200, "$name: admin release: 200") or diag($t->show($r));
-    is(($t->redis_at($master, 'EXISTS', $t->record_name($ku)) // -1), 0,
-       "$name: the record is gone from the master");
-    $r = $t->http(POST => '/u', key => $ku, json => { u => 1 });
-    is($r->{status}, 201, "$name: then the retry executes");
-    is($t->effects(key => $ku), 1, "$name: once");
-    is($t->effects(key => $kf), 1, "$name: (and the other key once)");
-
-    waiters("$name-wait", 6);
-    return $k;
-}
-
-my $before = ops_round('before', $M[0]);
+my $before = $t->ops_round('before', $M[0]);
 
 is($t->redis_at($S[0], 'SENTINEL', 'FAILOVER', 'ops'), 'OK', 'SENTINEL FAILOVER ops');
 my $new = $t->wait_for(sub { my $m = master_of(); $m && $m != $M[0] ? $m : 0 }, 20);
@@ -148,10 +78,10 @@ ok($t->wait_for(sub { $t->workers_connected_to($new) >= 2 }, 15),
    'both workers are on the new master');
 ok($t->wait_for(sub { linked($M[0]) }, 40), 'the old master replicates the new one');
 
-my ($code, $st) = status_of($before);
+my ($code, $st) = $t->status_of($before);
 is($st->{state}, 'completed', 'after the failover the status endpoint reads the replicated record');
 
-ops_round('after', $new);
+$t->ops_round('after', $new);
 
 $t->check_logs;
 done_testing();

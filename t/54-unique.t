@@ -35,6 +35,11 @@ server {
         idempotency_unique tickets:\$source_event_id;
         proxy_pass http://%%UPSTREAM%%;
     }
+    location /mixed {
+        idempotency on;
+        idempotency_unique tickets:\$host:\$source_event_id;
+        proxy_pass http://%%UPSTREAM%%;
+    }
     location = /status {
         idempotency_scope \$http_authorization;
         idempotency_status;
@@ -214,6 +219,19 @@ is($t->effects(uri => '/tickets'), 1, 'still 1 effect');
                  headers => [ Authorization => $AUTH ]);
     }
     is($t->effects(key => $a) + $t->effects(key => $b), 2, 'an empty identity holds nothing: 2 effects');
+}
+
+# ---- one empty variable among others ($host is never empty): no identity,
+# or every body without the member would be one ticket
+{
+    my ($a, $b) = ($t->key('mixed-a'), $t->key('mixed-b'));
+    for my $k ($a, $b) {
+        $t->http(POST => '/mixed', key => $k, json => '{"title":"no event id"}');
+    }
+    is($t->effects(key => $a) + $t->effects(key => $b), 2, 'one of two variables empty: no identity, 2 effects');
+    my ($c, $d) = ($t->key('mixed-c'), $t->key('mixed-d'));
+    $t->http(POST => '/mixed', key => $_, json => '{"source_event_id":"ev-mixed"}') for $c, $d;
+    is($t->effects(key => $c) + $t->effects(key => $d), 1, 'both set: one identity, 1 effect');
 }
 
 # ---- a 2 KiB identity: one identity, never stored raw

@@ -17,8 +17,12 @@ use Idem::Test;
 
 my $t = Idem::Test->new;
 
+# a port nothing listens on: Redis unreachable for /open
+my $DEAD = $t->free_port;
+
 $t->start_stack(<<"EOF", log_format => 'L|$idempotency_key|$idempotency_outcome');
 idempotency_json_var \$environment /environment;
+idempotency_json_var \$region /region;
 
 server {
     listen 127.0.0.1:%%PORT%%;
@@ -29,6 +33,18 @@ server {
         idempotency_lease 2s;
         idempotency_lock deploy:\$environment;
         proxy_ignore_client_abort on;
+        proxy_pass http://%%UPSTREAM%%;
+    }
+    location /region {
+        idempotency on;
+        idempotency_lock deploy:\$environment:\$region;
+        proxy_pass http://%%UPSTREAM%%;
+    }
+    location /open {
+        idempotency on;
+        idempotency_redis 127.0.0.1:$DEAD timeout=300ms;
+        idempotency_store_failure open;
+        idempotency_lock deploy:\$environment;
         proxy_pass http://%%UPSTREAM%%;
     }
     location = /status {
@@ -165,6 +181,42 @@ is($t->effects(key => $k118), 1, 'dep-118: 1 effect');
     is($t->http(POST => '/deployments', key => $k[1], json => '{"id":"y"}',
                 headers => [ Authorization => $AUTH ])->{status}, 201, 'another one is not blocked');
     $b1->result(10);
+}
+
+# ---- a lock is none only when every variable of its value is empty: a
+# deployment to production without a region still takes deploy:production:
+{
+    my ($a, $b) = ($t->key('region-a'), $t->key('region-b'));
+    my $bg = $t->http_bg(POST => '/region', key => $a, json => '{"environment":"production"}',
+                         headers => [ Authorization => $AUTH, 'X-Delay' => 1 ]);
+    ok($t->wait_for(sub { $t->effects(key => $a) == 1 }, 5), 'production, no region: runs');
+    my $x = $t->http(POST => '/region', key => $b, json => '{"environment":"production"}',
+                     headers => [ Authorization => $AUTH ]);
+    $t->is_problem($x, 409, 'lock-held', name => 'another one like it: lock-held (one variable empty is still a lock)');
+    $bg->result(10);
+    is($t->effects(key => $b), 0, '... 0 effects');
+    my @k = map { $t->key("region-none-$_") } 0 .. 1;
+    my $bg2 = $t->http_bg(POST => '/region', key => $k[0], json => '{"id":"x"}',
+                          headers => [ Authorization => $AUTH, 'X-Delay' => 1 ]);
+    ok($t->wait_for(sub { $t->effects(key => $k[0]) == 1 }, 5), 'neither variable: runs');
+    is($t->http(POST => '/region', key => $k[1], json => '{"id":"y"}', headers => [ Authorization => $AUTH ])->{status},
+       201, 'another with neither: not blocked (no lock)');
+    $bg2->result(10);
+}
+
+# ---- idempotency_store_failure open never runs a request that has a lock
+# value: nobody can take the lock while Redis is down
+{
+    my $k = $t->key('open-locked');
+    my $x = $t->http(POST => '/open', key => $k, json => '{"environment":"production"}',
+                     headers => [ Authorization => $AUTH ]);
+    $t->is_problem($x, 503, 'store-unavailable', name => 'Redis down, fail-open, a lock value: 503, not passed through');
+    is($t->effects(key => $k), 0, '... 0 effects');
+    $k = $t->key('open-nolock');
+    $x = $t->http(POST => '/open', key => $k, json => '{"id":"no environment"}', headers => [ Authorization => $AUTH ]);
+    is($x->{status}, 201, 'no lock value: passed through unprotected (fail-open), as without the lock')
+        or diag($t->show($x));
+    is($t->effects(key => $k), 1, '... 1 effect');
 }
 
 # ---- $idempotency_outcome locked; lock keys hold no value in clear

@@ -34,6 +34,7 @@
 #include <curl/curl.h>
 #include <openssl/pem.h>
 
+#include "idem_json.h"
 #include "idem_jws.h"
 
 
@@ -145,15 +146,24 @@ member(const cJSON *o, const char *name)
 }
 
 
+static int
+stderr_write(idem_sink_t *sink, const char *p, size_t n)
+{
+    return fwrite(p, 1, n, stderr) == n ? 0 : -1;
+}
+
+
 /*
  * What the person approves, on stderr: stdout carries only the token.
- * Strings are printed as JSON so that control bytes in a shown value
- * cannot rewrite the terminal's lines.
+ * Values are printed as RFC 8785 JSON, as the fingerprint reads them:
+ * strings quoted, so that control bytes in a shown value cannot rewrite
+ * the terminal's lines, and numbers exactly (cJSON's printer would show
+ * 0.30000000000000004 as 0.3).
  */
 static void
 show_proposal(const cJSON *p)
 {
-    char         *v;
+    idem_sink_t   err;
     const cJSON  *show, *m;
 
     fprintf(stderr, "Operation to approve\n");
@@ -169,10 +179,17 @@ show_proposal(const cJSON *p)
     if (cJSON_IsObject(show) && show->child) {
         fprintf(stderr, "  values:\n");
 
+        err.write = stderr_write;
+        err.data = NULL;
+
         cJSON_ArrayForEach(m, show) {
-            v = cJSON_PrintUnformatted(m);
-            fprintf(stderr, "    %s = %s\n", m->string, v ? v : "?");
-            free(v);
+            fprintf(stderr, "    %s = ", m->string);
+
+            if (idem_json_canonical(m, &err) != 0) {
+                fprintf(stderr, "?");
+            }
+
+            fprintf(stderr, "\n");
         }
     }
 

@@ -19,6 +19,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "idem_json.h"
 #include "idem_jws.h"
 #include "tap.h"
 

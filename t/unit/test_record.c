@@ -33,6 +33,9 @@
                 "36:" HDRS ",9:{\"id\":42},"
 #define U_F     "13:1796222500440,13:1796222560000,"
 #define R_F     "3:503,2:30,"
+/* an alias (idempotency_unique) names the record key of the operation */
+#define TARGET  "idem:{fedcba9876543210fedcba9876543210}:r"
+#define S_F     "13:1796222500440,41:" TARGET ","
 
 
 /* every buffer the tests make, freed at the end (ASan leak checks) */
@@ -357,6 +360,17 @@ state_diff(const idem_value_t *in, const idem_value_t *out, const char *base,
     case 'p':
         return proposal_diff(in, out, base, len);
 
+    case 's':
+        if (out->created != in->created) {
+            return "created";
+        }
+        if (!inside(out->target, IDEM_RECORD_KEY_LEN, base, len)
+            || memcmp(out->target, in->target, IDEM_RECORD_KEY_LEN) != 0)
+        {
+            return "target";
+        }
+        break;
+
     default:
         if (out->status != in->status) {
             return "status";
@@ -638,11 +652,40 @@ test_roundtrip_approved(void)
 }
 
 
+/* an alias (idempotency_unique): no owner, the record key it reuses */
+static void
+test_roundtrip_alias(void)
+{
+    idem_value_t  v;
+
+    v = value('s', 0, NULL);
+    v.created = 1796222500440LL;
+    v.target = TARGET;
+    ROUNDTRIP("alias", &v, "2s0" OP FP DASHES S_F);
+
+    v = value('s', 1, NULL);
+    v.created = 0;
+    v.target = "idem:{00000000000000000000000000000000}:r";
+    ROUNDTRIP("alias, waiters, created 0", &v, "2s1" OP FP DASHES
+              "1:0,41:idem:{00000000000000000000000000000000}:r,");
+
+    v = value('s', 0, NULL);
+    v.created = IDEM_TIME_MS_MAX;
+    v.target = "idem:{ffffffffffffffffffffffffffffffff}:r";
+    ROUNDTRIP("alias, the last millisecond of year 9999", &v, "2s0" OP FP
+              DASHES "15:253402300799999,"
+              "41:idem:{ffffffffffffffffffffffffffffffff}:r,");
+
+    is_str(idem_state_name('s'), "alias", "state name s");
+}
+
+
 static void
 test_value_roundtrip(void)
 {
     test_roundtrip_awaiting();
     test_roundtrip_approved();
+    test_roundtrip_alias();
     test_roundtrip_in_progress();
     test_roundtrip_completed();
     test_roundtrip_unknown_released();
@@ -949,6 +992,108 @@ test_value_numbers(void)
 }
 
 
+/*
+ * An alias's target is a record key exactly as idem_record_key() writes
+ * it ("idem:{" 32 lowercase hex "}:r"), and an alias has exactly two
+ * fields and no owner: anything else is refused.
+ */
+#define S_TGT(t)  "13:1796222500440," t ","
+
+static void
+test_value_alias_target(void)
+{
+    accepts(mk("2s0", OP, FP, DASHES, S_F), "alias");
+    accepts(mk("2s1", OP, FP, DASHES, S_F), "alias, waiters 1");
+
+    refuses(mk("2s0", OP, FP, DASHES,
+               S_TGT("40:idem:{fedcba9876543210fedcba987654321}:r")),
+            "alias: target of 31 hex (40 bytes)");
+    refuses(mk("2s0", OP, FP, DASHES,
+               S_TGT("42:idem:{fedcba9876543210fedcba98765432100}:r")),
+            "alias: target of 33 hex (42 bytes)");
+    refuses(mk("2s0", OP, FP, DASHES, S_TGT("42:" TARGET "x")),
+            "alias: target with a trailing byte");
+    refuses(mk("2s0", OP, FP, DASHES, S_TGT("42:x" TARGET)),
+            "alias: target with a leading byte");
+    refuses(mk("2s0", OP, FP, DASHES, S_TGT("0:")), "alias: empty target");
+    refuses(mk("2s0", OP, FP, DASHES,
+               S_TGT("38:fedcba9876543210fedcba9876543210abcdef")),
+            "alias: target without prefix or suffix");
+    refuses(mk("2s0", OP, FP, DASHES,
+               S_TGT("41:idem:{FEDCBA9876543210FEDCBA9876543210}:r")),
+            "alias: target in uppercase hex");
+    refuses(mk("2s0", OP, FP, DASHES,
+               S_TGT("41:idem:{fedcba9876543210fedcba987654321g}:r")),
+            "alias: target with g");
+    refuses(mk("2s0", OP, FP, DASHES,
+               S_TGT("41:idem:{fedcba9876543210-edcba9876543210}:r")),
+            "alias: target with a dash");
+    refuses(mk("2s0", OP, FP, DASHES,
+               S_TGT("41:idem:[fedcba9876543210fedcba9876543210}:r")),
+            "alias: target prefix idem:[");
+    refuses(mk("2s0", OP, FP, DASHES,
+               S_TGT("41:IDEM:{fedcba9876543210fedcba9876543210}:r")),
+            "alias: target prefix IDEM:{");
+    refuses(mk("2s0", OP, FP, DASHES,
+               S_TGT("41:xdem:{fedcba9876543210fedcba9876543210}:r")),
+            "alias: target prefix xdem:{");
+}
+
+
+static void
+test_value_alias_suffix(void)
+{
+    refuses(mk("2s0", OP, FP, DASHES,
+               S_TGT("41:idem:{fedcba9876543210fedcba9876543210}:u")),
+            "alias: target a unique key (}:u)");
+    refuses(mk("2s0", OP, FP, DASHES,
+               S_TGT("41:idem:{fedcba9876543210fedcba9876543210}:l")),
+            "alias: target a lock key (}:l)");
+    refuses(mk("2s0", OP, FP, DASHES,
+               S_TGT("41:idem:{fedcba9876543210fedcba9876543210}:o")),
+            "alias: target an operation key (}:o)");
+    refuses(mk("2s0", OP, FP, DASHES,
+               S_TGT("41:idem:{fedcba9876543210fedcba9876543210}:s")),
+            "alias: target a scope tag (}:s)");
+    refuses(mk("2s0", OP, FP, DASHES,
+               S_TGT("41:idem:{fedcba9876543210fedcba9876543210]:r")),
+            "alias: target suffix ]:r");
+    refuses(mk("2s0", OP, FP, DASHES,
+               S_TGT("41:idem:{fedcba9876543210fedcba9876543210}-r")),
+            "alias: target suffix }-r");
+    refuses(mk("2s0", OP, FP, DASHES,
+               S_TGT("41:idem:{fedcba9876543210fedcba9876543210}:R")),
+            "alias: target suffix }:R");
+}
+
+
+static void
+test_value_alias_fields(void)
+{
+    refuses(mk("2s0", OP, FP, OWNER, S_F), "alias with an owner");
+    refuses(mk("2s0", OP, FP, DASHES, "13:1796222500440,"),
+            "alias: one field (no target)");
+    refuses(mk("2s0", OP, FP, DASHES, "41:" TARGET ","),
+            "alias: the target alone (no created)");
+    refuses(mk("2s0", OP, FP, DASHES, S_F "0:,"), "alias: a 3rd field");
+    refuses(mk("2s0", OP, FP, DASHES, S_F "41:" TARGET ","),
+            "alias: a second target");
+    refuses(mk("2s0", OP, FP, DASHES, "41:" TARGET ",13:1796222500440,"),
+            "alias: the fields swapped");
+    refuses(mk("2s0", OP, FP, DASHES, "0:,41:" TARGET ","),
+            "alias: created empty");
+    refuses(mk("2s0", OP, FP, DASHES, "15:253402300800000,41:" TARGET ","),
+            "alias: created after year 9999");
+    refuses(mk("2s0", OP, FP, DASHES, "2:01,41:" TARGET ","),
+            "alias: created with a leading zero");
+    refuses(mk("2s0", OP, FP, DASHES, S_F "x"), "alias: a trailing byte");
+    refuses(mk("2S0", OP, FP, DASHES, S_F), "alias: state S (uppercase)");
+    refuses(mk("2s0", OP, FP, DASHES, U_F), "alias with unknown's fields");
+}
+
+#undef S_TGT
+
+
 /* ------------------------------------------------------------- replies */
 
 static const idem_rv_t  NIL = { NULL, 0, 0 };
@@ -1204,23 +1349,211 @@ test_claim_released(rec_t rc, rec_t rr, rec_t r0)
 }
 
 
+/* {"locked", lease ms left | "", the holder's op id | ""} */
+static void
+test_claim_locked(void)
+{
+    idem_rv_t     op;
+    idem_claim_t  c;
+
+    op = S(OP);
+
+    ok(CLAIM(&c, 3, S("locked"), S("1500"), op) == IDEM_CLAIM_LOCKED
+       && c.kind == IDEM_CLAIM_LOCKED && c.lease_left == 1500
+       && c.lock_op != NULL && memcmp(c.lock_op, OP, IDEM_TOKEN_LEN) == 0
+       && c.rec.state == 0 && c.rec.op == NULL,
+       "locked: in flight, 1500 ms left, the holder's id; no record");
+    ok(CLAIM(&c, 3, S("locked"), S(""), op) == IDEM_CLAIM_LOCKED
+       && c.lease_left == 0 && c.lock_op != NULL
+       && memcmp(c.lock_op, OP, IDEM_TOKEN_LEN) == 0,
+       "locked: an empty lease (an unknown holder), the holder's id");
+    ok(CLAIM(&c, 3, S("locked"), S("1"), S("")) == IDEM_CLAIM_LOCKED
+       && c.lease_left == 1 && c.lock_op == NULL,
+       "locked: an empty id (a holder of another scope)");
+    ok(CLAIM(&c, 3, S("locked"), S(""), S("")) == IDEM_CLAIM_LOCKED
+       && c.lease_left == 0 && c.lock_op == NULL,
+       "locked: both empty");
+
+    ok(CLAIM(&c, 2, S("locked"), S("1500")) == IDEM_CLAIM_INVALID
+       && c.kind == IDEM_CLAIM_INVALID && c.lease_left == 0
+       && c.lock_op == NULL, "locked without the id: invalid, nothing set");
+    ok(CLAIM(&c, 1, S("locked")) == IDEM_CLAIM_INVALID,
+       "locked alone: invalid");
+    ok(CLAIM(&c, 4, S("locked"), S("1500"), op) == IDEM_CLAIM_INVALID,
+       "locked in a reply of 4: invalid");
+    ok(CLAIM(&c, 3, S("locked"), S("-1"), op) == IDEM_CLAIM_INVALID,
+       "locked, lease -1: invalid");
+    ok(CLAIM(&c, 3, S("locked"), S("15x0"), op) == IDEM_CLAIM_INVALID,
+       "locked, lease not a number: invalid");
+    ok(CLAIM(&c, 3, S("locked"), S("+15"), op) == IDEM_CLAIM_INVALID,
+       "locked, a signed lease: invalid");
+    ok(CLAIM(&c, 3, S("locked"), S(" 15"), op) == IDEM_CLAIM_INVALID,
+       "locked, a lease after a space: invalid");
+    ok(CLAIM(&c, 3, S("locked"), S("1.5"), op) == IDEM_CLAIM_INVALID,
+       "locked, a decimal point: invalid");
+    ok(CLAIM(&c, 3, S("locked"), S("1234567890123456789"), op)
+       == IDEM_CLAIM_INVALID, "locked, a 19-digit lease: invalid");
+    ok(CLAIM(&c, 3, S("locked"), S("18446744073709553116"), op)
+       == IDEM_CLAIM_INVALID, "locked, lease 2^64 + 1500: invalid");
+    ok(CLAIM(&c, 3, S("locked"), NIL, op) == IDEM_CLAIM_INVALID,
+       "locked, a nil lease: invalid");
+    ok(CLAIM(&c, 3, S("locked"), T("1500"), op) == IDEM_CLAIM_INVALID,
+       "locked, the lease not a string: invalid");
+    ok(CLAIM(&c, 3, S("locked"), S("1500"), NIL) == IDEM_CLAIM_INVALID,
+       "locked, a nil id: invalid");
+    ok(CLAIM(&c, 3, S("locked"), S("1500"), T(OP)) == IDEM_CLAIM_INVALID,
+       "locked, the id not a string: invalid");
+    ok(CLAIM(&c, 3, S("Locked"), S("1500"), op) == IDEM_CLAIM_INVALID,
+       "Locked: invalid");
+}
+
+
+/* the holder's id: 32 lowercase hex or nothing */
+static void
+test_claim_locked_op(void)
+{
+    idem_claim_t  c;
+
+    ok(CLAIM(&c, 3, S("locked"), S("1"), S("0123456789abcdef0123456789abcde"))
+       == IDEM_CLAIM_INVALID, "locked, an id of 31 hex: invalid");
+    ok(CLAIM(&c, 3, S("locked"), S("1"),
+             S("0123456789abcdef0123456789abcdef0")) == IDEM_CLAIM_INVALID,
+       "locked, an id of 33 hex: invalid");
+    ok(CLAIM(&c, 3, S("locked"), S("1"),
+             S("0123456789ABCDEF0123456789ABCDEF")) == IDEM_CLAIM_INVALID,
+       "locked, an id in uppercase: invalid");
+    ok(CLAIM(&c, 3, S("locked"), S("1"),
+             S("0123456789abcdeg0123456789abcdef")) == IDEM_CLAIM_INVALID,
+       "locked, an id with g: invalid");
+    ok(CLAIM(&c, 3, S("locked"), S("1"), S(DASHES)) == IDEM_CLAIM_INVALID,
+       "locked, an id of dashes: invalid");
+    ok(CLAIM(&c, 3, S("locked"), S(""), S(FP)) == IDEM_CLAIM_INVALID,
+       "locked, a fingerprint for an id: invalid");
+}
+
+
+/* {"reused", value}: a completed 2xx or an unknown operation */
+static void
+test_claim_reused(rec_t ri, rec_t rc, rec_t ru, rec_t rr)
+{
+    rec_t         r;
+    idem_claim_t  c;
+
+    ok(CLAIM(&c, 2, S("reused"), V(rc)) == IDEM_CLAIM_REUSED
+       && c.kind == IDEM_CLAIM_REUSED && c.rec.state == 'c'
+       && c.rec.status == 201 && c.rec.op == rc.p + IDEM_OP_OFF
+       && c.rec.body == rc.p + rc.len - 10 && c.rec.body_len == 9
+       && c.lease_left == 0 && c.lock_op == NULL,
+       "reused: a completed 201, fields into the value");
+    ok(CLAIM(&c, 2, S("reused"), V(ru)) == IDEM_CLAIM_REUSED
+       && c.rec.state == 'u' && c.rec.unknown_at == 1796222560000LL,
+       "reused: an unknown operation");
+
+    r = mk("2c0", OP, FP, DASHES, "1:1,1:2,3:200,1:1,1:0,0:,0:,");
+    ok(CLAIM(&c, 2, S("reused"), V(r)) == IDEM_CLAIM_REUSED
+       && c.rec.status == 200, "reused: a completed 200");
+    r = mk("2c0", OP, FP, DASHES, "1:1,1:2,3:299,1:1,1:0,0:,0:,");
+    ok(CLAIM(&c, 2, S("reused"), V(r)) == IDEM_CLAIM_REUSED
+       && c.rec.status == 299, "reused: a completed 299");
+    r = mk("2c0", OP, FP, DASHES, "1:1,1:2,3:300,1:1,1:0,0:,0:,");
+    ok(CLAIM(&c, 2, S("reused"), V(r)) == IDEM_CLAIM_INVALID
+       && c.kind == IDEM_CLAIM_INVALID && c.rec.state == 0
+       && c.rec.op == NULL, "reused: a completed 300: invalid, nothing set");
+    r = mk("2c0", OP, FP, DASHES, "1:1,1:2,3:404,1:1,1:0,0:,0:,");
+    ok(CLAIM(&c, 2, S("reused"), V(r)) == IDEM_CLAIM_INVALID,
+       "reused: a completed 404: invalid (holds nothing)");
+    r = mk("2c0", OP, FP, DASHES, "1:1,1:2,3:500,1:1,1:1,0:,0:,");
+    ok(CLAIM(&c, 2, S("reused"), V(r)) == IDEM_CLAIM_INVALID,
+       "reused: a completed 500: invalid (holds nothing)");
+
+    ok(CLAIM(&c, 3, S("reused"), V(rc), S("1500")) == IDEM_CLAIM_INVALID,
+       "reused: a completed record with a lease: invalid");
+    ok(CLAIM(&c, 3, S("reused"), V(ru), S("1500")) == IDEM_CLAIM_INVALID,
+       "reused: an unknown record with a lease: invalid");
+    ok(CLAIM(&c, 2, S("reused"), V(rr)) == IDEM_CLAIM_INVALID,
+       "reused: a marker: invalid");
+    ok(CLAIM(&c, 2, S("reused"), S("2u0")) == IDEM_CLAIM_INVALID,
+       "reused: a value that does not decode: invalid");
+    ok(CLAIM(&c, 2, S("reused"), NIL) == IDEM_CLAIM_INVALID,
+       "reused: nil: invalid");
+    ok(CLAIM(&c, 2, S("reused"), TV(rc)) == IDEM_CLAIM_INVALID,
+       "reused: the value not a string: invalid");
+    ok(CLAIM(&c, 1, S("reused")) == IDEM_CLAIM_INVALID,
+       "reused without a value: invalid");
+    ok(CLAIM(&c, 2, T("reused"), V(rc)) == IDEM_CLAIM_INVALID,
+       "reused, the kind not a string: invalid");
+    ok(CLAIM(&c, 2, S("reused"), V(ri)) == IDEM_CLAIM_INVALID,
+       "reused: a claim without its lease: invalid");
+}
+
+
+/* {"reused", claim, lease ms left}, and the states that hold nothing */
+static void
+test_claim_reused_claim(rec_t ri, rec_t rs)
+{
+    rec_t         ra, rp;
+    idem_claim_t  c;
+
+    ok(CLAIM(&c, 3, S("reused"), V(ri), S("1500")) == IDEM_CLAIM_REUSED
+       && c.kind == IDEM_CLAIM_REUSED && c.rec.state == 'i'
+       && c.lease_left == 1500 && c.rec.owner == ri.p + IDEM_OWNER_OFF,
+       "reused: a claim in flight, 1500 ms left");
+    ok(CLAIM(&c, 3, S("reused"), V(ri), S("1")) == IDEM_CLAIM_REUSED
+       && c.lease_left == 1, "reused: a claim, 1 ms left");
+    ok(CLAIM(&c, 3, S("reused"), V(ri), S("5000")) == IDEM_CLAIM_REUSED
+       && c.lease_left == 5000, "reused: a claim, the whole lease left");
+    ok(CLAIM(&c, 3, S("reused"), V(ri), S("5001")) == IDEM_CLAIM_INVALID
+       && c.lease_left == 0 && c.rec.state == 0,
+       "reused: a claim, more left than its lease: invalid, nothing set");
+    ok(CLAIM(&c, 3, S("reused"), V(ri), S("0")) == IDEM_CLAIM_INVALID,
+       "reused: a claim, nothing left: invalid");
+    ok(CLAIM(&c, 3, S("reused"), V(ri), S("-1")) == IDEM_CLAIM_INVALID,
+       "reused: a claim, -1 left: invalid");
+    ok(CLAIM(&c, 3, S("reused"), V(ri), S("")) == IDEM_CLAIM_INVALID,
+       "reused: a claim, an empty lease: invalid");
+    ok(CLAIM(&c, 3, S("reused"), V(ri), S("5x")) == IDEM_CLAIM_INVALID,
+       "reused: a claim, a lease not a number: invalid");
+    ok(CLAIM(&c, 3, S("reused"), V(ri), T("1500")) == IDEM_CLAIM_INVALID,
+       "reused: a claim, the lease not a string: invalid");
+    ok(CLAIM(&c, 4, S("reused"), V(ri), S("1500")) == IDEM_CLAIM_INVALID,
+       "reused in a reply of 4: invalid");
+
+    ra = mk("2a0", OP, FP, DASHES, "1:1,1:2,");
+    rp = mk("2p0", OP, FP, DASHES, "1:1,1:2,1:3,1:a,");
+    ok(CLAIM(&c, 2, S("reused"), V(rs)) == IDEM_CLAIM_INVALID,
+       "reused: an alias: invalid (an alias holds nothing)");
+    ok(CLAIM(&c, 2, S("reused"), V(ra)) == IDEM_CLAIM_INVALID,
+       "reused: a proposal: invalid");
+    ok(CLAIM(&c, 2, S("reused"), V(rp)) == IDEM_CLAIM_INVALID,
+       "reused: an approved proposal: invalid");
+    ok(CLAIM(&c, 2, S("record"), V(rs)) == IDEM_CLAIM_RECORD
+       && c.rec.state == 's' && c.rec.target == rs.p + rs.len - 42,
+       "record: an alias (of another fingerprint), its target inside");
+}
+
+
 /* the values made once: each kind's tests see the same bytes */
 static void
 test_claim_decode(void)
 {
-    rec_t  ri, rc, ru, rr, r0, bad;
+    rec_t  ri, rc, ru, rr, r0, rs, bad;
 
     ri = mk("2i0", OP, FP, OWNER, I_F);
     rc = mk("2c0", OP, FP, DASHES, C_F);
     ru = mk("2u0", OP, FP, DASHES, U_F);
     rr = mk("2r1", OP, FP, OWNER, R_F);
     r0 = mk("2r0", OP, FP, DASHES, "0:,0:,");
+    rs = mk("2s0", OP, FP, DASHES, S_F);
     bad = mk("2u0", OP, FP, OWNER, U_F);
 
     test_claim_claimed(ri);
     test_claim_record(ri, rc, ru, rr, bad);
     test_claim_in_progress(ri, rc, rr, bad);
     test_claim_released(rc, rr, r0);
+    test_claim_locked();
+    test_claim_locked_op();
+    test_claim_reused(ri, rc, ru, rr);
+    test_claim_reused_claim(ri, rs);
 }
 
 
@@ -1283,6 +1616,70 @@ test_status_decode(void)
 }
 
 
+/* an alias comes with the state of the operation it reuses, or "" */
+static void
+test_status_alias(void)
+{
+    rec_t          rs, rc;
+    idem_rv_t      nul = { "\0", 1, 1 };
+    idem_status_t  s;
+
+    rs = mk("2s0", OP, FP, DASHES, S_F);
+    rc = mk("2c0", OP, FP, DASHES, C_F);
+
+    ok(STATUS(&s, 3, V(rs), S("0"), S("c")) == IDEM_STATUS_RECORD
+       && s.kind == IDEM_STATUS_RECORD && s.rec.state == 's'
+       && s.rec.op == rs.p + IDEM_OP_OFF && s.rec.target == rs.p + rs.len - 42
+       && s.rec.created == 1796222500440LL, "alias: decoded, target inside");
+    is_str(s.state, "alias", "alias: shown as alias");
+    is_str(s.alias_state, "completed", "alias of a completed operation");
+    ok(STATUS(&s, 3, V(rs), S("0"), S("i")) == IDEM_STATUS_RECORD, "alias: i");
+    is_str(s.alias_state, "in_progress", "alias of an operation in flight");
+    ok(STATUS(&s, 3, V(rs), S("0"), S("u")) == IDEM_STATUS_RECORD, "alias: u");
+    is_str(s.alias_state, "unknown", "alias of an unknown operation");
+    ok(STATUS(&s, 3, V(rs), S("0"), S("a")) == IDEM_STATUS_RECORD, "alias: a");
+    is_str(s.alias_state, "awaiting_confirmation",
+           "alias whose target key now holds a proposal");
+    ok(STATUS(&s, 3, V(rs), S("0"), S("p")) == IDEM_STATUS_RECORD, "alias: p");
+    is_str(s.alias_state, "approved", "alias whose target is approved");
+    ok(STATUS(&s, 3, V(rs), S("0"), S("")) == IDEM_STATUS_RECORD
+       && s.alias_state == NULL && s.state != NULL,
+       "alias whose operation holds nothing any more: no alias state");
+
+    ok(STATUS(&s, 3, V(rs), S("0"), S("s")) == IDEM_STATUS_INVALID
+       && s.kind == IDEM_STATUS_INVALID && s.state == NULL
+       && s.alias_state == NULL && s.rec.state == 0,
+       "alias of an alias: invalid, nothing set");
+    ok(STATUS(&s, 3, V(rs), S("0"), S("r")) == IDEM_STATUS_INVALID,
+       "alias state r: invalid (status.lua gives \"\" for a marker)");
+    ok(STATUS(&s, 3, V(rs), S("0"), nul) == IDEM_STATUS_INVALID,
+       "alias state NUL: invalid");
+    ok(STATUS(&s, 3, V(rs), S("0"), S("x")) == IDEM_STATUS_INVALID,
+       "alias state x: invalid");
+    ok(STATUS(&s, 3, V(rs), S("0"), S("C")) == IDEM_STATUS_INVALID,
+       "alias state C: invalid");
+    ok(STATUS(&s, 3, V(rs), S("0"), S("cc")) == IDEM_STATUS_INVALID,
+       "alias state of two letters: invalid");
+    ok(STATUS(&s, 3, V(rs), S("0"), S("completed")) == IDEM_STATUS_INVALID,
+       "alias state spelled out: invalid");
+    ok(STATUS(&s, 3, V(rs), S("0"), NIL) == IDEM_STATUS_INVALID,
+       "alias state nil: invalid");
+    ok(STATUS(&s, 3, V(rs), S("0"), T("c")) == IDEM_STATUS_INVALID,
+       "alias state not a string: invalid");
+    ok(STATUS(&s, 3, V(rs), S("1"), S("c")) == IDEM_STATUS_INVALID,
+       "a lapsed alias: invalid (only a claim lapses)");
+    ok(STATUS(&s, 2, V(rs), S("0")) == IDEM_STATUS_INVALID
+       && s.alias_state == NULL,
+       "an alias without its third element: invalid");
+    ok(STATUS(&s, 3, V(rc), S("0"), S("c")) == IDEM_STATUS_INVALID,
+       "a completed record with a third element: invalid");
+    ok(STATUS(&s, 3, V(rc), S("0"), S("")) == IDEM_STATUS_INVALID,
+       "a completed record with an empty third element: invalid");
+    ok(STATUS(&s, 4, V(rs), S("0"), S("c")) == IDEM_STATUS_INVALID,
+       "an alias in a reply of 4: invalid");
+}
+
+
 static void
 test_admin_decode(void)
 {
@@ -1307,6 +1704,13 @@ test_admin_decode(void)
     ok(ADMIN(&state, 2, S("refused"), S("approved")) == IDEM_ADMIN_REFUSED
        && state != NULL && strcmp(state, "approved") == 0,
        "refused, an approved proposal");
+    ok(ADMIN(&state, 2, S("refused"), S("alias")) == IDEM_ADMIN_REFUSED
+       && state != NULL && strcmp(state, "alias") == 0,
+       "refused, an alias (resolve the operation it reuses)");
+    ok(ADMIN(&state, 2, S("refused"), S("Alias")) == IDEM_ADMIN_INVALID
+       && state == NULL, "refused, Alias: invalid");
+    ok(ADMIN(&state, 2, S("refused"), S("s")) == IDEM_ADMIN_INVALID,
+       "refused, the letter s: invalid");
     ok(ADMIN(&state, 2, S("refused"), S("unknown")) == IDEM_ADMIN_INVALID
        && state == NULL,
        "refused an unknown record: not an answer admin.lua gives");
@@ -1397,9 +1801,13 @@ main(void)
     test_value_head();
     test_value_netstrings();
     test_value_numbers();
+    test_value_alias_target();
+    test_value_alias_suffix();
+    test_value_alias_fields();
     test_claim_set_decode();
     test_claim_decode();
     test_status_decode();
+    test_status_alias();
     test_admin_decode();
     test_approve_decode();
     test_close_decode();

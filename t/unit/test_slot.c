@@ -1,7 +1,8 @@
 /*
  * Redis Cluster key slots: the CRC16/XMODEM check value, the hash-tag
  * rule, and every key of t/data/slots/keyslot.txt ("slot<TAB>key" lines,
- * as a real redis-server 7.0 answered CLUSTER KEYSLOT for them).
+ * as a real redis-server 7.0 answered CLUSTER KEYSLOT for them), and the
+ * MOVED and ASK redirections a node answers, as Redis 7.0 writes them.
  */
 
 #include <stdlib.h>
@@ -81,14 +82,65 @@ test_redis(const char *path)
 }
 
 
+#define REDIRECT(lit, r)  idem_redirect(lit, sizeof(lit) - 1, r)
+
+
+static int
+redirect_is(idem_redirect_t *r, int ask, unsigned slot, const char *host,
+    int port)
+{
+    return r->ask == ask && r->slot == slot && r->port == port
+           && r->host_len == strlen(host)
+           && memcmp(r->host, host, r->host_len) == 0;
+}
+
+
+static void
+test_redirect(void)
+{
+    idem_redirect_t  r;
+
+    ok(REDIRECT("MOVED 3999 127.0.0.1:6381", &r)
+       && redirect_is(&r, 0, 3999, "127.0.0.1", 6381), "MOVED");
+    ok(REDIRECT("ASK 16383 10.0.0.2:7000", &r)
+       && redirect_is(&r, 1, 16383, "10.0.0.2", 7000), "ASK, the last slot");
+    ok(REDIRECT("MOVED 0 :6380", &r) && redirect_is(&r, 0, 0, "", 6380),
+       "an empty endpoint: the connection's host");
+    ok(REDIRECT("MOVED 12 ::1:7001", &r) && redirect_is(&r, 0, 12, "::1", 7001),
+       "IPv6: the port after the last colon");
+    ok(REDIRECT("MOVED 12 redis-3.example:7001", &r)
+       && redirect_is(&r, 0, 12, "redis-3.example", 7001),
+       "a host name is parsed (the caller refuses it)");
+
+    ok(!REDIRECT("MOVED 16384 127.0.0.1:6381", &r), "slot out of range");
+    ok(!REDIRECT("MOVED 3999 127.0.0.1:0", &r), "port 0");
+    ok(!REDIRECT("MOVED 3999 127.0.0.1:65536", &r), "port out of range");
+    ok(!REDIRECT("MOVED 3999 127.0.0.1", &r), "no port");
+    ok(!REDIRECT("MOVED 3999 127.0.0.1:", &r), "an empty port");
+    ok(!REDIRECT("MOVED -1 127.0.0.1:6381", &r), "a negative slot");
+    ok(!REDIRECT("MOVED 3999", &r), "no endpoint");
+    ok(!REDIRECT("MOVED 3999 a b:1", &r), "a space in the endpoint");
+    ok(!idem_redirect("MOVED 1 a\0b:1", 13, &r)
+       && !REDIRECT("MOVED 1 a\tb:1", &r) && !REDIRECT("MOVED 1 \x80:1", &r),
+       "a control or non-ASCII byte in the endpoint");
+    ok(!REDIRECT("MOVEDX 1 127.0.0.1:1", &r), "another word");
+    ok(!REDIRECT("moved 1 127.0.0.1:1", &r), "lower case");
+    ok(!REDIRECT("CLUSTERDOWN The cluster is down", &r), "CLUSTERDOWN");
+    ok(!REDIRECT("TRYAGAIN Multiple keys request during rehashing of slot",
+                 &r), "TRYAGAIN");
+    ok(!REDIRECT("ASK ", &r) && !REDIRECT("", &r), "nothing after the word");
+}
+
+
 int
 main(int argc, char **argv)
 {
     char  path[4096];
 
-    plan(12);
+    plan(31);
 
     test_rules();
+    test_redirect();
 
     /* argv[1] is t/data/jcs; the slots are beside it */
     snprintf(path, sizeof(path), "%s/../slots/keyslot.txt",

@@ -374,15 +374,37 @@ sub wait_cluster_ok {
 # running node
 sub cluster_masters {
     my ($self) = @_;
+    my %m;
+    push @{ $m{ $_->{master} } }, [ $_->{first}, $_->{last} ] for @{ $self->cluster_shards };
+    return \%m;
+}
+
+# cluster_shards(): [ { first, last, master => port, replicas => [ports] }, ... ]
+# from CLUSTER SLOTS of a running node, one entry per slot range
+sub cluster_shards {
+    my ($self) = @_;
     for my $i (1 .. @{ $self->{cluster} // [] }) {
         next unless $self->instance_pid("c$i");
         my $slots = $self->redis_at($self->instance_port("c$i"), 'CLUSTER', 'SLOTS');
         next if ref($slots) ne 'ARRAY';
-        my %m;
-        push @{ $m{ $_->[2][1] } }, [ $_->[0], $_->[1] ] for @$slots;
-        return \%m;
+        return [ map { { first => $_->[0], last => $_->[1], master => $_->[2][1],
+                         replicas => [ map { $_->[1] } @$_[3 .. $#$_] ] } } @$slots ];
     }
-    return {};
+    return [];
+}
+
+# key_slot($redis_key): its Redis Cluster slot, CRC16/XMODEM of the key (or
+# of its hash tag: what lies between the first "{" and the next "}", when
+# that is not empty) modulo 16384, as Redis computes it
+sub key_slot {
+    my ($self, $key) = @_;
+    $key = $1 if $key =~ /\{(.*?)\}/s && length $1;
+    my $crc = 0;
+    for my $c (unpack 'C*', $key) {
+        $crc ^= $c << 8;
+        $crc = $crc & 0x8000 ? (($crc << 1) ^ 0x1021) & 0xffff : ($crc << 1) & 0xffff for 1 .. 8;
+    }
+    return $crc & 16383;
 }
 
 sub instance_port { ($_[0]{instances}{$_[1]} // {})->{port} }
@@ -402,6 +424,14 @@ sub redis_at {
     local $self->{redis_port} = $port;
     local $self->{redis_auth} = undef;
     return $self->redis(@cmd);
+}
+
+# redis_at_multi($port, [cmd...], ...): redis_multi to another instance.
+sub redis_at_multi {
+    my ($self, $port, @cmds) = @_;
+    local $self->{redis_port} = $port;
+    local $self->{redis_auth} = undef;
+    return $self->redis_multi(@cmds);
 }
 
 # redis(@cmd): one command over a fresh connection; the decoded reply:
@@ -1454,6 +1484,210 @@ sub retry_until_final {
         sleep 0.3;
     }
     return ($r, @seen);
+}
+
+# answer($r): "status slug" of $r, with " replayed" for a replay and
+# " no-retry-after" for an error answer without Retry-After: what a storm
+# compares with the answers a topology's failure is documented to give.
+sub answer {
+    my ($self, $r) = @_;
+    my $p = $self->ptype($r);
+    return "$r->{status}" . ($p ? " $p" : '')
+        . (($r->{headers}{'idempotent-replayed'} // '') eq 'true' ? ' replayed' : '')
+        . ($r->{status} >= 400 && !defined $r->{headers}{'retry-after'} ? ' no-retry-after' : '');
+}
+
+# storm(name => N, path => P, fault => sub, moved => sub, documented => {answer => 1},
+#       clients => 4, run => 16 (s), at => 3 (s), attempts => 6, bound => 30 (s),
+#       counts => sub { $key }): a topology fault under load.  `clients`
+# forked clients each send new keys to P for `run` seconds, each key up to
+# `attempts` times until a final answer (a 201 is sent once more, to see it
+# replayed), 0.2 s after a 503 or 409 in-progress; `fault` runs `at` seconds
+# in, then `moved` is polled until it returns a true value (the topology has
+# moved: a new master named, say).  Tests: the fault and the move happened,
+# every answer is documented, no key executed twice (effects <= 1 for every
+# key sent), keys executed before the fault, and a key that `counts`
+# accepts (default: any) executed within `bound` seconds of the fault (the
+# first after the first refusal, 503 or 409 in-progress, of such a key);
+# the recovery is printed.  Returns { keys, fault_t, moved_t, moved, first }.
+sub storm {
+    my ($self, %o) = @_;
+    my ($name, $path) = @o{qw(name path)};
+    my $clients = $o{clients} // 4;
+    my $run = $o{run} // 16;
+    my $start = time + 0.5 + $clients * 0.02;
+    my %s;
+    my $res = $self->parallel($clients, sub {
+        my $c = shift;
+        return $self->_storm_client($path, "$name-$$-$c", $run, $o{attempts} // 6);
+    }, timeout => $run + 60, tick => sub {
+        if (!$s{fault_t} && time >= $start + ($o{at} // 3)) {
+            $s{fault_t} = time;
+            $o{fault}->();
+        }
+        if ($s{fault_t} && !$s{moved_t}) {
+            my $m = $o{moved}->();
+            @s{qw(moved moved_t)} = ($m, time) if $m;
+        }
+    });
+    local $Test::Builder::Level = $Test::Builder::Level + 1;
+    return $self->_storm_check(\%o, \%s, $res);
+}
+
+sub _storm_client {
+    my ($self, $path, $tag, $run, $attempts) = @_;
+    my (@keys, @log);
+    my $end = time + $run;
+    my $n = 0;
+    while (time < $end) {
+        my $k = "storm-$tag-" . $n++;
+        my $body = { tag => $tag, n => $n };
+        push @keys, $k;
+        for my $i (1 .. $attempts) {
+            my $t1 = time;
+            my $a = $self->answer($self->http(POST => $path, key => $k, json => $body, timeout => 5));
+            push @log, [ $k, $i, $t1, $a ];
+            last if $a =~ /^201 replayed|^409 outcome-unknown/;
+            if ($a eq '201') {
+                my $again = $self->http(POST => $path, key => $k, json => $body, timeout => 5);
+                push @log, [ $k, $i + 1, time, $self->answer($again) ];
+                last;
+            }
+            last unless $a =~ /^503 store-(?:unavailable|not-replicated)|^409 in-progress/;
+            sleep 0.2;
+        }
+    }
+    return { keys => \@keys, log => \@log };
+}
+
+sub _storm_check {
+    my ($self, $o, $s, $res) = @_;
+    my $name = $o->{name};
+    my (%seen, @bad, @keys, @exec, @refused);
+    for my $x (@$res) {
+        if (!$x) { push @bad, 'a client died'; next }
+        push @keys, @{ $x->{keys} };
+        for my $l (@{ $x->{log} }) {
+            my ($k, $i, $t1, $a) = @$l;
+            $seen{$a}++;
+            push @bad, "$k attempt $i: $a" unless $o->{documented}{$a};
+            push @exec, [ $t1, $k ] if $a eq '201';
+            push @refused, [ $t1, $k ] if $a =~ /^503|^409 in-progress/;
+        }
+    }
+    my %effects;
+    $effects{ $_->{key} // '' }++ for $self->effect_list(uri => $o->{path});
+    my @twice = grep { ($effects{$_} // 0) > 1 } @keys;
+    ok($s->{fault_t} && $s->{moved_t}, "$name: the fault happened and the topology moved")
+        or diag('fault at ' . ($s->{fault_t} // 'never') . ', moved ' . ($s->{moved_t} // 'never'));
+    ok(@keys >= 5 * ($o->{clients} // 4), "$name: " . scalar(@keys) . ' keys sent');
+    is(scalar(@bad), 0, "$name: every answer is a documented one")
+        or diag(join "\n", @bad[0 .. ($#bad < 15 ? $#bad : 15)]);
+    is(scalar(@twice), 0, "$name: no key executed twice (effects <= 1 for each of " . scalar(@keys) . ')')
+        or diag(join "\n", map { "$_: $effects{$_} effects" } @twice[0 .. ($#twice < 15 ? $#twice : 15)]);
+    diag("$name: answers: " . join(', ', map { "$_ x$seen{$_}" } sort keys %seen));
+    ok((grep { $_->[0] < ($s->{fault_t} // 0) } @exec) > 0, "$name: keys executed before the fault");
+    return { keys => \@keys } unless $s->{fault_t} && $s->{moved_t};
+
+    # recovery: the first execution after the first refusal the fault caused
+    my $counts = $o->{counts} // sub { 1 };
+    my ($down) = sort { $a <=> $b } map { $_->[0] }
+        grep { $_->[0] >= $s->{fault_t} && $counts->($_->[1]) } @refused;
+    my ($first) = sort { $a <=> $b } map { $_->[0] }
+        grep { $_->[0] >= ($down // $s->{fault_t}) && $counts->($_->[1]) } @exec;
+    my $bound = $o->{bound} // 30;
+    ok(defined $first && $first - $s->{fault_t} < $bound,
+        "$name: new keys execute again within $bound s of the fault");
+    my @gap = sort { $a <=> $b } map { $_->[0] } grep { $counts->($_->[1]) } @exec;
+    my $gap = 0;
+    for my $i (1 .. $#gap) { $gap = $gap[$i] - $gap[$i - 1] if $gap[$i] - $gap[$i - 1] > $gap }
+    diag(sprintf '%s: recovery: the topology moved %.2f s after the fault; first refusal %s; '
+        . 'first new key executed after it %.2f s after the fault; longest gap between executions %.2f s',
+        $name, $s->{moved_t} - $s->{fault_t},
+        defined $down ? sprintf('%.2f s after the fault', $down - $s->{fault_t}) : 'none',
+        ($first // time) - $s->{fault_t}, $gap);
+    return { keys => \@keys, %$s, first => $first };
+}
+
+# status_of($key): the status endpoint's answer for $key (GET /status): its
+# HTTP status and its decoded JSON body ({} when there is none)
+sub status_of {
+    my ($self, $k) = @_;
+    my $r = $self->http(GET => '/status', key => $k);
+    return ($r->{status}, eval { JSON::PP->new->decode($r->{content}) } // {});
+}
+
+# waiters($name, $key, $n): one slow attempt of $key (POST /w, 1.5 s at the
+# upstream) and $n duplicates that wait for it (idempotency_wait): every
+# duplicate is woken with the replay (none runs out into in-progress), and
+# the key executes once.
+sub waiters {
+    my ($self, $name, $k, $n) = @_;
+    local $Test::Builder::Level = $Test::Builder::Level + 1;
+    my $bg = $self->http_bg(POST => '/w', key => $k, json => { w => 1 },
+                            headers => [ 'X-Delay' => 1.5 ], timeout => 20);
+    ok($self->wait_for(sub { $self->effects(key => $k) == 1 }, 10), "$name: the first attempt runs");
+    my $res = $self->parallel($n, sub {
+        my $r = $self->http(POST => '/w', key => $k, json => { w => 1 }, timeout => 20);
+        return "$r->{status} " . ($r->{headers}{'idempotent-replayed'} // $self->ptype($r));
+    }, timeout => 30);
+    my $first = $bg->result(20);
+    is($first && $first->{status}, 201, "$name: the first attempt completes");
+    is(scalar(grep { ($_ // '') eq '201 true' } @$res), $n,
+       "$name: all $n waiting duplicates got the replay") or diag(explain $res);
+    is($self->effects(key => $k), 1, "$name: one effect");
+}
+
+# ops_round($name, $port, key => sub { $tag -> a fresh key }, waiters => N):
+# the operations endpoints and idempotency_wait against the Redis server
+# (a master) on $port, through a configuration with "/" protected and
+# waiting, "= /status" and "= /admin": a write's status (completed, its
+# upstream status), 404 for an unknown key, an unknown record written on
+# $port shown as unknown, told outcome-unknown, released by the admin
+# endpoint (gone from $port), then executed once; then waiters().  The
+# keys come from `key` (default $self->key), so a test can place them.
+# Returns the key of the completed write.
+sub ops_round {
+    my ($self, $name, $port, %o) = @_;
+    local $Test::Builder::Level = $Test::Builder::Level + 1;
+    my $key = $o{key} // sub { $self->key(shift) };
+    (my $tag = $name) =~ s/[^A-Za-z0-9]+/-/g;    # keys are tokens
+
+    # as a client would (a worker may still be finding its server)
+    my $k = $key->("$tag-status");
+    my ($r, @seen) = $self->retry_until_final('/s', 10, key => $k, json => { s => 1 });
+    is($r->{status}, 201, "$name: a write executes") or diag("@seen");
+    my ($code, $st) = $self->status_of($k);
+    is($code, 200, "$name: the status endpoint answers");
+    is($st->{state}, 'completed', "$name: ... completed");
+    is($st->{response_status}, 201, "$name: ... with the upstream's status");
+    ($code) = $self->status_of($key->("$tag-none"));
+    is($code, 404, "$name: status of an unknown key: 404");
+
+    # an unknown record of the same request (the key is not part of the
+    # fingerprint): the admin endpoint releases it
+    my $ku = $key->("$tag-unknown");
+    my $op = join '', map { sprintf '%02x', int rand 256 } 1 .. 16;
+    my $now = int(time * 1000);
+    is($self->redis_at($port, 'SET', $self->record_name($ku),
+                       $self->encode_record({ state => 'unknown', op => $op, fp => $st->{fingerprint} // 'a' x 64,
+                                              created => $now, unknown_at => $now }),
+                       'PX', 600000), 'OK', "$name: an unknown record on $port");
+    (undef, $st) = $self->status_of($ku);
+    is($st->{state}, 'unknown', "$name: status shows it unknown");
+    $r = $self->http(POST => '/s', key => $ku, json => { s => 1 });
+    is($self->ptype($r), 'outcome-unknown', "$name: a retry is told outcome-unknown");
+    $r = $self->http(POST => '/admin?action=release', key => $ku);
+    is($r->{status}, 200, "$name: admin release: 200") or diag(_show($r));
+    is(($self->redis_at($port, 'EXISTS', $self->record_name($ku)) // -1), 0,
+       "$name: the record is gone from $port");
+    $r = $self->http(POST => '/s', key => $ku, json => { s => 1 });
+    is($r->{status}, 201, "$name: then the retry executes");
+    is($self->effects(key => $ku), 1, "$name: once");
+    is($self->effects(key => $k), 1, "$name: (and the first key once)");
+
+    $self->waiters("$name, wait", $key->("$tag-wait"), $o{waiters} // 6);
+    return $k;
 }
 
 # is_problem($r, $status, $slug, key => K|undef, state => S, operation_id => 1|0,
