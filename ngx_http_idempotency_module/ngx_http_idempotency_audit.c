@@ -667,7 +667,9 @@ ngx_http_idem_audit_write(ngx_http_idem_cmd_t *cmd,
     key = head->audit->key ? head->audit->key->secret : NULL;
     key_len = head->audit->key ? head->audit->key->secret_len : 0;
 
-    ngx_http_idem_cmd_set(cmd, at + NGX_HTTP_IDEM_AUDIT_EXPECT, expect->data,
+    /* nothing expected is ngx_null_string, whose NULL memcpy must not see */
+    ngx_http_idem_cmd_set(cmd, at + NGX_HTTP_IDEM_AUDIT_EXPECT,
+                          expect->len ? expect->data : (u_char *) "",
                           expect->len);
     ngx_http_idem_cmd_set_num(cmd, at + NGX_HTTP_IDEM_AUDIT_SEQ,
                               (int64_t) head->seq + 1);
