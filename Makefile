@@ -17,7 +17,8 @@ CORE_SRCS := $(MODDIR)/idem_text.c $(MODDIR)/idem_number.c \
              $(MODDIR)/idem_fingerprint.c $(MODDIR)/idem_key.c \
              $(MODDIR)/idem_record.c $(MODDIR)/idem_reply.c \
              $(MODDIR)/idem_pointer.c $(MODDIR)/idem_jws.c \
-             $(MODDIR)/idem_json.c $(MODDIR)/idem_slot.c
+             $(MODDIR)/idem_json.c $(MODDIR)/idem_slot.c \
+             $(MODDIR)/idem_audit.c
 CORE_HDRS := $(wildcard $(MODDIR)/idem_*.h)
 NGX_SRCS  := $(wildcard $(MODDIR)/ngx_http_idempotency*.c) \
              $(wildcard $(MODDIR)/ngx_http_idempotency*.h)
@@ -35,7 +36,7 @@ TEST_HDRS := t/unit/jcs_tree.h t/unit/mem_sink.h t/unit/tap.h
 # the cross-check with a second parser (Debian's libjansson-dev)
 $(BUILD)/unit/test_jansson: UNIT_LIBS += -ljansson
 TOOLS     := $(BUILD)/idempotency-fingerprint $(BUILD)/idempotency-call \
-             $(BUILD)/idempotency-approve
+             $(BUILD)/idempotency-approve $(BUILD)/idempotency-audit
 
 .PHONY: all module unit tools test demo deb clean
 
@@ -83,6 +84,18 @@ $(BUILD)/idempotency-approve: tools/idempotency-approve.c $(APPROVE_CORE) $(CORE
 	@mkdir -p $(BUILD)
 	$(CC) $(CFLAGS) $(CPPFLAGS) -I$(MODDIR) $(shell pkg-config --cflags libcurl) -o $@ $< \
 	    $(APPROVE_CORE) $(LDFLAGS) $(shell pkg-config --libs libcurl) -lcjson -lcrypto -lm
+
+# hiredis' blocking API reads the stream; of the core the audit entries,
+# the record's netstrings, the text layer and the key files of idem_jws.c
+AUDIT_CORE := $(MODDIR)/idem_audit.c $(MODDIR)/idem_record.c \
+              $(MODDIR)/idem_fingerprint.c $(MODDIR)/idem_jcs.c \
+              $(MODDIR)/idem_jcs_parse.c $(MODDIR)/idem_number.c \
+              $(MODDIR)/idem_pointer.c $(MODDIR)/idem_jws.c \
+              $(MODDIR)/idem_text.c
+$(BUILD)/idempotency-audit: tools/idempotency-audit.c $(AUDIT_CORE) $(CORE_HDRS)
+	@mkdir -p $(BUILD)
+	$(CC) $(CFLAGS) $(CPPFLAGS) -I$(MODDIR) -o $@ $< $(AUDIT_CORE) $(LDFLAGS) \
+	    -lhiredis $(CORE_LIBS)
 
 # libcurl (libcurl4-openssl-dev) for HTTP; of the core only the text layer
 $(BUILD)/idempotency-call: tools/idempotency-call.c $(MODDIR)/idem_text.c $(MODDIR)/idem_text.h
@@ -140,7 +153,7 @@ FUZZ_CFLAGS  ?= -g -O1 -fno-omit-frame-pointer \
                 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
                 -Wall -Wextra -Wno-unused-parameter -Wno-unused-function
 FUZZ_SECONDS ?= 60
-FUZZ_TARGETS := jcs fingerprint key record claim jws
+FUZZ_TARGETS := jcs fingerprint key record claim jws audit
 FUZZ_BINS    := $(patsubst %,$(ASAN_BUILD)/fuzz/fuzz_%,$(FUZZ_TARGETS))
 
 .PHONY: module-asan unit-asan test-asan valgrind-check fuzz-build fuzz fuzz-ci clean-hardening

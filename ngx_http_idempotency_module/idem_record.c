@@ -84,8 +84,7 @@ idem_dec_len(size_t n)
 size_t
 idem_hdrs_pair_len(size_t name_len, size_t value_len)
 {
-    return idem_dec_len(name_len) + 2 + name_len
-           + idem_dec_len(value_len) + 2 + value_len;
+    return idem_netstring_len(name_len) + idem_netstring_len(value_len);
 }
 
 
@@ -106,12 +105,24 @@ idem_dec_put(char *p, size_t n)
 }
 
 
-static char *
+size_t
+idem_netstring_len(size_t len)
+{
+    return idem_dec_len(len) + 2 + len;
+}
+
+
+char *
 idem_netstring_put(char *p, const char *s, size_t len)
 {
     p = idem_dec_put(p, len);
     *p++ = ':';
-    memcpy(p, s, len);
+
+    /* an empty field may have no bytes at all (NULL), which memcpy must not see */
+    if (len) {
+        memcpy(p, s, len);
+    }
+
     p += len;
     *p++ = ',';
 
@@ -128,7 +139,7 @@ idem_hdrs_put(char *p, const char *name, size_t name_len, const char *value,
 }
 
 
-static int
+int
 idem_netstring_get(idem_hdrs_iter_t *it, const char **s, size_t *len,
     size_t max)
 {

@@ -81,6 +81,17 @@ typedef struct {
     const char  *end;
 } idem_hdrs_iter_t;
 
+/*
+ * One netstring, "len:bytes," with a decimal length without leading
+ * zeros: the record's fields, the stored headers and the audit entries
+ * (idem_audit.h) are written and read with these.  _get gives its bytes
+ * (at most max) and moves it->pos past it: 0, or -1 when malformed.
+ */
+size_t idem_netstring_len(size_t len);
+char *idem_netstring_put(char *p, const char *s, size_t len);
+int idem_netstring_get(idem_hdrs_iter_t *it, const char **s, size_t *len,
+    size_t max);
+
 /* Returns 1 with a pair, 0 at the end, -1 when the blob is malformed. */
 int idem_hdrs_next(idem_hdrs_iter_t *it, const char **name, size_t *name_len,
     const char **value, size_t *value_len);

@@ -11,6 +11,7 @@
 #include <ngx_core.h>
 #include <ngx_http.h>
 
+#include "idem_audit.h"
 #include "idem_fingerprint.h"
 #include "idem_json.h"
 #include "idem_jws.h"
@@ -33,6 +34,18 @@
 #define NGX_HTTP_IDEM_FAILURE_OPEN    1
 
 
+/*
+ * One audit stream of one Redis server (idempotency_audit): every
+ * location that writes it shares this, so the stream has one key.
+ */
+typedef struct {
+    ngx_http_idem_redis_t       *redis;
+    ngx_str_t                    stream;    /* NUL-terminated */
+    ngx_uint_t                   anchor;    /* the head is logged each N */
+    idem_jws_key_t              *key;       /* NULL: a plain SHA-256 chain */
+} ngx_http_idem_audit_t;
+
+
 typedef struct {
     ngx_array_t                  servers;   /* ngx_http_idem_redis_t * */
     ngx_http_idem_script_t      *scripts;
@@ -40,6 +53,8 @@ typedef struct {
     ngx_shm_zone_t              *metrics_zone;
     ngx_array_t                  metrics_labels;   /* ngx_str_t; [0] "" */
     ngx_array_t                  json_vars;  /* idempotency_json_var */
+    ngx_array_t                  audits;    /* ngx_http_idem_audit_t * */
+    ngx_int_t                    request_id;   /* $request_id's index */
 } ngx_http_idem_main_conf_t;
 
 
@@ -107,6 +122,15 @@ typedef struct {
     /* idempotency_unique, idempotency_lock: NULL when off */
     ngx_http_idem_business_t    *unique;
     ngx_http_idem_business_t    *lock;
+
+    /* idempotency_audit: the stream, NULL when off */
+    ngx_flag_t                   audit_on;
+    ngx_http_idem_audit_t       *audit;
+    ngx_str_t                    audit_stream;
+    ngx_uint_t                   audit_anchor;
+    idem_jws_key_t              *audit_key;        /* NULL: none */
+    ngx_http_complex_value_t    *audit_identity;
+    ngx_str_t                    audit_ref;        /* a response header */
 } ngx_http_idem_loc_conf_t;
 
 
@@ -166,6 +190,20 @@ typedef enum {
     NGX_HTTP_IDEM_CONFIRM_APPROVED,   /* asked, a valid approval came */
     NGX_HTTP_IDEM_CONFIRM_RECORDED    /* the record holds an approval */
 } ngx_http_idem_confirm_e;
+
+
+/*
+ * idempotency_audit: what the entries of the next claim script are made
+ * for (redis-scripts/audit.lua): none yet (the script only decides), this
+ * attempt's claim, or what the script said it would do.
+ */
+typedef enum {
+    NGX_HTTP_IDEM_AUDIT_DECIDE = 0,
+    NGX_HTTP_IDEM_AUDIT_CLAIM,
+    NGX_HTTP_IDEM_AUDIT_APPROVE,
+    NGX_HTTP_IDEM_AUDIT_REUSE,
+    NGX_HTTP_IDEM_AUDIT_UNKNOWN
+} ngx_http_idem_audit_kind_e;
 
 
 /* How a claimed request ended, i.e. which script closes the record. */
@@ -325,6 +363,16 @@ struct ngx_http_idem_ctx_s {
     ngx_str_t                    lock_op;      /* LOCKED: the holder's */
     unsigned                     reused:1;     /* another key's operation */
     unsigned                     business:1;   /* ukey, lkey are set */
+
+    /* idempotency_audit */
+    ngx_str_t                    audit_identity;
+    ngx_str_t                    audit_request;   /* $request_id */
+    ngx_str_t                    audit_ref;       /* the upstream's */
+    ngx_str_t                    audit_expect;    /* see audit.lua */
+    ngx_http_idem_audit_kind_e   audit_kind;
+    unsigned                     audit_prepared:1;
+    unsigned                     audit_attempted:1;  /* in the stream */
+    unsigned                     audit_answered:1;   /* the answer's too */
 };
 
 
@@ -353,6 +401,8 @@ ngx_int_t ngx_http_idem_record_key(ngx_http_request_t *r,
     ngx_http_idem_ctx_t *ctx, ngx_str_t *scope);
 ngx_int_t ngx_http_idem_fp_headers(ngx_http_request_t *r,
     ngx_http_idem_ctx_t *ctx, idem_fp_input_t *in);
+ngx_table_elt_t *ngx_http_idem_header_out(ngx_http_request_t *r,
+    u_char *name, size_t len);
 
 /* ngx_http_idempotency_handler.c: the phases */
 ngx_int_t ngx_http_idem_rewrite_handler(ngx_http_request_t *r);
@@ -394,12 +444,48 @@ struct cJSON *ngx_http_idem_json_body(ngx_http_request_t *r,
 ngx_int_t ngx_http_idem_json_text(ngx_http_request_t *r,
     const struct cJSON *node, ngx_str_t *text);
 
+/* ngx_http_idempotency_audit.c: idempotency_audit */
+char *ngx_http_idem_audit_stream_conf(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+char *ngx_http_idem_audit_key_conf(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+char *ngx_http_idem_audit_ref_conf(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+char *ngx_http_idem_audit_merge(ngx_conf_t *cf,
+    ngx_http_idem_loc_conf_t *prev, ngx_http_idem_loc_conf_t *conf);
+void ngx_http_idem_audit_init_process(void);
+idem_jws_key_t *ngx_http_idem_key_file(ngx_conf_t *cf, ngx_str_t *name,
+    idem_jws_alg_e alg, const char *kid, const char *directive);
+ngx_int_t ngx_http_idem_audit_prepare(ngx_http_request_t *r,
+    ngx_http_idem_ctx_t *ctx);
+void ngx_http_idem_audit_capture_ref(ngx_http_request_t *r,
+    ngx_http_idem_ctx_t *ctx);
+void ngx_http_idem_audit_entry(ngx_http_idem_ctx_t *ctx,
+    idem_audit_event_e event, ngx_uint_t status, idem_audit_entry_t *e);
+ngx_int_t ngx_http_idem_audit_digest(ngx_pool_t *pool, ngx_chain_t *cl,
+    ngx_str_t *body, idem_str_t *hex);
+void ngx_http_idem_audit_stored_ref(ngx_http_idem_ctx_t *ctx,
+    idem_audit_entry_t *e);
+ngx_http_idem_cmd_t *ngx_http_idem_audit_cmd(ngx_http_idem_audit_t *audit,
+    ngx_http_idem_script_e script, const u_char *key, u_char **keys,
+    ngx_uint_t n, size_t size, ngx_str_t *expect, idem_audit_entry_t *e,
+    ngx_uint_t nentries, ngx_log_t *log);
+ngx_int_t ngx_http_idem_audit_reply(ngx_http_idem_cmd_t *cmd,
+    redisReply **reply, ngx_http_idem_cmd_t **next);
+ngx_int_t ngx_http_idem_audit_ctx_reply(ngx_http_idem_cmd_t *cmd,
+    redisReply **reply, ngx_uint_t *appended);
+ngx_uint_t ngx_http_idem_audit_entries(ngx_http_idem_cmd_t *cmd,
+    idem_audit_entry_t *e, ngx_uint_t max);
+ngx_http_idem_audit_t *ngx_http_idem_audit_of(ngx_http_idem_cmd_t *cmd);
+
 /* ngx_http_idempotency_claim.c: the claim and its answer */
 ngx_int_t ngx_http_idem_tokens(ngx_http_request_t *r,
     ngx_http_idem_ctx_t *ctx);
 ngx_int_t ngx_http_idem_claim_send(ngx_http_request_t *r,
     ngx_http_idem_ctx_t *ctx);
 void ngx_http_idem_resume(ngx_http_idem_ctx_t *ctx);
+ngx_int_t ngx_http_idem_claim_audit_answer(ngx_http_request_t *r,
+    ngx_http_idem_ctx_t *ctx);
 
 /* ngx_http_idempotency_wait.c: idempotency_wait */
 ngx_int_t ngx_http_idem_wait(ngx_http_request_t *r,
@@ -412,7 +498,7 @@ void ngx_http_idem_start_lease(ngx_http_request_t *r,
 ngx_int_t ngx_http_idem_finish(ngx_http_request_t *r,
     ngx_http_idem_ctx_t *ctx, ngx_http_idem_end_e end);
 void ngx_http_idem_abandon(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx);
-void ngx_http_idem_give_back(ngx_http_idem_redis_t *rd, ngx_str_t *key,
+void ngx_http_idem_give_back(ngx_http_idem_cmd_t *cmd, ngx_str_t *key,
     ngx_str_t *claim);
 
 /* ngx_http_idempotency_filter.c: capture of the upstream's response */

@@ -32,6 +32,8 @@ static void ngx_http_idem_approve_found(ngx_http_idem_cmd_t *cmd,
     redisReply *reply);
 static void ngx_http_idem_approve_done(ngx_http_idem_cmd_t *cmd,
     redisReply *reply);
+static ngx_http_idem_cmd_t *ngx_http_idem_approve_cmd(
+    ngx_http_idem_ctx_t *ctx, ngx_http_idem_approval_t *a);
 
 
 static ngx_str_t  ngx_http_idem_get = ngx_string("GET");
@@ -366,6 +368,46 @@ ngx_http_idem_approve_not_found(ngx_http_idem_ctx_t *ctx)
 }
 
 
+/*
+ * approve.lua; with idempotency_audit it appends "approved" (the
+ * operation, the fingerprint the person saw, who approved) when it turns
+ * the proposal approved
+ */
+static ngx_http_idem_cmd_t *
+ngx_http_idem_approve_cmd(ngx_http_idem_ctx_t *ctx,
+    ngx_http_idem_approval_t *a)
+{
+    size_t               size;
+    ngx_str_t            fenced = ngx_null_string;
+    ngx_http_request_t  *r;
+    idem_audit_entry_t   e;
+
+    r = ctx->request;
+    size = a->op.len + a->fp.len + a->approver.len + NGX_INT64_LEN;
+
+    if (ctx->conf->audit == NULL) {
+        return ngx_http_idem_cmd_create(ctx->conf->redis,
+                                        NGX_HTTP_IDEM_SCRIPT_APPROVE,
+                                        ctx->rkey, size, r->connection->log);
+    }
+
+    if (ngx_http_idem_audit_prepare(r, ctx) != NGX_OK) {
+        return NULL;
+    }
+
+    ctx->approver = a->approver;
+    ngx_str_null(&ctx->route);
+    ngx_http_idem_audit_entry(ctx, IDEM_AUDIT_APPROVED, 0, &e);
+    e.fp.data = (const char *) a->fp.data;
+    e.fp.len = a->fp.len;
+
+    return ngx_http_idem_audit_cmd(ctx->conf->audit,
+                                   NGX_HTTP_IDEM_SCRIPT_APPROVE, ctx->rkey,
+                                   NULL, 0, size, &fenced, &e, 1,
+                                   r->connection->log);
+}
+
+
 static void
 ngx_http_idem_approve_found(ngx_http_idem_cmd_t *cmd, redisReply *reply)
 {
@@ -396,10 +438,7 @@ ngx_http_idem_approve_found(ngx_http_idem_cmd_t *cmd, redisReply *reply)
     ctx->rkey[IDEM_RECORD_KEY_LEN] = '\0';
     a = ctx->approval;
 
-    sc = ngx_http_idem_cmd_create(ctx->conf->redis,
-                                  NGX_HTTP_IDEM_SCRIPT_APPROVE, ctx->rkey,
-                                  a->op.len + a->fp.len + a->approver.len
-                                  + NGX_INT64_LEN, ctx->request->connection->log);
+    sc = ngx_http_idem_approve_cmd(ctx, a);
     if (sc) {
         ngx_http_idem_cmd_set(sc, NGX_HTTP_IDEM_APPROVE_OP, a->op.data,
                               a->op.len);
@@ -500,11 +539,12 @@ static void
 ngx_http_idem_approve_done(ngx_http_idem_cmd_t *cmd, redisReply *reply)
 {
     ngx_int_t             rc;
+    ngx_uint_t            appended;
     ngx_http_idem_ctx_t  *ctx;
 
     ctx = cmd->data;
 
-    if (ctx == NULL
+    if (ngx_http_idem_audit_ctx_reply(cmd, &reply, &appended) == NGX_DONE
         || ngx_http_idem_approve_reply(cmd, reply, REDIS_REPLY_ARRAY)
            != NGX_OK)
     {

@@ -11,6 +11,14 @@
  *
  * A claim whose answer never came, or came for a request that has gone,
  * is given back so that the key is not blocked.
+ *
+ * With idempotency_audit every change of the record is made by claim.lua
+ * together with its entries (redis-scripts/audit.lua), so the first look
+ * is a plain GET: a free key is then claimed by claim.lua with the
+ * entries of this attempt's claim; a record that answers by itself (a
+ * replay, a conflict) is answered, after its entries are appended
+ * (append.lua); anything else goes to claim.lua, which says what it would
+ * do, and is called again with the entries of that.
  */
 
 #include <openssl/rand.h>
@@ -33,6 +41,7 @@ enum {
 };
 
 static ngx_str_t  ngx_http_idem_set = ngx_string("SET");
+static ngx_str_t  ngx_http_idem_get = ngx_string("GET");
 
 
 /*
@@ -164,28 +173,189 @@ ngx_http_idem_claim_set_cmd(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
 }
 
 
+/*
+ * idempotency_audit: the entry of the answer the request gets (its
+ * event and status, the digest of a replayed response and the upstream's
+ * reference kept with it); 0 when the answer has no event (Redis trouble:
+ * nothing is known, nothing was done).
+ */
+static ngx_uint_t
+ngx_http_idem_claim_answer_entry(ngx_http_request_t *r,
+    ngx_http_idem_ctx_t *ctx, ngx_http_idem_answer_e answer,
+    idem_audit_entry_t *e)
+{
+    ngx_uint_t          status;
+    idem_audit_event_e  event;
+
+    switch (answer) {
+
+    case NGX_HTTP_IDEM_ANS_COMPLETED:
+    case NGX_HTTP_IDEM_ANS_REUSED:
+        event = IDEM_AUDIT_REPLAYED;
+        status = ctx->body_stored ? ctx->stored_status : NGX_HTTP_CONFLICT;
+        break;
+
+    case NGX_HTTP_IDEM_ANS_MISMATCH:
+        event = IDEM_AUDIT_CONFLICT;
+        status = ctx->conf->conflict_status;
+        break;
+
+    case NGX_HTTP_IDEM_ANS_IN_PROGRESS:
+    case NGX_HTTP_IDEM_ANS_LOCKED:
+        event = IDEM_AUDIT_IN_PROGRESS;
+        status = NGX_HTTP_CONFLICT;
+        break;
+
+    case NGX_HTTP_IDEM_ANS_UNKNOWN:
+        event = IDEM_AUDIT_UNKNOWN;
+        status = NGX_HTTP_CONFLICT;
+        break;
+
+    case NGX_HTTP_IDEM_ANS_RELEASED:
+        event = IDEM_AUDIT_RELEASED;
+        status = ctx->stored_status;
+        break;
+
+    case NGX_HTTP_IDEM_ANS_CONFIRM:
+    case NGX_HTTP_IDEM_ANS_APPROVAL_EXPIRED:
+        event = IDEM_AUDIT_CONFIRMATION_REQUIRED;
+        status = 428;      /* Precondition Required */
+        break;
+
+    default:
+        return 0;
+    }
+
+    ngx_http_idem_audit_entry(ctx, ctx->reused ? IDEM_AUDIT_REUSED : event,
+                              status, e);
+
+    if (answer == NGX_HTTP_IDEM_ANS_LOCKED) {
+        /* the operation holding the lock is not this request's */
+        e->op.len = 0;
+    }
+
+    if (event == IDEM_AUDIT_REPLAYED && ctx->body_stored
+        && ngx_http_idem_audit_digest(r->pool, NULL, &ctx->stored_body,
+                                      &e->response)
+           == NGX_OK)
+    {
+        ngx_http_idem_audit_stored_ref(ctx, e);
+    }
+
+    return 1;
+}
+
+
+/* the answer of the operation whose identity a reuse took, by its state */
+static ngx_http_idem_answer_e
+ngx_http_idem_claim_reuse_answer(ngx_http_idem_ctx_t *ctx)
+{
+    switch (ctx->state.len ? ctx->state.data[0] : 'u') {
+
+    case 'c':
+        return NGX_HTTP_IDEM_ANS_REUSED;
+
+    case 'i':
+        return NGX_HTTP_IDEM_ANS_IN_PROGRESS;
+
+    default:
+        return NGX_HTTP_IDEM_ANS_UNKNOWN;
+    }
+}
+
+
+/*
+ * The entries a claim script appends with the change it makes, as
+ * ctx->audit_kind says: "attempted" first (once per request), then this
+ * attempt's claim ("sent", after "approved" for a signed approval; or the
+ * proposal's "confirmation_required"), a reuse or a lapsed lease.
+ */
+static ngx_uint_t
+ngx_http_idem_claim_entries(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
+    idem_audit_entry_t *e)
+{
+    ngx_uint_t  n;
+
+    if (ctx->audit_kind == NGX_HTTP_IDEM_AUDIT_DECIDE) {
+        return 0;
+    }
+
+    n = 0;
+
+    if (!ctx->audit_attempted) {
+        ngx_http_idem_audit_entry(ctx, IDEM_AUDIT_ATTEMPTED, 0, &e[n++]);
+    }
+
+    switch (ctx->audit_kind) {
+
+    case NGX_HTTP_IDEM_AUDIT_REUSE:
+        return n + ngx_http_idem_claim_answer_entry(r, ctx,
+                       ngx_http_idem_claim_reuse_answer(ctx), &e[n]);
+
+    case NGX_HTTP_IDEM_AUDIT_UNKNOWN:
+        return n + ngx_http_idem_claim_answer_entry(r, ctx,
+                       NGX_HTTP_IDEM_ANS_UNKNOWN, &e[n]);
+
+    default:
+        break;
+    }
+
+    if (ctx->confirm == NGX_HTTP_IDEM_CONFIRM_PROPOSE) {
+        return n + ngx_http_idem_claim_answer_entry(r, ctx,
+                       NGX_HTTP_IDEM_ANS_CONFIRM, &e[n]);
+    }
+
+    if (ctx->confirm == NGX_HTTP_IDEM_CONFIRM_APPROVED) {
+        ngx_http_idem_audit_entry(ctx, IDEM_AUDIT_APPROVED, 0, &e[n++]);
+    }
+
+    ngx_http_idem_audit_entry(ctx, IDEM_AUDIT_SENT, 0, &e[n++]);
+
+    return n;
+}
+
+
+/* with idempotency_audit: the command carries the entries of ctx->audit_kind */
+static ngx_http_idem_cmd_t *
+ngx_http_idem_claim_create(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
+    size_t size)
+{
+    u_char               *keys[2];
+    ngx_uint_t            n;
+    idem_audit_entry_t    e[4];
+
+    n = ngx_http_idem_business_args(ctx, keys);
+
+    if (ctx->conf->audit == NULL) {
+        return ngx_http_idem_cmd_create_keys(ctx->conf->redis,
+                                             NGX_HTTP_IDEM_SCRIPT_CLAIM,
+                                             ctx->rkey, keys, n, size,
+                                             r->connection->log);
+    }
+
+    return ngx_http_idem_audit_cmd(ctx->conf->audit,
+                                   NGX_HTTP_IDEM_SCRIPT_CLAIM, ctx->rkey,
+                                   keys, n, size, &ctx->audit_expect, e,
+                                   ngx_http_idem_claim_entries(r, ctx, e),
+                                   r->connection->log);
+}
+
+
 static ngx_http_idem_cmd_t *
 ngx_http_idem_claim_script_cmd(ngx_http_request_t *r,
     ngx_http_idem_ctx_t *ctx)
 {
-    u_char                    *p, *keys[2];
-    ngx_uint_t                 n;
+    u_char                    *p;
     ngx_http_idem_cmd_t       *cmd;
     ngx_http_idem_loc_conf_t  *lcf;
 
     lcf = ctx->conf;
 
-    n = ngx_http_idem_business_args(ctx, keys);
-
-    cmd = ngx_http_idem_cmd_create_keys(lcf->redis,
-                                        NGX_HTTP_IDEM_SCRIPT_CLAIM,
-                                        ctx->rkey, keys, n,
-                                        IDEM_FP_HEX_LEN
-                                        + 2 * NGX_HTTP_IDEM_TOKEN_HEX
-                                        + NGX_HTTP_IDEM_CLAIM_VALUE_MAX
-                                        + NGX_INT64_LEN + 1
-                                        + IDEM_RECORD_KEY_LEN,
-                                        r->connection->log);
+    cmd = ngx_http_idem_claim_create(r, ctx, IDEM_FP_HEX_LEN
+                                             + 2 * NGX_HTTP_IDEM_TOKEN_HEX
+                                             + NGX_HTTP_IDEM_CLAIM_VALUE_MAX
+                                             + NGX_INT64_LEN + 1
+                                             + IDEM_RECORD_KEY_LEN);
     if (cmd == NULL) {
         return NULL;
     }
@@ -219,8 +389,17 @@ ngx_http_idem_claim_go(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
 {
     ngx_http_idem_cmd_t  *cmd;
 
-    cmd = script ? ngx_http_idem_claim_script_cmd(r, ctx)
-                 : ngx_http_idem_claim_set_cmd(r, ctx);
+    if (script) {
+        cmd = ngx_http_idem_claim_script_cmd(r, ctx);
+
+    } else if (ctx->conf->audit) {
+        /* the first look changes nothing: claim.lua does, with entries */
+        cmd = ngx_http_idem_cmd_native(ctx->conf->redis, &ngx_http_idem_get,
+                                       0, ctx->rkey, 0, r->connection->log);
+
+    } else {
+        cmd = ngx_http_idem_claim_set_cmd(r, ctx);
+    }
 
     if (cmd == NULL
         || ngx_http_idem_cmd_send(cmd, ngx_http_idem_claim_done, ctx)
@@ -247,16 +426,20 @@ ngx_http_idem_claim_send(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
     ctx->phase = NGX_HTTP_IDEM_CLAIMING;
 
     if (ngx_http_idem_tokens(r, ctx) == NGX_OK
-        && ngx_http_idem_business_keys(r, ctx) == NGX_OK)
+        && ngx_http_idem_business_keys(r, ctx) == NGX_OK
+        && (ctx->conf->audit == NULL
+            || ngx_http_idem_audit_prepare(r, ctx) == NGX_OK))
     {
         ctx->created = ngx_http_idem_now_ms();
 
         /*
          * SET NX cannot look at a business identity or a lock: with one
-         * of them the first look is claim.lua's
+         * of them the first look is claim.lua's (with the audit it is a
+         * GET, which looks at nothing else)
          */
-        if (ngx_http_idem_claim_go(r, ctx, ctx->waiting || ctx->ukey[0]
-                                           || ctx->lkey[0])
+        if (ngx_http_idem_claim_go(r, ctx, ctx->conf->audit == NULL
+                                           && (ctx->waiting || ctx->ukey[0]
+                                               || ctx->lkey[0]))
             == NGX_OK)
         {
             return NGX_OK;
@@ -323,6 +506,24 @@ ngx_http_idem_claim_record(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
 }
 
 
+/* a recorded approval: the request is claimed as its approver's */
+static ngx_int_t
+ngx_http_idem_claim_approver(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
+    idem_value_t *v)
+{
+    ctx->approver.data = ngx_pnalloc(r->pool, v->approver_len);
+    if (ctx->approver.data == NULL) {
+        return NGX_ERROR;
+    }
+
+    ngx_memcpy(ctx->approver.data, v->approver, v->approver_len);
+    ctx->approver.len = v->approver_len;
+    ctx->confirm = NGX_HTTP_IDEM_CONFIRM_RECORDED;
+
+    return NGX_OK;
+}
+
+
 /*
  * A proposal of this request's fingerprint, or its recorded approval:
  * only claim.lua may turn it into a claim, with the approval the request
@@ -350,16 +551,8 @@ ngx_http_idem_claim_proposal(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
         return NGX_HTTP_IDEM_ANS_APPROVAL_EXPIRED;
     }
 
-    ctx->approver.data = ngx_pnalloc(r->pool, v->approver_len);
-    if (ctx->approver.data == NULL) {
-        return NGX_HTTP_IDEM_ANS_STORE_ERROR;
-    }
-
-    ngx_memcpy(ctx->approver.data, v->approver, v->approver_len);
-    ctx->approver.len = v->approver_len;
-    ctx->confirm = NGX_HTTP_IDEM_CONFIRM_RECORDED;
-
-    return NGX_HTTP_IDEM_ANS_NONE;
+    return ngx_http_idem_claim_approver(r, ctx, v) == NGX_OK
+           ? NGX_HTTP_IDEM_ANS_NONE : NGX_HTTP_IDEM_ANS_STORE_ERROR;
 }
 
 
@@ -597,20 +790,145 @@ ngx_http_idem_claim_decoded(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
 }
 
 
+/*
+ * idempotency_audit: claim.lua said what it would do, and did nothing:
+ * {"audit-decide", want, kind, basis, reply}.  The request learns what it
+ * needs of the record decided on; the next claim.lua carries the entries
+ * of that decision, made for "want".
+ */
+static ngx_http_idem_answer_e
+ngx_http_idem_claim_decide(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
+    redisReply *reply)
+{
+    size_t        n;
+    ngx_str_t     want, kind, basis;
+    idem_rv_t     el[IDEM_CLAIM_ELEMS];
+    idem_claim_t  c;
+
+    if (reply->elements != 5
+        || ngx_http_idem_reply_str(reply->element[1], &want) != NGX_OK
+        || ngx_http_idem_reply_str(reply->element[2], &kind) != NGX_OK
+        || ngx_http_idem_reply_str(reply->element[3], &basis) != NGX_OK
+        || reply->element[4]->type != REDIS_REPLY_ARRAY)
+    {
+        return NGX_HTTP_IDEM_ANS_STORE_ERROR;
+    }
+
+    ctx->audit_expect.data = ngx_pstrdup(r->pool, &want);
+    ctx->audit_expect.len = want.len;
+
+    n = ngx_http_idem_reply_elements(reply->element[4], el, IDEM_CLAIM_ELEMS);
+    idem_claim_decode(el, n, &c);
+
+    if (ctx->audit_expect.data == NULL) {
+        return NGX_HTTP_IDEM_ANS_STORE_ERROR;
+    }
+
+    if (kind.len == 5 && ngx_strncmp(kind.data, "claim", 5) == 0) {
+        ctx->audit_kind = NGX_HTTP_IDEM_AUDIT_CLAIM;
+        return NGX_HTTP_IDEM_ANS_NONE;
+    }
+
+    if (kind.len == 7 && ngx_strncmp(kind.data, "approve", 7) == 0
+        && idem_value_decode((char *) basis.data, basis.len, &c.rec) == 0
+        && ngx_http_idem_claim_record(r, ctx, &c.rec) == NGX_OK
+        && (c.rec.state != 'p'
+            || ngx_http_idem_claim_approver(r, ctx, &c.rec) == NGX_OK))
+    {
+        ctx->audit_kind = NGX_HTTP_IDEM_AUDIT_APPROVE;
+        return NGX_HTTP_IDEM_ANS_NONE;
+    }
+
+    if (kind.len == 5 && ngx_strncmp(kind.data, "reuse", 5) == 0
+        && c.kind == IDEM_CLAIM_REUSED
+        && ngx_http_idem_claim_reused(r, ctx, &c)
+           != NGX_HTTP_IDEM_ANS_STORE_ERROR)
+    {
+        ctx->audit_kind = NGX_HTTP_IDEM_AUDIT_REUSE;
+        return NGX_HTTP_IDEM_ANS_NONE;
+    }
+
+    if (kind.len == 7 && ngx_strncmp(kind.data, "unknown", 7) == 0
+        && c.kind == IDEM_CLAIM_RECORD && c.rec.state == 'u'
+        && ngx_http_idem_claim_record(r, ctx, &c.rec) == NGX_OK)
+    {
+        ctx->audit_kind = NGX_HTTP_IDEM_AUDIT_UNKNOWN;
+        return NGX_HTTP_IDEM_ANS_NONE;
+    }
+
+    return NGX_HTTP_IDEM_ANS_STORE_ERROR;
+}
+
+
+/*
+ * idempotency_audit: the first look is a GET.  A free key is claimed by
+ * claim.lua with this attempt's entries; a record is read as SET NX GET's
+ * would be, and what only claim.lua can tell it decides first (a marker
+ * is most likely taken over: claimed at once).
+ */
+static ngx_http_idem_answer_e
+ngx_http_idem_claim_looked(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
+    redisReply *reply)
+{
+    idem_claim_t            c;
+    ngx_http_idem_answer_e  answer;
+
+    ngx_str_set(&ctx->audit_expect, "claim");
+    ctx->audit_kind = NGX_HTTP_IDEM_AUDIT_CLAIM;
+
+    if (reply->type == REDIS_REPLY_NIL) {
+        return NGX_HTTP_IDEM_ANS_NONE;
+    }
+
+    if (reply->type != REDIS_REPLY_STRING
+        || idem_claim_set_decode(reply->str, reply->len, &c)
+           != IDEM_CLAIM_RECORD)
+    {
+        /* layout 1, or a value claim.lua refuses in its own words */
+        ngx_str_set(&ctx->audit_expect, "-");
+        ctx->audit_kind = NGX_HTTP_IDEM_AUDIT_DECIDE;
+        return NGX_HTTP_IDEM_ANS_NONE;
+    }
+
+    answer = ngx_http_idem_claim_held(r, ctx, &c.rec);
+
+    if (answer == NGX_HTTP_IDEM_ANS_NONE && c.rec.state != 'r') {
+        ngx_str_set(&ctx->audit_expect, "-");
+        ctx->audit_kind = NGX_HTTP_IDEM_AUDIT_DECIDE;
+    }
+
+    return answer;
+}
+
+
 /* the claim's reply: NONE when claim.lua must look next */
 static ngx_http_idem_answer_e
 ngx_http_idem_claim_parse(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
     ngx_http_idem_cmd_t *cmd, redisReply *reply)
 {
-    size_t        n;
-    ngx_uint_t    script;
-    idem_rv_t     el[IDEM_CLAIM_ELEMS];
-    idem_claim_t  c;
+    size_t                  n;
+    ngx_uint_t              script;
+    idem_rv_t               el[IDEM_CLAIM_ELEMS];
+    idem_claim_t            c;
+    ngx_http_idem_answer_e  answer;
 
     script = (cmd->script == NGX_HTTP_IDEM_SCRIPT_CLAIM);
 
     if (reply == NULL) {
         return NGX_HTTP_IDEM_ANS_STORE_DOWN;
+    }
+
+    if (ctx->conf->audit && !script) {
+        return ngx_http_idem_claim_looked(r, ctx, reply);
+    }
+
+    if (ctx->conf->audit && reply->type == REDIS_REPLY_ARRAY
+        && reply->elements > 0
+        && reply->element[0]->type == REDIS_REPLY_STRING
+        && reply->element[0]->len == 12
+        && ngx_strncmp(reply->element[0]->str, "audit-decide", 12) == 0)
+    {
+        return ngx_http_idem_claim_decide(r, ctx, reply);
     }
 
     if (reply->type == REDIS_REPLY_ERROR) {
@@ -641,7 +959,15 @@ ngx_http_idem_claim_parse(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
         c.kind = IDEM_CLAIM_INVALID;
     }
 
-    return ngx_http_idem_claim_decoded(r, ctx, &c, script);
+    answer = ngx_http_idem_claim_decoded(r, ctx, &c, script);
+
+    if (answer == NGX_HTTP_IDEM_ANS_NONE && ctx->conf->audit) {
+        /* a recorded approval to claim again: claim.lua decides first */
+        ngx_str_set(&ctx->audit_expect, "-");
+        ctx->audit_kind = NGX_HTTP_IDEM_AUDIT_DECIDE;
+    }
+
+    return answer;
 }
 
 
@@ -652,6 +978,12 @@ ngx_http_idem_claim_made(ngx_http_idem_cmd_t *cmd, redisReply *reply)
     size_t        n;
     idem_rv_t     el[IDEM_CLAIM_ELEMS];
     idem_claim_t  c;
+
+    if (cmd->script != NGX_HTTP_IDEM_SCRIPT_CLAIM
+        && cmd->argc != cmd->arg0 + NGX_HTTP_IDEM_SET_NARGS)
+    {
+        return 0;   /* idempotency_audit's first look: a GET */
+    }
 
     if (reply == NULL) {
         return 1;
@@ -696,7 +1028,7 @@ ngx_http_idem_claim_orphan(ngx_http_idem_cmd_t *cmd, redisReply *reply)
         return;
     }
 
-    ngx_http_idem_give_back(cmd->redis, &key, &value);
+    ngx_http_idem_give_back(cmd, &key, &value);
 }
 
 
@@ -795,11 +1127,64 @@ ngx_http_idem_claim_replicate(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
 }
 
 
+/*
+ * idempotency_audit's part of a claim's reply (ngx_http_idem_audit_reply):
+ * NGX_OK to go on with *reply, NGX_DONE when the reply is dealt with.
+ */
+static ngx_int_t
+ngx_http_idem_claim_audited(ngx_http_idem_cmd_t *cmd, redisReply **reply)
+{
+    ngx_http_idem_cmd_t  *next;
+    ngx_http_idem_ctx_t  *ctx;
+
+    ctx = cmd->data;
+
+    switch (ngx_http_idem_audit_reply(cmd, reply, &next)) {
+
+    case NGX_AGAIN:
+        ctx->cmd = next;    /* one nobody waits for is not sent again */
+        return NGX_DONE;
+
+    case NGX_DECLINED:
+        return NGX_DONE;
+
+    case NGX_ERROR:
+        if (ctx) {
+            /* nothing was written: the request is answered 503 */
+            ctx->cmd = NULL;
+            ctx->answer = NGX_HTTP_IDEM_ANS_STORE_DOWN;
+            ngx_http_idem_claim_answered(ctx);
+        }
+
+        return NGX_DONE;
+
+    case NGX_DONE:
+        if (ctx) {
+            ctx->audit_attempted = 1;
+            ctx->audit_answered = ctx->audit_kind == NGX_HTTP_IDEM_AUDIT_REUSE
+                                  || ctx->audit_kind
+                                     == NGX_HTTP_IDEM_AUDIT_UNKNOWN
+                                  || ctx->confirm
+                                     == NGX_HTTP_IDEM_CONFIRM_PROPOSE;
+        }
+
+        return NGX_OK;
+
+    default:
+        return NGX_OK;
+    }
+}
+
+
 static void
 ngx_http_idem_claim_done(ngx_http_idem_cmd_t *cmd, redisReply *reply)
 {
     ngx_http_request_t   *r;
     ngx_http_idem_ctx_t  *ctx;
+
+    if (ngx_http_idem_claim_audited(cmd, &reply) == NGX_DONE) {
+        return;
+    }
 
     ctx = cmd->data;
 
@@ -831,4 +1216,83 @@ ngx_http_idem_claim_done(ngx_http_idem_cmd_t *cmd, redisReply *reply)
     }
 
     ngx_http_idem_claim_answered(ctx);
+}
+
+
+static void
+ngx_http_idem_claim_audit_done(ngx_http_idem_cmd_t *cmd, redisReply *reply)
+{
+    ngx_uint_t            appended;
+    ngx_http_idem_ctx_t  *ctx;
+
+    ctx = cmd->data;
+
+    if (ngx_http_idem_audit_ctx_reply(cmd, &reply, &appended) == NGX_DONE) {
+        return;
+    }
+
+    ctx->audit_answered = 1;
+
+    if (appended) {
+        ctx->audit_attempted = 1;
+
+    } else {
+        /* not in the stream, so not given: nothing was done, retry */
+        ctx->answer = NGX_HTTP_IDEM_ANS_STORE_DOWN;
+    }
+
+    ngx_http_idem_claim_answered(ctx);
+}
+
+
+/*
+ * idempotency_audit: an answer that changed no record (a replay, a
+ * conflict, "in progress"...) goes into the stream (append.lua) before it
+ * leaves.  NGX_DONE while that is on its way (its reply resumes the
+ * request), NGX_DECLINED to answer now.
+ */
+ngx_int_t
+ngx_http_idem_claim_audit_answer(ngx_http_request_t *r,
+    ngx_http_idem_ctx_t *ctx)
+{
+    ngx_str_t             none = ngx_null_string;
+    ngx_uint_t            n;
+    ngx_http_idem_cmd_t  *cmd;
+    idem_audit_entry_t    e[2];
+
+    if (ctx->conf->audit == NULL || ctx->audit_answered) {
+        return NGX_DECLINED;
+    }
+
+    n = 0;
+
+    if (!ctx->audit_attempted) {
+        ngx_http_idem_audit_entry(ctx, IDEM_AUDIT_ATTEMPTED, 0, &e[n++]);
+    }
+
+    if (ngx_http_idem_claim_answer_entry(r, ctx, ctx->answer, &e[n]) == 0) {
+        return NGX_DECLINED;
+    }
+
+    /* a request refused by a lock has no operation (the holder's is not it) */
+    e[0].op.len = e[n].op.len;
+
+    cmd = ngx_http_idem_audit_cmd(ctx->conf->audit,
+                                  NGX_HTTP_IDEM_SCRIPT_APPEND, ctx->rkey,
+                                  NULL, 0, 0, &none, e, n + 1,
+                                  r->connection->log);
+
+    if (cmd == NULL
+        || ngx_http_idem_cmd_send(cmd, ngx_http_idem_claim_audit_done, ctx)
+           != NGX_OK)
+    {
+        ctx->answer = NGX_HTTP_IDEM_ANS_STORE_DOWN;
+        ctx->audit_answered = 1;
+        return NGX_DECLINED;
+    }
+
+    ctx->cmd = cmd;
+    ctx->phase = NGX_HTTP_IDEM_CLAIMING;
+
+    return NGX_DONE;
 }

@@ -6,7 +6,10 @@
  * giving back of a claim that nobody will use.
  *
  * These scripts are fenced by the owner token, so they are durable: one
- * that cannot reach Redis now is sent again once Redis is back.
+ * that cannot reach Redis now is sent again once Redis is back.  With
+ * idempotency_audit they carry the entries of the end they make
+ * ("accepted" with the upstream's status, then "completed", "unknown" or
+ * "released"), appended only when the claim is still theirs.
  */
 
 #include "ngx_http_idempotency.h"
@@ -140,8 +143,21 @@ ngx_http_idem_closed_replicate(ngx_http_idem_ctx_t *ctx, redisReply *reply)
 static void
 ngx_http_idem_closed(ngx_http_idem_cmd_t *cmd, redisReply *reply)
 {
+    ngx_int_t             rc;
     ngx_http_idem_ack_t  *ack;
     ngx_http_idem_ctx_t  *ctx;
+    ngx_http_idem_cmd_t  *next;
+
+    /* a lost race for the audit stream's head: sent again, same data */
+    rc = ngx_http_idem_audit_reply(cmd, &reply, &next);
+
+    if (rc == NGX_AGAIN || rc == NGX_DECLINED) {
+        return;
+    }
+
+    if (rc == NGX_ERROR) {
+        reply = NULL;
+    }
 
     ngx_http_idem_closed_log(cmd, reply);
 
@@ -164,17 +180,24 @@ ngx_http_idem_closed(ngx_http_idem_cmd_t *cmd, redisReply *reply)
 
 /*
  * A fenced script that names the record, n more keys (renew: the unique
- * and lock keys), and the owner, then its own args
+ * and lock keys), and the owner, then its own args; with an audit stream,
+ * the entries e[0..ne) go with it
  */
 static ngx_http_idem_cmd_t *
 ngx_http_idem_fenced_cmd_keys(ngx_http_idem_redis_t *rd,
-    ngx_http_idem_script_e script, const u_char *key, u_char **keys,
-    ngx_uint_t n, const u_char *owner, size_t size, ngx_log_t *log)
+    ngx_http_idem_audit_t *audit, ngx_http_idem_script_e script,
+    const u_char *key, u_char **keys, ngx_uint_t n, const u_char *owner,
+    size_t size, idem_audit_entry_t *e, ngx_uint_t ne, ngx_log_t *log)
 {
+    ngx_str_t             fenced = ngx_null_string;
     ngx_http_idem_cmd_t  *cmd;
 
-    cmd = ngx_http_idem_cmd_create_keys(rd, script, key, keys, n,
-                                        NGX_HTTP_IDEM_TOKEN_HEX + size, log);
+    size += NGX_HTTP_IDEM_TOKEN_HEX;
+
+    cmd = audit ? ngx_http_idem_audit_cmd(audit, script, key, keys, n, size,
+                                          &fenced, e, ne, log)
+                : ngx_http_idem_cmd_create_keys(rd, script, key, keys, n,
+                                                size, log);
     if (cmd == NULL) {
         return NULL;
     }
@@ -187,14 +210,50 @@ ngx_http_idem_fenced_cmd_keys(ngx_http_idem_redis_t *rd,
 }
 
 
-/* the same, of the record alone */
+/*
+ * The same, of the record alone, to end this request's claim: with the
+ * audit, its entries are "accepted" when the upstream answered (with its
+ * status and reference), then "event" (completed, unknown or released).
+ */
 static ngx_http_idem_cmd_t *
-ngx_http_idem_fenced_cmd(ngx_http_idem_redis_t *rd,
-    ngx_http_idem_script_e script, const u_char *key, const u_char *owner,
-    size_t size, ngx_log_t *log)
+ngx_http_idem_fenced_cmd(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
+    ngx_http_idem_script_e script, size_t size, idem_audit_event_e event)
 {
-    return ngx_http_idem_fenced_cmd_keys(rd, script, key, NULL, 0, owner,
-                                         size, log);
+    ngx_uint_t          n;
+    idem_audit_entry_t  e[2];
+
+    n = 0;
+
+    if (ctx->conf->audit && ctx->status) {
+        ngx_http_idem_audit_entry(ctx, IDEM_AUDIT_ACCEPTED, ctx->status,
+                                  &e[n]);
+        e[n].ref.data = (const char *) ctx->audit_ref.data;
+        e[n++].ref.len = ctx->audit_ref.len;
+    }
+
+    if (ctx->conf->audit) {
+        ngx_http_idem_audit_entry(ctx, event, 0, &e[n]);
+        e[n].ref = n ? e[0].ref : e[n].ref;
+
+        if (event != IDEM_AUDIT_UNKNOWN) {
+            e[n].status = (int) ctx->status;
+        }
+
+        if (event == IDEM_AUDIT_COMPLETED && !ctx->too_large
+            && ngx_http_idem_audit_digest(r->pool, ctx->body, NULL,
+                                          &e[n].response)
+               != NGX_OK)
+        {
+            return NULL;
+        }
+
+        n++;
+    }
+
+    return ngx_http_idem_fenced_cmd_keys(ctx->conf->redis, ctx->conf->audit,
+                                         script, ctx->rkey, NULL, 0,
+                                         ctx->owner, size, e, n,
+                                         r->connection->log);
 }
 
 
@@ -235,10 +294,9 @@ ngx_http_idem_complete_cmd(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
     v.body = NULL;          /* copied from the chain below */
     v.body_len = ctx->too_large ? 0 : ctx->body_size;
 
-    cmd = ngx_http_idem_fenced_cmd(lcf->redis, NGX_HTTP_IDEM_SCRIPT_COMPLETE,
-                                   ctx->rkey, ctx->owner,
+    cmd = ngx_http_idem_fenced_cmd(r, ctx, NGX_HTTP_IDEM_SCRIPT_COMPLETE,
                                    idem_value_len(&v) + NGX_INT64_LEN,
-                                   r->connection->log);
+                                   IDEM_AUDIT_COMPLETED);
     if (cmd == NULL) {
         return NULL;
     }
@@ -270,9 +328,8 @@ ngx_http_idem_fail_cmd(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
     ngx_http_idem_value_init(&v, ctx, 'u');
     v.unknown_at = ngx_http_idem_now_ms();
 
-    cmd = ngx_http_idem_fenced_cmd(ctx->conf->redis, NGX_HTTP_IDEM_SCRIPT_FAIL,
-                                   ctx->rkey, ctx->owner, idem_value_len(&v),
-                                   r->connection->log);
+    cmd = ngx_http_idem_fenced_cmd(r, ctx, NGX_HTTP_IDEM_SCRIPT_FAIL,
+                                   idem_value_len(&v), IDEM_AUDIT_UNKNOWN);
     if (cmd == NULL) {
         return NULL;
     }
@@ -289,32 +346,11 @@ ngx_http_idem_fail_cmd(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
 static ngx_int_t
 ngx_http_idem_retry_after(ngx_http_request_t *r)
 {
-    ngx_uint_t        i;
-    ngx_list_part_t  *part;
     ngx_table_elt_t  *h;
 
-    part = &r->headers_out.headers.part;
-    h = part->elts;
+    h = ngx_http_idem_header_out(r, (u_char *) "Retry-After", 11);
 
-    for (i = 0; /* void */; i++) {
-
-        if (i >= part->nelts) {
-            if (part->next == NULL) {
-                return -1;
-            }
-
-            part = part->next;
-            h = part->elts;
-            i = 0;
-        }
-
-        if (h[i].hash && h[i].key.len == 11
-            && ngx_strncasecmp(h[i].key.data, (u_char *) "Retry-After", 11)
-               == 0)
-        {
-            return ngx_atoi(h[i].value.data, h[i].value.len);
-        }
-    }
+    return h ? ngx_atoi(h->value.data, h->value.len) : -1;
 }
 
 
@@ -336,11 +372,9 @@ ngx_http_idem_release_cmd(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
     v.status = (int) ctx->status;
     v.retry_after = ngx_http_idem_retry_after(r);
 
-    cmd = ngx_http_idem_fenced_cmd(ctx->conf->redis,
-                                   NGX_HTTP_IDEM_SCRIPT_RELEASE, ctx->rkey,
-                                   ctx->owner,
+    cmd = ngx_http_idem_fenced_cmd(r, ctx, NGX_HTTP_IDEM_SCRIPT_RELEASE,
                                    idem_value_len(&v) + NGX_INT64_LEN + 1,
-                                   r->connection->log);
+                                   IDEM_AUDIT_RELEASED);
     if (cmd == NULL) {
         return NULL;
     }
@@ -474,12 +508,17 @@ ngx_http_idem_abandon(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
  * this, it finds the marker and takes nothing (docs/states.md).
  */
 void
-ngx_http_idem_give_back(ngx_http_idem_redis_t *rd, ngx_str_t *key,
+ngx_http_idem_give_back(ngx_http_idem_cmd_t *claim_cmd, ngx_str_t *key,
     ngx_str_t *claim)
 {
-    u_char               *p;
-    idem_value_t          v;
-    ngx_http_idem_cmd_t  *cmd;
+    u_char                 *p;
+    ngx_uint_t              n;
+    idem_value_t            v;
+    idem_audit_entry_t      e[4];
+    ngx_http_idem_cmd_t    *cmd;
+    ngx_http_idem_redis_t  *rd;
+
+    rd = claim_cmd->redis;
 
     if (rd->exiting || key->len != IDEM_RECORD_KEY_LEN
         || idem_value_decode((char *) claim->data, claim->len, &v) != 0
@@ -492,10 +531,22 @@ ngx_http_idem_give_back(ngx_http_idem_redis_t *rd, ngx_str_t *key,
     v.status = 0;
     v.retry_after = -1;
 
-    cmd = ngx_http_idem_fenced_cmd(rd, NGX_HTTP_IDEM_SCRIPT_RELEASE,
-                                   key->data, (u_char *) v.owner,
-                                   idem_value_len(&v) + NGX_INT64_LEN + 1,
-                                   rd->log);
+    /* with the audit: "released", of the attempt its claim named */
+    n = ngx_http_idem_audit_entries(claim_cmd, e, 4);
+
+    if (n) {
+        e[0] = e[n - 1];
+        e[0].event = IDEM_AUDIT_RELEASED;
+        e[0].status = 0;
+    }
+
+    cmd = ngx_http_idem_fenced_cmd_keys(rd, n ? ngx_http_idem_audit_of(claim_cmd)
+                                              : NULL,
+                                        NGX_HTTP_IDEM_SCRIPT_RELEASE,
+                                        key->data, NULL, 0,
+                                        (u_char *) v.owner,
+                                        idem_value_len(&v) + NGX_INT64_LEN + 1,
+                                        e, n ? 1 : 0, rd->log);
     if (cmd) {
         p = ngx_http_idem_cmd_start(cmd, NGX_HTTP_IDEM_RELEASE_MARKER);
         ngx_http_idem_cmd_end(cmd, NGX_HTTP_IDEM_RELEASE_MARKER,
@@ -534,10 +585,11 @@ ngx_http_idem_renew_handler(ngx_event_t *ev)
 
     n = ngx_http_idem_business_args(ctx, keys);
 
-    cmd = ngx_http_idem_fenced_cmd_keys(ctx->conf->redis,
+    cmd = ngx_http_idem_fenced_cmd_keys(ctx->conf->redis, NULL,
                                         NGX_HTTP_IDEM_SCRIPT_RENEW,
                                         ctx->rkey, keys, n, ctx->owner,
-                                        NGX_INT64_LEN, r->connection->log);
+                                        NGX_INT64_LEN, NULL, 0,
+                                        r->connection->log);
     if (cmd) {
         ngx_http_idem_cmd_set_num(cmd, NGX_HTTP_IDEM_RENEW_TTL,
                                   (int64_t) ctx->conf->ttl * 1000);

@@ -57,13 +57,6 @@ ngx_http_idem_confirm_conf(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 }
 
 
-static void
-ngx_http_idem_confirm_key_cleanup(void *data)
-{
-    idem_jws_key_free(data);
-}
-
-
 /* "idempotency_confirm_key": the directive's name leads every message */
 static char *
 ngx_http_idem_confirm_key_error(ngx_conf_t *cf, const char *fmt, ngx_str_t *s)
@@ -118,11 +111,9 @@ ngx_http_idem_confirm_key_conf(ngx_conf_t *cf, ngx_command_t *cmd,
     ngx_http_idem_loc_conf_t *lcf = conf;
 
     char                *kid;
-    char                 err[512];
-    ngx_str_t           *value, file, msg;
+    ngx_str_t           *value;
     idem_jws_key_t      *key;
     idem_jws_alg_e       alg;
-    ngx_pool_cleanup_t  *cln;
 
     value = cf->args->elts;
 
@@ -150,29 +141,11 @@ ngx_http_idem_confirm_key_conf(ngx_conf_t *cf, ngx_command_t *cmd,
         kid = (char *) value[3].data + 4;
     }
 
-    file = value[2];
-
-    if (ngx_conf_full_name(cf->cycle, &file, 1) != NGX_OK) {
-        return NGX_CONF_ERROR;
-    }
-
     /* the cleanup owns the key's secret; the array holds a copy of it */
-    cln = ngx_pool_cleanup_add(cf->pool, sizeof(idem_jws_key_t));
-    if (cln == NULL) {
+    key = ngx_http_idem_key_file(cf, &value[2], alg, kid,
+                                 "idempotency_confirm_key");
+    if (key == NULL) {
         return NGX_CONF_ERROR;
-    }
-
-    key = cln->data;
-    ngx_memzero(key, sizeof(idem_jws_key_t));
-    cln->handler = ngx_http_idem_confirm_key_cleanup;
-
-    if (idem_jws_key_load(key, alg, (char *) file.data, kid, 0, err,
-                          sizeof(err)) != 0)
-    {
-        msg.data = (u_char *) err;
-        msg.len = ngx_strlen(err);
-        return ngx_http_idem_confirm_key_error(cf,
-                   "\"idempotency_confirm_key\": %V", &msg);
     }
 
     return ngx_http_idem_confirm_key_add(cf, lcf, key,

@@ -196,6 +196,7 @@ ngx_http_idem_header_filter(ngx_http_request_t *r)
     }
 
     ctx->status = r->headers_out.status;
+    ngx_http_idem_audit_capture_ref(r, ctx);
 
     if (ngx_http_idem_releases(ctx->conf, ctx->status)) {
         ngx_http_idem_finish(r, ctx, NGX_HTTP_IDEM_END_RELEASE);

@@ -318,9 +318,12 @@ ngx_http_idem_bypass(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
 static ngx_int_t
 ngx_http_idem_act(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
 {
-    /* another key's claim announces on its own record: no waiting there */
+    /*
+     * another key's claim announces on its own record: no waiting there;
+     * nor once the answer is in the audit stream
+     */
     if (ctx->answer == NGX_HTTP_IDEM_ANS_IN_PROGRESS && !ctx->reused
-        && ngx_http_idem_wait(r, ctx) == NGX_DONE)
+        && !ctx->audit_answered && ngx_http_idem_wait(r, ctx) == NGX_DONE)
     {
         return NGX_DONE;
     }
@@ -337,15 +340,22 @@ ngx_http_idem_act(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
 
     /*
      * fail-open never runs a request that waits for a person's approval,
-     * nor one whose lock nobody can take: that is no retry, but a second
-     * operation on what the lock guards
+     * nor one whose lock nobody can take (that is no retry, but a second
+     * operation on what the lock guards), nor one whose record Redis had
+     * answered before it went away (the audit's append failed after the
+     * claim's look)
      */
     if (ctx->answer == NGX_HTTP_IDEM_ANS_STORE_DOWN
         && ctx->conf->store_failure == NGX_HTTP_IDEM_FAILURE_OPEN
         && ctx->confirm != NGX_HTTP_IDEM_CONFIRM_PROPOSE
-        && ctx->lkey[0] == '\0')
+        && ctx->lkey[0] == '\0' && !ctx->audit_answered)
     {
         return ngx_http_idem_bypass(r, ctx);
+    }
+
+    /* idempotency_audit: the answer goes into the stream before it leaves */
+    if (ngx_http_idem_claim_audit_answer(r, ctx) == NGX_DONE) {
+        return NGX_DONE;
     }
 
     ctx->phase = NGX_HTTP_IDEM_DONE;

@@ -65,6 +65,8 @@ struct ngx_http_idem_metrics_s {
     ngx_atomic_t                 sum_us;
     ngx_atomic_t                 errors[NGX_HTTP_IDEM_RERR_KINDS];
     ngx_atomic_t                 stored;
+    ngx_atomic_t                 audit;         /* entries appended */
+    ngx_atomic_t                 audit_lost;    /* races for the head lost */
     ngx_http_idem_metrics_worker_t  workers[NGX_HTTP_IDEM_METRICS_WORKERS];
     ngx_http_idem_metrics_label_t   labels[NGX_HTTP_IDEM_METRICS_LABELS];
 };
@@ -204,6 +206,22 @@ ngx_http_idem_metrics_stored(size_t bytes)
     if (ngx_http_idem_metrics) {
         (void) ngx_atomic_fetch_add(&ngx_http_idem_metrics->stored,
                                     (ngx_atomic_int_t) bytes);
+    }
+}
+
+
+/*
+ * idempotency_audit: entries in the stream (the script said "audited"),
+ * or a command that found another head and is hashed again
+ */
+void
+ngx_http_idem_metrics_audit(ngx_uint_t entries, ngx_uint_t lost)
+{
+    ngx_http_idem_metrics_t  *m = ngx_http_idem_metrics;
+
+    if (m) {
+        (void) ngx_atomic_fetch_add(&m->audit, (ngx_atomic_int_t) entries);
+        (void) ngx_atomic_fetch_add(&m->audit_lost, (ngx_atomic_int_t) lost);
     }
 }
 
@@ -509,6 +527,18 @@ ngx_http_idem_metrics_text(ngx_pool_t *pool, ngx_shm_zone_t *zone,
             "counter", "Bytes of responses (headers and body) stored in "
             "records.");
     p = ngx_sprintf(p, "idempotency_stored_bytes_total %uA\n", m->stored);
+
+    p = ngx_http_idem_metrics_head(p, "idempotency_audit_appends_total",
+            "counter", "Entries appended to audit streams "
+            "(idempotency_audit).");
+    p = ngx_sprintf(p, "idempotency_audit_appends_total %uA\n", m->audit);
+
+    p = ngx_http_idem_metrics_head(p, "idempotency_audit_races_lost_total",
+            "counter", "Audited commands that found another head of the "
+            "stream (another worker or host appended first) and were hashed "
+            "again.");
+    p = ngx_sprintf(p, "idempotency_audit_races_lost_total %uA\n",
+                    m->audit_lost);
 
     text->len = p - text->data;
 

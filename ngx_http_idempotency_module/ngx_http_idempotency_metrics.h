@@ -44,6 +44,7 @@ void ngx_http_idem_metrics_redis_link(ngx_int_t delta);
 /* outcome: an ngx_http_idem_outcome_e; label: an index from _label_add */
 void ngx_http_idem_metrics_request(ngx_uint_t label, ngx_uint_t outcome);
 void ngx_http_idem_metrics_stored(size_t bytes);
+void ngx_http_idem_metrics_audit(ngx_uint_t entries, ngx_uint_t lost);
 
 /* configuration */
 ngx_int_t ngx_http_idem_metrics_label_add(ngx_conf_t *cf, ngx_array_t *labels,

@@ -308,6 +308,41 @@ static ngx_command_t  ngx_http_idem_commands[] = {
       offsetof(ngx_http_idem_loc_conf_t, lock),
       NULL },
 
+    { ngx_string("idempotency_audit"),
+      NGX_HTTP_IDEM_CONF_ANY|NGX_CONF_FLAG,
+      ngx_conf_set_flag_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_idem_loc_conf_t, audit_on),
+      NULL },
+
+    { ngx_string("idempotency_audit_identity"),
+      NGX_HTTP_IDEM_CONF_ANY|NGX_CONF_TAKE1,
+      ngx_http_set_complex_value_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_idem_loc_conf_t, audit_identity),
+      NULL },
+
+    { ngx_string("idempotency_audit_ref_header"),
+      NGX_HTTP_IDEM_CONF_ANY|NGX_CONF_TAKE1,
+      ngx_http_idem_audit_ref_conf,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      0,
+      NULL },
+
+    { ngx_string("idempotency_audit_key"),
+      NGX_HTTP_IDEM_CONF_ANY|NGX_CONF_TAKE1,
+      ngx_http_idem_audit_key_conf,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      0,
+      NULL },
+
+    { ngx_string("idempotency_audit_stream"),
+      NGX_HTTP_IDEM_CONF_ANY|NGX_CONF_TAKE12,
+      ngx_http_idem_audit_stream_conf,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      0,
+      NULL },
+
       ngx_null_command
 };
 
@@ -367,10 +402,15 @@ ngx_http_idem_create_main_conf(ngx_conf_t *cf)
         != NGX_OK
         || ngx_array_init(&mcf->json_vars, cf->pool, 4,
                           sizeof(ngx_http_idem_json_var_t))
+           != NGX_OK
+        || ngx_array_init(&mcf->audits, cf->pool, 1,
+                          sizeof(ngx_http_idem_audit_t *))
            != NGX_OK)
     {
         return NULL;
     }
+
+    mcf->request_id = NGX_CONF_UNSET;
 
     /* label 0: locations without idempotency_metrics_label */
     label = ngx_array_push(&mcf->metrics_labels);
@@ -426,6 +466,8 @@ ngx_http_idem_create_loc_conf(ngx_conf_t *cf)
     conf->confirm_ttl = NGX_CONF_UNSET;
     conf->unique = NGX_CONF_UNSET_PTR;
     conf->lock = NGX_CONF_UNSET_PTR;
+    conf->audit_on = NGX_CONF_UNSET;
+    conf->audit_key = NGX_CONF_UNSET_PTR;
 
     return conf;
 }
@@ -731,7 +773,8 @@ ngx_http_idem_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
     if (ngx_http_idem_merge_lists(cf, prev, conf) != NGX_CONF_OK
         || ngx_http_idem_check_fp_headers(cf, conf) != NGX_CONF_OK
         || ngx_http_idem_merge_redis_wait(cf, prev, conf) != NGX_CONF_OK
-        || ngx_http_idem_confirm_merge(cf, prev, conf) != NGX_CONF_OK)
+        || ngx_http_idem_confirm_merge(cf, prev, conf) != NGX_CONF_OK
+        || ngx_http_idem_audit_merge(cf, prev, conf) != NGX_CONF_OK)
     {
         return NGX_CONF_ERROR;
     }
@@ -2033,6 +2076,7 @@ ngx_http_idem_init_process(ngx_cycle_t *cycle)
     }
 
     ngx_http_idem_metrics_init_process(mcf->metrics_zone);
+    ngx_http_idem_audit_init_process();
 
     /* first: the transport's links ask them where the servers are */
     ngx_http_idem_sentinel_init_process(cycle, &mcf->servers);

@@ -3,6 +3,11 @@
  * key header in the caller's own scope, and the operator's resolution of a
  * record whose outcome is unknown.  Each runs one read-mostly script and
  * turns its reply into JSON or a problem from the common table.
+ *
+ * With idempotency_audit, a resolution is appended ("resolved") by the
+ * admin script that makes it; the entry names the record's operation,
+ * which only the script knows: it says which first, and is called again
+ * with the entry (redis-scripts/audit.lua).
  */
 
 #include "ngx_http_idempotency.h"
@@ -213,21 +218,107 @@ ngx_http_idem_ops_decode(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
 }
 
 
+static ngx_http_idem_cmd_t *ngx_http_idem_admin_cmd(ngx_http_request_t *r,
+    ngx_http_idem_ctx_t *ctx, ngx_uint_t *bad, idem_audit_entry_t *e,
+    ngx_uint_t ne);
+static ngx_int_t ngx_http_idem_arg_once(ngx_http_request_t *r,
+    const char *name, size_t len, ngx_str_t *value);
+static void ngx_http_idem_ops_done(ngx_http_idem_cmd_t *cmd,
+    redisReply *reply);
+
+
+/*
+ * idempotency_audit: {"audit-decide", want, "resolve", record, reply}:
+ * the admin script is sent again with the "resolved" entry of that
+ * record's operation.  NGX_DONE when it is on its way, NGX_DECLINED when
+ * the reply is another, NGX_ERROR when it cannot be sent.
+ */
+static ngx_int_t
+ngx_http_idem_admin_resolve(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
+    redisReply *reply)
+{
+    ngx_str_t             want, basis, status;
+    ngx_uint_t            bad;
+    idem_value_t          v;
+    idem_audit_entry_t    e;
+    ngx_http_idem_cmd_t  *cmd;
+
+    if (reply == NULL || reply->type != REDIS_REPLY_ARRAY
+        || reply->elements != 5
+        || ngx_http_idem_reply_str(reply->element[0], &want) != NGX_OK
+        || want.len != 12
+        || ngx_strncmp(want.data, "audit-decide", 12) != 0
+        || ngx_http_idem_reply_str(reply->element[1], &want) != NGX_OK
+        || ngx_http_idem_reply_str(reply->element[3], &basis) != NGX_OK
+        || idem_value_decode((char *) basis.data, basis.len, &v) != 0)
+    {
+        return NGX_DECLINED;
+    }
+
+    ctx->audit_expect.data = ngx_pstrdup(r->pool, &want);
+    ctx->audit_expect.len = want.len;
+    ctx->op_id.data = ngx_pnalloc(r->pool, IDEM_TOKEN_LEN);
+
+    if (ctx->audit_expect.data == NULL || ctx->op_id.data == NULL
+        || ngx_http_idem_audit_prepare(r, ctx) != NGX_OK)
+    {
+        return NGX_ERROR;
+    }
+
+    ngx_memcpy(ctx->op_id.data, v.op, IDEM_TOKEN_LEN);
+    ctx->op_id.len = IDEM_TOKEN_LEN;
+    ngx_str_null(&ctx->route);
+
+    ngx_http_idem_audit_entry(ctx, IDEM_AUDIT_RESOLVED, 0, &e);
+    e.fp.data = v.fp;
+    e.fp.len = IDEM_FP_LEN;
+
+    if (ngx_http_idem_arg_once(r, "status", 6, &status) == NGX_OK) {
+        e.status = (int) ngx_atoi(status.data, status.len);
+    }
+
+    cmd = ngx_http_idem_admin_cmd(r, ctx, &bad, &e, 1);
+
+    if (cmd == NULL
+        || ngx_http_idem_cmd_send(cmd, ngx_http_idem_ops_done, ctx) != NGX_OK)
+    {
+        return NGX_ERROR;
+    }
+
+    ctx->cmd = cmd;
+
+    return NGX_DONE;
+}
+
+
 static void
 ngx_http_idem_ops_done(ngx_http_idem_cmd_t *cmd, redisReply *reply)
 {
     ngx_int_t                 rc;
+    ngx_uint_t                appended;
     ngx_connection_t         *c;
     ngx_http_request_t       *r;
     ngx_http_idem_ctx_t      *ctx;
     ngx_http_idem_ops_out_t   out;
 
     ctx = cmd->data;
-    if (ctx == NULL) {
+
+    if (ngx_http_idem_audit_ctx_reply(cmd, &reply, &appended) == NGX_DONE) {
         return;
     }
 
-    ctx->cmd = NULL;
+    if (cmd->script == NGX_HTTP_IDEM_SCRIPT_ADMIN && ctx->conf->audit) {
+        rc = ngx_http_idem_admin_resolve(ctx->request, ctx, reply);
+
+        if (rc == NGX_DONE) {
+            return;
+        }
+
+        if (rc == NGX_ERROR) {
+            reply = NULL;
+        }
+    }
+
     r = ctx->request;
     c = r->connection;
 
@@ -395,8 +486,10 @@ ngx_http_idem_arg_once(ngx_http_request_t *r, const char *name, size_t len,
  */
 static ngx_http_idem_cmd_t *
 ngx_http_idem_admin_cmd(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
-    ngx_uint_t *bad)
+    ngx_uint_t *bad, idem_audit_entry_t *e, ngx_uint_t ne)
 {
+    size_t                size;
+    ngx_str_t             first = ngx_string("-");
     ngx_int_t             n;
     ngx_str_t             action, status;
     ngx_http_idem_cmd_t  *cmd;
@@ -424,11 +517,18 @@ ngx_http_idem_admin_cmd(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
     }
 
     *bad = 0;
+    size = action.len + 2 * NGX_INT64_LEN;
 
-    cmd = ngx_http_idem_cmd_create(ctx->conf->redis,
-                                   NGX_HTTP_IDEM_SCRIPT_ADMIN, ctx->rkey,
-                                   action.len + 2 * NGX_INT64_LEN,
-                                   r->connection->log);
+    /* audited: first the script says which record it resolves ("-") */
+    cmd = ctx->conf->audit
+          ? ngx_http_idem_audit_cmd(ctx->conf->audit,
+                                    NGX_HTTP_IDEM_SCRIPT_ADMIN, ctx->rkey,
+                                    NULL, 0, size,
+                                    ne ? &ctx->audit_expect : &first, e, ne,
+                                    r->connection->log)
+          : ngx_http_idem_cmd_create(ctx->conf->redis,
+                                     NGX_HTTP_IDEM_SCRIPT_ADMIN, ctx->rkey,
+                                     size, r->connection->log);
     if (cmd == NULL) {
         return NULL;
     }
@@ -459,7 +559,7 @@ ngx_http_idem_admin_handler(ngx_http_request_t *r)
         return rc;
     }
 
-    cmd = ngx_http_idem_admin_cmd(r, ctx, &bad);
+    cmd = ngx_http_idem_admin_cmd(r, ctx, &bad, NULL, 0);
 
     if (bad) {
         return ngx_http_idem_send_problem(r, ctx, NGX_HTTP_IDEM_P_BAD_ADMIN,

@@ -1048,22 +1048,37 @@ ngx_http_idem_cmd_create(ngx_http_idem_redis_t *rd,
 
 
 /*
- * A script of the record key and n more keys of the same length (the
- * unique and lock keys of idempotency_unique and idempotency_lock): they
- * are the script's KEYS[2..n+1], an empty string for one a request lacks.
+ * A script of the record key and n more keys (the unique and lock keys of
+ * idempotency_unique and idempotency_lock, the audit stream): they are the
+ * script's KEYS[2..n+1], an empty string for one a request lacks.
  */
 ngx_http_idem_cmd_t *
 ngx_http_idem_cmd_create_keys(ngx_http_idem_redis_t *rd,
     ngx_http_idem_script_e script, const u_char *key, u_char **keys,
     ngx_uint_t n, size_t size, ngx_log_t *log)
 {
+    return ngx_http_idem_cmd_create_more(rd, script, key, keys, n, 0, size,
+                                         log);
+}
+
+
+/* the same with "more" arguments after the script's named ones */
+ngx_http_idem_cmd_t *
+ngx_http_idem_cmd_create_more(ngx_http_idem_redis_t *rd,
+    ngx_http_idem_script_e script, const u_char *key, u_char **keys,
+    ngx_uint_t n, ngx_uint_t more, size_t size, ngx_log_t *log)
+{
     ngx_uint_t            i;
     ngx_http_idem_cmd_t  *cmd;
 
-    static const char    *numkeys[] = { "1", "2", "3" };
+    static const char    *numkeys[] = { "1", "2", "3", "4" };
 
-    cmd = ngx_http_idem_cmd_alloc(rd, 4 + n + rd->scripts[script].nargs, key,
-                                  size + n * IDEM_RECORD_KEY_LEN, log);
+    for (i = 0; i < n; i++) {
+        size += ngx_strlen(keys[i]);
+    }
+
+    cmd = ngx_http_idem_cmd_alloc(rd, 4 + n + rd->scripts[script].nargs + more,
+                                  key, size, log);
     if (cmd == NULL) {
         return NULL;
     }
@@ -1110,6 +1125,59 @@ ngx_http_idem_cmd_native(ngx_http_idem_redis_t *rd, ngx_str_t *name,
     cmd->argvlen[1] = IDEM_RECORD_KEY_LEN;
 
     return cmd;
+}
+
+
+/*
+ * A copy of a command to send again (its handler changes it first): the
+ * same arguments, in a block of its own.
+ */
+ngx_http_idem_cmd_t *
+ngx_http_idem_cmd_copy(ngx_http_idem_cmd_t *cmd)
+{
+    u_char               *old, *end;
+    size_t                n;
+    ngx_uint_t            i;
+    ngx_http_idem_cmd_t  *copy;
+
+    n = sizeof(ngx_http_idem_cmd_t)
+        + cmd->argc * (sizeof(char *) + sizeof(size_t)) + cmd->size;
+
+    copy = ngx_alloc(n, cmd->redis->log);
+    if (copy == NULL) {
+        return NULL;
+    }
+
+    ngx_memcpy(copy, cmd, n);
+
+    old = (u_char *) cmd;
+    end = old + n;
+
+    copy->argv = (const char **) (copy + 1);
+    copy->argvlen = (size_t *) (copy->argv + copy->argc);
+
+    /* the arguments in the block move with it; "EVALSHA" and the like not */
+    for (i = 0; i < copy->argc; i++) {
+        if ((u_char *) copy->argv[i] >= old && (u_char *) copy->argv[i] < end) {
+            copy->argv[i] = (const char *) copy
+                            + ((u_char *) copy->argv[i] - old);
+        }
+    }
+
+    copy->pos = (u_char *) copy + (cmd->pos - old);
+    copy->key = cmd->key ? (u_char *) copy + (cmd->key - old) : NULL;
+
+    /* sent afresh: routed again, never redirected yet */
+    ngx_memzero(&copy->timer, sizeof(ngx_event_t));
+    copy->told = 0;
+    copy->resent = 0;
+    copy->handler = NULL;
+    copy->data = NULL;
+    copy->link = cmd->pinned ? cmd->link : NULL;
+    copy->redirects = 0;
+    copy->asking = 0;
+
+    return copy;
 }
 
 

@@ -282,6 +282,10 @@ ngx_http_idem_cmd_t *ngx_http_idem_cmd_create(ngx_http_idem_redis_t *rd,
 ngx_http_idem_cmd_t *ngx_http_idem_cmd_create_keys(ngx_http_idem_redis_t *rd,
     ngx_http_idem_script_e script, const u_char *key, u_char **keys,
     ngx_uint_t n, size_t size, ngx_log_t *log);
+ngx_http_idem_cmd_t *ngx_http_idem_cmd_create_more(ngx_http_idem_redis_t *rd,
+    ngx_http_idem_script_e script, const u_char *key, u_char **keys,
+    ngx_uint_t n, ngx_uint_t more, size_t size, ngx_log_t *log);
+ngx_http_idem_cmd_t *ngx_http_idem_cmd_copy(ngx_http_idem_cmd_t *cmd);
 ngx_http_idem_cmd_t *ngx_http_idem_cmd_native(ngx_http_idem_redis_t *rd,
     ngx_str_t *name, ngx_uint_t nargs, const u_char *key, size_t size,
     ngx_log_t *log);

@@ -244,3 +244,35 @@ ngx_http_idem_fp_headers(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
 
     return NGX_OK;
 }
+
+
+/* a header of the response (r->headers_out) by name, or NULL */
+ngx_table_elt_t *
+ngx_http_idem_header_out(ngx_http_request_t *r, u_char *name, size_t len)
+{
+    ngx_uint_t        i;
+    ngx_list_part_t  *part;
+    ngx_table_elt_t  *h;
+
+    part = &r->headers_out.headers.part;
+    h = part->elts;
+
+    for (i = 0; /* void */; i++) {
+
+        if (i >= part->nelts) {
+            if (part->next == NULL) {
+                return NULL;
+            }
+
+            part = part->next;
+            h = part->elts;
+            i = 0;
+        }
+
+        if (h[i].hash && h[i].key.len == len
+            && ngx_strncasecmp(h[i].key.data, name, len) == 0)
+        {
+            return &h[i];
+        }
+    }
+}

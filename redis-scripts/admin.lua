@@ -3,15 +3,19 @@
 -- status learned out of band.  Completed records and live claims are left
 -- alone.
 --
---: needs fields layout1
+--: needs fields layout1 audit
 --: args action status ttl
 --
 -- KEYS[1]  record key
+-- KEYS[2]  idempotency_audit: the stream ("resolved"); the entry is made
+--          for the record it resolves, so the module learns which first
+--          (kind "resolve", audit.lua)
 -- action   "release" or "complete"
 -- status   status (complete only)
 -- ttl      retention TTL in ms (complete only)
 --
--- Replies: {"released"} | {"completed"} | {"none"} | {"refused", state}
+-- Replies: {"released"} | {"completed"} | {"none"} | {"refused", state};
+-- with the audit, see audit.lua
 
 -- a proposal (a, p) has not run: nothing to resolve, it expires
 local names = { i = 'in_progress', c = 'completed', u = 'unknown',
@@ -49,11 +53,18 @@ if not stuck then
     return {'refused', names[state]}
 end
 
+local stop = audit_gate(nargs + 1, KEYS[2], 'resolve', v,
+                        {action == 'release' and 'released' or 'completed'})
+
+if stop then
+    return stop
+end
+
 announce(KEYS[1], v)
 redis.call('DEL', KEYS[1])
 
 if action == 'release' then
-    return {'released'}
+    return audit_done({'released'})
 end
 
 redis.call('SET', KEYS[1],
@@ -62,4 +73,4 @@ redis.call('SET', KEYS[1],
            .. ns('') .. ns(''),
            'PX', ttl)
 
-return {'completed'}
+return audit_done({'completed'})

@@ -3,17 +3,18 @@
 -- time, by the given approver.  The next attempt with the same key and
 -- fingerprint claims it (claim.lua) without carrying anything.
 --
---: needs fields
+--: needs fields audit
 --: args op fp approver expires_in
 --
 -- KEYS[1]     record key
+-- KEYS[2]     idempotency_audit: the stream ("approved")
 -- op          the operation id the person approved
 -- fp          the fingerprint the person saw
 -- approver    who approved (non-empty, checked by the module)
 -- expires_in  how long the approval holds, in ms
 --
 -- Replies: {"approved", until_ms} | {"none"} | {"mismatch"}
---          | {"refused", state}
+--          | {"refused", state}; with the audit, see audit.lua
 
 local names = { i = 'in_progress', c = 'completed', u = 'unknown' }
 local v = redis.pcall('GET', KEYS[1])
@@ -42,6 +43,12 @@ if string.sub(v, 36, 99) ~= fp then
     return {'mismatch'}
 end
 
+local stop = audit_gate(nargs + 1, KEYS[2])
+
+if stop then
+    return stop
+end
+
 local now = now_ms()
 local untl = now + tonumber(expires_in)
 
@@ -57,4 +64,4 @@ redis.call('SET', KEYS[1],
            .. ns(ms(untl)) .. ns(approver),
            'PX', ms(left))
 
-return {'approved', ms(untl)}
+return audit_done({'approved', ms(untl)})

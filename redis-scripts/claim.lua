@@ -4,13 +4,20 @@
 -- marker of a released attempt, a record of layout 1, or the first look
 -- failed.  One script, so the check and the claim are one atomic step.
 --
---: needs fields layout1
+--: needs fields layout1 audit
 --: args fp owner value ttl wait waited approved scope
 --
 -- KEYS[1]  record key
 -- KEYS[2]  idempotency_unique: the unique key of the request's business
 --          identity in its scope, or "" (absent when neither is set)
 -- KEYS[3]  idempotency_lock: the lock key of its value, or ""
+-- KEYS[#KEYS]  idempotency_audit: the stream, last (when the audit's
+--          arguments are there).  Each change of a record goes through gate()
+--          with its kind: "claim" (this attempt's value), "approve" (a
+--          proposal claimed), "reuse" (this key made an alias) or
+--          "unknown" (a lapsed lease), and is made only with its entries
+--          (audit.lua); answers change nothing and are appended by the
+--          module before they leave (append.lua).
 -- fp       the request's fingerprint
 -- owner    this attempt's owner token
 -- value    the in_progress record to create (layout 2)
@@ -31,13 +38,25 @@
 --          | {"locked", left | "", op id | ""}: another operation holds
 --            the lock; nothing was written
 
-local ukey, lkey = KEYS[2] or '', KEYS[3] or ''
+local stream = ARGV[nargs + 1] and KEYS[#KEYS]
+local ukey, lkey = '', ''
+
+if #KEYS >= 3 then
+    ukey, lkey = KEYS[2], KEYS[3]
+end
+
+local function gate(kind, basis, reply)
+    return audit_gate(nargs + 1, stream, kind, basis, reply)
+end
 
 -- The owner stopped renewing its lease: it may or may not have reached
 -- the upstream, so the outcome is unknown, never free.
-local function to_unknown(key, v, f)
-    local u = '2u' .. string.sub(v, 3, 99) .. string.rep('-', 32)
-              .. ns(f[1]) .. ns(ms(now_ms()))
+local function unknown_of(v, f)
+    return '2u' .. string.sub(v, 3, 99) .. string.rep('-', 32)
+           .. ns(f[1]) .. ns(ms(now_ms()))
+end
+
+local function to_unknown(key, v, u)
     redis.call('SET', key, u, 'KEEPTTL')
     announce(key, v)
     return u
@@ -46,7 +65,9 @@ end
 -- The operation of record key rk, for the business identity or the lock
 -- it may hold: its state and value (and its lease left when in flight),
 -- or nil when it holds neither any more (released, expired, not a
--- record).  A claim whose lease lapsed becomes unknown and keeps them.
+-- record).  A claim whose lease lapsed becomes unknown and keeps them;
+-- with the audit it is only seen so, and its own key's next claim makes
+-- (and records) the change.
 local function holder(rk)
     local v = redis.pcall('GET', rk)
     local f = type(v) == 'string' and layout2(v)
@@ -59,7 +80,10 @@ local function holder(rk)
         if left > 0 then
             return s, v, left
         end
-        return 'u', to_unknown(rk, v, f)
+        if stream then
+            return 'u', unknown_of(v, f)
+        end
+        return 'u', to_unknown(rk, v, unknown_of(v, f))
     end
     if s == 'u' or (s == 'c' and string.sub(f[3], 1, 1) == '2') then
         return s, v
@@ -70,13 +94,18 @@ end
 -- The answer of the operation that holds the identity, to a request of
 -- another key: that key becomes its alias, so its retries answer the same.
 local function reuse(rk, s, hv, left)
+    local reply = {'reused', hv}
+    if s == 'i' then
+        reply[3] = ms(left)
+    end
+    local stop = gate('reuse', hv, reply)
+    if stop then
+        return stop
+    end
     redis.call('SET', KEYS[1], '2s0' .. string.sub(hv, 4, 35) .. fp
                                .. string.rep('-', 32) .. ns(ms(now_ms()))
                                .. ns(rk), 'PX', ttl)
-    if s == 'i' then
-        return {'reused', hv, ms(left)}
-    end
-    return {'reused', hv}
+    return audit_done(reply)
 end
 
 local function unique_held()
@@ -102,15 +131,22 @@ local function lock_held()
     return {'locked', s == 'i' and ms(left) or '', op}
 end
 
--- Take the key with value v.  A claim (not a proposal: nothing runs yet)
--- first takes the business identity and the lock, or is answered by
--- whoever holds them.
-local function claim(v)
+-- Take the key with value v, over the record "basis" (or none): kind
+-- "claim" with this attempt's value, "approve" with a proposal's.  A
+-- claim (not a proposal: nothing runs yet) first takes the business
+-- identity and the lock, or is answered by whoever holds them.
+local function claim(v, kind, basis)
     if string.sub(v, 2, 2) == 'i' then
         local held = unique_held() or lock_held()
         if held then
             return held
         end
+    end
+    local stop = gate(kind, basis, {'claimed'})
+    if stop then
+        return stop
+    end
+    if string.sub(v, 2, 2) == 'i' then
         if ukey ~= '' then
             redis.call('SET', ukey, KEYS[1], 'PX', business_ttl(ttl))
         end
@@ -119,7 +155,7 @@ local function claim(v)
         end
     end
     redis.call('SET', KEYS[1], v, 'PX', ttl)
-    return {'claimed'}
+    return audit_done({'claimed'})
 end
 
 local function layout1_claim(key)
@@ -140,10 +176,16 @@ local function layout1_claim(key)
         local left = tonumber(r[5]) - now
         return {'in_progress', layout1_value(r, left), ms(left)}
     end
+    local basis = layout1_value(r)
+    r[2], r[12] = 'unknown', ms(now)
+    local reply = {'record', layout1_value(r)}
+    local stop = gate('unknown', basis, reply)
+    if stop then
+        return stop
+    end
     redis.call('HSET', key, 'state', 'unknown', 'unknown_at', ms(now))
     redis.call('HDEL', key, 'owner')
-    r[2], r[12] = 'unknown', ms(now)
-    return {'record', layout1_value(r)}
+    return audit_done(reply)
 end
 
 local v = redis.pcall('GET', KEYS[1])
@@ -153,7 +195,7 @@ if type(v) == 'table' then
 end
 
 if not v then
-    return claim(value)
+    return claim(value, 'claim')
 end
 
 local f, state = readable(v)
@@ -171,7 +213,7 @@ if state == 'r' then
     then
         return {'released', v}
     end
-    return claim(value)
+    return claim(value, 'claim', v)
 end
 
 -- An alias answers what the operation it reused answers, while that one
@@ -181,7 +223,7 @@ if state == 's' and string.sub(v, 36, 99) == fp then
     if s then
         return reuse(f[2], s, hv, left)
     end
-    return claim(value)
+    return claim(value, 'claim', v)
 end
 
 -- A proposal (awaiting_confirmation) becomes the claim of the request
@@ -195,7 +237,7 @@ if (state == 'a' or state == 'p') and string.sub(v, 36, 99) == fp
         or (state == 'p' and tonumber(f[3]) > now_ms()))
 then
     return claim(string.sub(value, 1, 3) .. string.sub(v, 4, 35)
-                 .. string.sub(value, 36))
+                 .. string.sub(value, 36), 'approve', v)
 end
 
 if state ~= 'i' or string.sub(v, 36, 99) ~= fp then
@@ -212,4 +254,11 @@ if left > 0 then
     return {'in_progress', v, ms(left)}
 end
 
-return {'record', to_unknown(KEYS[1], v, f)}
+local u = unknown_of(v, f)
+local stop = gate('unknown', v, {'record', u})
+
+if stop then
+    return stop
+end
+
+return audit_done({'record', to_unknown(KEYS[1], v, u)})

@@ -1,13 +1,16 @@
 -- The request was sent but no complete response came back: the upstream
 -- may have acted.  Keep the record as "unknown" so nothing re-executes it.
 --
+--: needs audit
 --: args owner value
 --
 -- KEYS[1]  record key
+-- KEYS[2]  idempotency_audit: the stream ("accepted", "unknown")
 -- owner    owner token
 -- value    the unknown record (layout 2), built by the module
 --
--- Reply: 1 when marked, 0 when the claim was not ours any more.
+-- Reply: 1 when marked, 0 when the claim was not ours any more; with the
+-- audit, see audit.lua.
 
 local v = redis.call('GET', KEYS[1])
 
@@ -15,7 +18,13 @@ if not owned(v, owner) then
     return 0
 end
 
+local stop = audit_gate(nargs + 1, KEYS[2])
+
+if stop then
+    return stop
+end
+
 announce(KEYS[1], v)
 redis.call('SET', KEYS[1], value, 'KEEPTTL')
 
-return 1
+return audit_done(1)

@@ -2,9 +2,12 @@
 -- "not done, try later" (idempotency_release_statuses), or the claim was
 -- sent on a connection the worker gave up on.  Fenced by the owner token.
 --
+--: needs audit
 --: args owner marker ttl absent
 --
 -- KEYS[1]  record key
+-- KEYS[2]  idempotency_audit: the stream ("accepted", "released"); a
+--          marker left for a claim that has not run is not an event
 -- owner    owner token
 -- marker   what stays for ttl ms (layout 2, state r), or "" for nothing
 -- ttl      the marker's TTL in ms
@@ -13,7 +16,8 @@
 --          when it runs
 --
 -- Reply: 1 when released, 0 when the claim was not ours any more, 2 when
--- a marker was left for a claim that has not run.
+-- a marker was left for a claim that has not run; with the audit, see
+-- audit.lua.
 
 local v = redis.call('GET', KEYS[1])
 
@@ -29,6 +33,12 @@ if not owned(v, owner) then
     return 0
 end
 
+local stop = audit_gate(nargs + 1, KEYS[2])
+
+if stop then
+    return stop
+end
+
 announce(KEYS[1], v)
 
 if marker == '' then
@@ -37,4 +47,4 @@ else
     redis.call('SET', KEYS[1], marker, 'PX', ttl)
 end
 
-return 1
+return audit_done(1)

@@ -258,6 +258,73 @@ for my $c (
     }
 }
 
+# ---- idempotency_audit: the key file is read by nginx -t, each fault named;
+# the identity is never the scope nor a credential; a reference header is
+# never one that carries secrets; one stream, one key
+{
+    my $p = $t->prefix;
+    my $spew = sub { open my $f, '>', "$p/$_[0]" or die; print $f $_[1]; close $f };
+    $spew->('a-key', ('a' x 32) . "\n");
+    $spew->('a-key2', ('b' x 40) . "\n");
+    $spew->('a-short', 'a' x 31);
+    $spew->('a-empty', '');
+    mkdir "$p/a-dir";
+    my $ok = "idempotency on; $R idempotency_scope \$http_authorization; idempotency_audit on;";
+
+    for my $c (
+        [ 'the defaults', $ok ],
+        [ 'every directive', "$ok idempotency_audit_identity \$remote_user; idempotency_audit_ref_header X-Provider-Ref; idempotency_audit_key $p/a-key; idempotency_audit_stream audit:payments anchor=100;" ],
+        [ 'a stream per location', "$ok idempotency_audit_stream a:1; location /b { idempotency_audit_stream a:2; idempotency_audit_key $p/a-key2; }" ],
+        [ 'a key at server level', "$ok location /b { idempotency_audit on; }", "idempotency_audit_key $p/a-key;" ],
+        [ 'off', "idempotency on; $R idempotency_audit off;" ],
+    ) {
+        my ($rc, $out) = $t->nginx_test_conf(conf($c->[1], $c->[2]));
+        is($rc, 0, "nginx -t accepts idempotency_audit: $c->[0]") or diag($out);
+    }
+
+    for my $c (
+        [ 'missing key file', qr/"idempotency_audit_key": ".*a-none" cannot be read: No such file/,
+          "$ok idempotency_audit_key $p/a-none;" ],
+        [ 'unreadable key file (a directory)', qr/"idempotency_audit_key": ".*a-dir" cannot be read/,
+          "$ok idempotency_audit_key $p/a-dir;" ],
+        [ 'empty key file', qr/"idempotency_audit_key": ".*a-empty" is empty/,
+          "$ok idempotency_audit_key $p/a-empty;" ],
+        [ 'key of 31 bytes', qr/"idempotency_audit_key": .*holds 31 bytes.* at least 32/,
+          "$ok idempotency_audit_key $p/a-short;" ],
+        [ 'key twice', qr/"idempotency_audit_key" directive is duplicate/,
+          "$ok idempotency_audit_key $p/a-key; idempotency_audit_key $p/a-key;" ],
+        [ 'one stream, two keys', qr/audit stream "s" is written with two different "idempotency_audit_key"/,
+          "$ok idempotency_audit_stream s; idempotency_audit_key $p/a-key; location /b { idempotency_audit_key $p/a-key2; }" ],
+        [ 'one stream with and without a key', qr/audit stream "s" is written with two different/,
+          "$ok idempotency_audit_stream s; location /b { idempotency_audit_key $p/a-key; }" ],
+        [ 'identity is the scope', qr/"idempotency_audit_identity" is the scope/,
+          "$ok idempotency_audit_identity \$http_authorization;" ],
+        [ 'identity holds a credential', qr/"idempotency_audit_identity" .*holds \$http_authorization/,
+          "idempotency on; $R idempotency_scope \$remote_user; idempotency_audit on; idempotency_audit_identity user:\$http_authorization;" ],
+        [ 'identity holds a cookie', qr/"idempotency_audit_identity" .*holds \$cookie_/,
+          "$ok idempotency_audit_identity \$cookie_session;" ],
+        [ 'ref header Set-Cookie', qr/"idempotency_audit_ref_header": "Set-Cookie" carries secrets/,
+          "$ok idempotency_audit_ref_header Set-Cookie;" ],
+        [ 'ref header Authorization', qr/"idempotency_audit_ref_header": "authorization" carries secrets/,
+          "$ok idempotency_audit_ref_header authorization;" ],
+        [ 'stream name with a space', qr/"idempotency_audit_stream": "a b" is not a stream name/,
+          "$ok idempotency_audit_stream 'a b';" ],
+        [ 'stream anchor=0', qr/"idempotency_audit_stream": invalid parameter "anchor=0"/,
+          "$ok idempotency_audit_stream s anchor=0;" ],
+        [ 'stream bad parameter', qr/"idempotency_audit_stream": invalid parameter "every=5"/,
+          "$ok idempotency_audit_stream s every=5;" ],
+        [ 'audit maybe', qr/idempotency_audit/, "$ok idempotency_audit maybe;" ],
+        [ 'audit with a cluster', qr/"idempotency_audit" cannot be used with "idempotency_redis_cluster"/,
+          "idempotency on; idempotency_redis_cluster 127.0.0.1:$dead; idempotency_audit on;" ],
+    ) {
+        my ($what, $re, $loc) = @$c;
+        my ($rc, $out) = $t->nginx_test_conf(conf($loc));
+        isnt($rc, 0, "nginx -t rejects idempotency_audit: $what");
+        like($out, qr/\[emerg\].*$re/, "nginx -t: $what: [emerg] names the directive and the fault")
+            or diag($out);
+    }
+}
+
 # ---- a content handler of another module after the module's own: nginx
 # would run that one and never say so
 for my $c (

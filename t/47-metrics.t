@@ -162,6 +162,12 @@ for my $k (@other) {
 cmp_ok($stored, '>', 0, 'the test found the stored records');
 is($v->{idempotency_stored_bytes_total}, $stored, 'stored_bytes_total is the size of the stored headers and bodies');
 
+# idempotency_audit's counters: there, counters, and 0 (no location here audits)
+for my $m (qw(idempotency_audit_appends_total idempotency_audit_races_lost_total)) {
+    is($type->{$m}, 'counter', "$m is a counter");
+    is($v->{$m}, 0, "$m is 0 without idempotency_audit");
+}
+
 # the histogram: cumulative, ends at +Inf = count, sum > 0
 is($type->{idempotency_redis_command_duration_seconds}, 'histogram', 'redis_command_duration_seconds is a histogram');
 my @le = map { /le="([^"]+)"/ ? $1 : () } grep { /^idempotency_redis_command_duration_seconds_bucket/ } sort keys %$v;

@@ -1358,6 +1358,99 @@ sub parallel {
     return \@res;
 }
 
+# ---------------------------------------------------------------- audit
+
+# The fields of an audit entry's encoding, in order (docs/audit.md).
+our @AUDIT_FIELDS = qw(version seq time prev event op key fp route status
+                       identity approver response ref request);
+
+# audit_tool(@args): build/idempotency-audit with --redis this test's Redis
+# (unless @args has one) and @args; returns (exit code, stdout, stderr).
+sub audit_tool {
+    my ($self, @args) = @_;
+    my $bin = $ENV{IDEM_AUDIT_TOOL} // "$REPO/build/idempotency-audit";
+    unshift @args, '--redis', $self->redis_addr unless grep { $_ eq '--redis' } @args;
+    my $out = "$self->{prefix}/audit-tool.out";
+    my $err = "$self->{prefix}/audit-tool.err";
+    my $cmd = join ' ', map { _sh_quote($_) } $bin, @args;
+    system("$cmd >" . _sh_quote($out) . ' 2>' . _sh_quote($err));
+    return ($? == -1 ? 255 : $? >> 8, _slurp($out), _slurp($err));
+}
+
+# audit_decode($e): the fields of an entry's encoding by name, or undef when
+# it is not fifteen netstrings. Written from docs/audit.md, not from the C.
+sub audit_decode {
+    my ($self, $e) = @_;
+    my @f;
+    while (length $e) {
+        $e =~ s/^(0|[1-9]\d*)://s or return undef;
+        my $n = $1;
+        return undef if length($e) < $n + 1 || substr($e, $n, 1) ne ',';
+        push @f, substr($e, 0, $n);
+        $e = substr($e, $n + 1);
+    }
+    return undef unless @f == @AUDIT_FIELDS && $f[0] eq 'idem-audit-1';
+    my %h;
+    @h{@AUDIT_FIELDS} = @f;
+    return \%h;
+}
+
+# audit_encode(\%fields): the encoding of an entry (the inverse of audit_decode).
+sub audit_encode {
+    my ($self, $h) = @_;
+    return join '', map { my $v = $_ eq 'version' ? 'idem-audit-1' : $h->{$_} // '';
+                          length($v) . ":$v," } @AUDIT_FIELDS;
+}
+
+# audit_hash($e, $key): the entry hash of an encoding, SHA-256 or with $key
+# HMAC-SHA256, in lowercase hex.
+sub audit_hash {
+    my ($self, $e, $key) = @_;
+    require Digest::SHA;
+    return defined $key ? Digest::SHA::hmac_sha256_hex($e, $key) : Digest::SHA::sha256_hex($e);
+}
+
+# audit_entries($stream): the stream's entries in order (XRANGE), each a
+# hashref: id, h, e and, when e decodes, its fields by name (seq, event, op...).
+sub audit_entries {
+    my ($self, $stream) = @_;
+    my $x = $self->redis('XRANGE', $stream // 'idem:audit', '-', '+');
+    return [] unless ref $x eq 'ARRAY';
+    my @out;
+    for my $en (@$x) {
+        my %f = @{ $en->[1] };
+        my $d = defined $f{e} ? $self->audit_decode($f{e}) : undef;
+        push @out, { ($d ? %$d : (bad => 1)), id => $en->[0], h => $f{h}, e => $f{e},
+                     fields => $en->[1] };
+    }
+    return \@out;
+}
+
+# redis_cli(@args): the redis-cli binary against this test's Redis (as an
+# operator with write access would tamper with it); its output, chomped.
+sub redis_cli {
+    my ($self, @args) = @_;
+    my $cli = _which('redis-cli') // '/usr/bin/redis-cli';
+    my $cmd = join ' ', map { _sh_quote($_) } $cli, '-p', $self->{redis_port}, @args;
+    my $out = `$cmd 2>&1`;
+    chomp $out;
+    return $out;
+}
+
+# audit_rewrite($stream, @entries): the stream replaced by these entries
+# ([id, h, e] each), written with redis-cli --pipe: DEL, then one XADD each.
+sub audit_rewrite {
+    my ($self, $stream, @entries) = @_;
+    my $resp = join '', map { my @a = @$_; '*' . @a . "\r\n" . join('', map { '$' . length($_) . "\r\n$_\r\n" } @a) }
+        [ 'DEL', $stream ], map { [ 'XADD', $stream, $_->[0], 'h', $_->[1], 'e', $_->[2] ] } @entries;
+    my $f = "$self->{prefix}/audit-rewrite.resp";
+    _spew($f, $resp);
+    my $cli = _which('redis-cli') // '/usr/bin/redis-cli';
+    my $out = `@{[ _sh_quote($cli) ]} -p $self->{redis_port} --pipe < @{[ _sh_quote($f) ]} 2>&1`;
+    die "redis-cli --pipe: $out" unless $out =~ /errors: 0, replies: @{[ @entries + 1 ]}/;
+    return scalar @entries;
+}
+
 # ---------------------------------------------------------------- assertions
 
 # The decoded problem+json body of $r, or undef.

@@ -1,0 +1,1081 @@
+/*
+ * idempotency_audit: the audit stream's directives, and the entries that
+ * ride along with the scripts that change records (docs/audit.md).
+ *
+ * An entry is hashed here, against the head of the stream this worker
+ * expects (redis-scripts/audit.lua checks that head before it writes
+ * anything).  Each worker keeps, per stream, the head it predicts once
+ * its commands in flight have run, so that commands follow each other
+ * without waiting for a reply.  A command that finds another head (a
+ * worker or a host appended meanwhile) wrote nothing: it is hashed again
+ * against the head Redis reported and sent again; the commands sent after
+ * it, chained on its entries, fail the same way and are hashed again in
+ * their turn, on top of it.
+ */
+
+#include <openssl/evp.h>
+
+#include "ngx_http_idempotency.h"
+
+
+#define NGX_HTTP_IDEM_AUDIT_STREAM   "idem:audit"
+#define NGX_HTTP_IDEM_AUDIT_ANCHOR   1000
+
+/* races a command may lose before it gives up (a claim is answered 503) */
+#define NGX_HTTP_IDEM_AUDIT_TRIES    100
+
+/* entries of one command at most */
+#define NGX_HTTP_IDEM_AUDIT_MAX      4
+
+
+/* a worker's view of one stream */
+typedef struct {
+    ngx_http_idem_audit_t       *audit;
+    uint64_t                     seq;       /* predicted head */
+    u_char                       hash[IDEM_AUDIT_PREV_MAX];
+    size_t                       hash_len;
+    ngx_uint_t                   gen;       /* of the prediction */
+    int64_t                      offset;    /* Redis's clock - ours, ms */
+} ngx_http_idem_audit_head_t;
+
+
+/*
+ * Kept in the command's block just before its audit arguments (bytes no
+ * argument points to, so they are never sent): what a rebuild needs.
+ */
+typedef struct {
+    ngx_http_idem_audit_head_t  *head;
+    ngx_uint_t                   gen;
+    ngx_uint_t                   tries;
+    size_t                       room;      /* meta and arguments */
+} ngx_http_idem_audit_meta_t;
+
+
+/* the arguments after the script's own (audit.lua) */
+enum {
+    NGX_HTTP_IDEM_AUDIT_EXPECT = 0,
+    NGX_HTTP_IDEM_AUDIT_SEQ,
+    NGX_HTTP_IDEM_AUDIT_PREV,
+    NGX_HTTP_IDEM_AUDIT_TIME,
+    NGX_HTTP_IDEM_AUDIT_ENTRIES
+};
+
+
+static ngx_array_t  *ngx_http_idem_audit_heads;
+
+
+/* ---- configuration */
+
+/* idempotency_audit_stream <name> [anchor=<n>] */
+char *
+ngx_http_idem_audit_stream_conf(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf)
+{
+    ngx_http_idem_loc_conf_t  *lcf = conf;
+
+    size_t      i;
+    ngx_int_t   n;
+    ngx_str_t  *value;
+
+    if (lcf->audit_stream.data) {
+        return "is duplicate";
+    }
+
+    value = cf->args->elts;
+
+    for (i = 0; i < value[1].len; i++) {
+        if (value[1].data[i] <= 0x20 || value[1].data[i] >= 0x7f) {
+            break;
+        }
+    }
+
+    if (value[1].len == 0 || value[1].len > 200 || i < value[1].len) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"idempotency_audit_stream\": \"%V\" is not a "
+                           "stream name (1 to 200 printable bytes, no "
+                           "spaces)", &value[1]);
+        return NGX_CONF_ERROR;
+    }
+
+    lcf->audit_stream = value[1];
+    lcf->audit_anchor = NGX_HTTP_IDEM_AUDIT_ANCHOR;
+
+    if (cf->args->nelts == 2) {
+        return NGX_CONF_OK;
+    }
+
+    n = NGX_ERROR;
+
+    if (value[2].len > 7 && ngx_strncmp(value[2].data, "anchor=", 7) == 0) {
+        n = ngx_atoi(value[2].data + 7, value[2].len - 7);
+    }
+
+    if (n <= 0) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"idempotency_audit_stream\": invalid parameter "
+                           "\"%V\" (anchor=<appends>)", &value[2]);
+        return NGX_CONF_ERROR;
+    }
+
+    lcf->audit_anchor = (ngx_uint_t) n;
+
+    return NGX_CONF_OK;
+}
+
+
+static void
+ngx_http_idem_key_cleanup(void *data)
+{
+    idem_jws_key_free(data);
+}
+
+
+/*
+ * A key file read with the configuration (idempotency_audit_key, and
+ * idempotency_confirm_key's): the key, whose secret a cleanup of the
+ * configuration's pool frees, or NULL once the fault is logged after the
+ * directive's name.
+ */
+idem_jws_key_t *
+ngx_http_idem_key_file(ngx_conf_t *cf, ngx_str_t *name, idem_jws_alg_e alg,
+    const char *kid, const char *directive)
+{
+    char                 err[512];
+    ngx_str_t            file;
+    idem_jws_key_t      *key;
+    ngx_pool_cleanup_t  *cln;
+
+    file = *name;
+
+    if (ngx_conf_full_name(cf->cycle, &file, 1) != NGX_OK) {
+        return NULL;
+    }
+
+    cln = ngx_pool_cleanup_add(cf->pool, sizeof(idem_jws_key_t));
+    if (cln == NULL) {
+        return NULL;
+    }
+
+    key = cln->data;
+    ngx_memzero(key, sizeof(idem_jws_key_t));
+    cln->handler = ngx_http_idem_key_cleanup;
+
+    if (idem_jws_key_load(key, alg, (char *) file.data, kid, 0, err,
+                          sizeof(err)) != 0)
+    {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0, "\"%s\": %s", directive,
+                           err);
+        return NULL;
+    }
+
+    return key;
+}
+
+
+/* idempotency_audit_key <file>: the chain's HMAC-SHA256 key */
+char *
+ngx_http_idem_audit_key_conf(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_http_idem_loc_conf_t  *lcf = conf;
+
+    ngx_str_t  *value;
+
+    if (lcf->audit_key != NGX_CONF_UNSET_PTR) {
+        return "is duplicate";
+    }
+
+    value = cf->args->elts;
+
+    /* the format of an HS256 secret: the file's bytes, at least 32 */
+    lcf->audit_key = ngx_http_idem_key_file(cf, &value[1], IDEM_JWS_HS256,
+                                            NULL, "idempotency_audit_key");
+
+    return lcf->audit_key ? NGX_CONF_OK : NGX_CONF_ERROR;
+}
+
+
+/* idempotency_audit_ref_header <name>: never one that carries a secret */
+char *
+ngx_http_idem_audit_ref_conf(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_http_idem_loc_conf_t  *lcf = conf;
+
+    ngx_str_t   *value;
+    ngx_uint_t   i;
+
+    static ngx_str_t  secret[] = {
+        ngx_string("set-cookie"), ngx_string("cookie"),
+        ngx_string("authorization"), ngx_string("proxy-authorization"),
+        ngx_string("www-authenticate"), ngx_null_string
+    };
+
+    if (lcf->audit_ref.data) {
+        return "is duplicate";
+    }
+
+    value = cf->args->elts;
+
+    for (i = 0; secret[i].len; i++) {
+        if (value[1].len == secret[i].len
+            && ngx_strncasecmp(value[1].data, secret[i].data, secret[i].len)
+               == 0)
+        {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "\"idempotency_audit_ref_header\": \"%V\" "
+                               "carries secrets, the audit stream never "
+                               "keeps it", &value[1]);
+            return NGX_CONF_ERROR;
+        }
+    }
+
+    lcf->audit_ref = value[1];
+
+    return NGX_CONF_OK;
+}
+
+
+/* the identity is the caller's name, never its credentials or the scope */
+static char *
+ngx_http_idem_audit_check_identity(ngx_conf_t *cf,
+    ngx_http_idem_loc_conf_t *conf)
+{
+    ngx_str_t   *v;
+    ngx_uint_t   i;
+
+    static const char  *secret[] = {
+        "$http_authorization", "$http_proxy_authorization", "$http_cookie",
+        "$cookie_", NULL
+    };
+
+    if (conf->audit_identity == NULL) {
+        return NGX_CONF_OK;
+    }
+
+    v = &conf->audit_identity->value;
+
+    if (conf->scope && conf->scope->value.len == v->len
+        && ngx_strncmp(conf->scope->value.data, v->data, v->len) == 0)
+    {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"idempotency_audit_identity\" is the scope: the "
+                           "audit stream never keeps the scope (it may be a "
+                           "secret); name the authenticated caller, e.g. "
+                           "$remote_user");
+        return NGX_CONF_ERROR;
+    }
+
+    for (i = 0; secret[i]; i++) {
+        if (ngx_strlcasestrn(v->data, v->data + v->len,
+                             (u_char *) secret[i], ngx_strlen(secret[i]) - 1)
+            != NULL)
+        {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "\"idempotency_audit_identity\" \"%V\" holds "
+                               "%s: credentials never go into the audit "
+                               "stream", v, secret[i]);
+            return NGX_CONF_ERROR;
+        }
+    }
+
+    return NGX_CONF_OK;
+}
+
+
+static ngx_uint_t
+ngx_http_idem_audit_same_key(idem_jws_key_t *a, idem_jws_key_t *b)
+{
+    if (a == NULL || b == NULL) {
+        return a == b;
+    }
+
+    return a->secret_len == b->secret_len
+           && CRYPTO_memcmp(a->secret, b->secret, a->secret_len) == 0;
+}
+
+
+/* the stream of (redis, name), one per configuration */
+static char *
+ngx_http_idem_audit_find(ngx_conf_t *cf, ngx_http_idem_loc_conf_t *conf)
+{
+    ngx_uint_t                  i;
+    ngx_http_idem_audit_t      *a, **all;
+    ngx_http_idem_main_conf_t  *mcf;
+
+    mcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_idempotency_module);
+    all = mcf->audits.elts;
+
+    for (i = 0; i < mcf->audits.nelts; i++) {
+        a = all[i];
+
+        if (a->redis != conf->redis
+            || a->stream.len != conf->audit_stream.len
+            || ngx_strncmp(a->stream.data, conf->audit_stream.data,
+                           a->stream.len) != 0)
+        {
+            continue;
+        }
+
+        if (!ngx_http_idem_audit_same_key(a->key, conf->audit_key)
+            || a->anchor != conf->audit_anchor)
+        {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "audit stream \"%V\" is written with two "
+                               "different \"idempotency_audit_key\" or "
+                               "anchor= settings: one chain has one key",
+                               &a->stream);
+            return NGX_CONF_ERROR;
+        }
+
+        conf->audit = a;
+        return NGX_CONF_OK;
+    }
+
+    a = ngx_pcalloc(cf->pool, sizeof(ngx_http_idem_audit_t));
+    all = ngx_array_push(&mcf->audits);
+    if (a == NULL || all == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    a->redis = conf->redis;
+    a->stream = conf->audit_stream;
+    a->anchor = conf->audit_anchor;
+    a->key = conf->audit_key;
+    *all = a;
+    conf->audit = a;
+
+    return NGX_CONF_OK;
+}
+
+
+char *
+ngx_http_idem_audit_merge(ngx_conf_t *cf, ngx_http_idem_loc_conf_t *prev,
+    ngx_http_idem_loc_conf_t *conf)
+{
+    ngx_str_t                   name = ngx_string("request_id");
+    ngx_http_idem_main_conf_t  *mcf;
+
+    ngx_conf_merge_value(conf->audit_on, prev->audit_on, 0);
+
+    if (conf->audit_stream.data == NULL) {
+        conf->audit_stream = prev->audit_stream;
+        conf->audit_anchor = prev->audit_anchor;
+    }
+
+    if (conf->audit_stream.data == NULL) {
+        ngx_str_set(&conf->audit_stream, NGX_HTTP_IDEM_AUDIT_STREAM);
+        conf->audit_anchor = NGX_HTTP_IDEM_AUDIT_ANCHOR;
+    }
+
+    ngx_conf_merge_ptr_value(conf->audit_key, prev->audit_key, NULL);
+    ngx_conf_merge_str_value(conf->audit_ref, prev->audit_ref, "");
+
+    if (conf->audit_identity == NULL) {
+        conf->audit_identity = prev->audit_identity;
+    }
+
+    if (ngx_http_idem_audit_check_identity(cf, conf) != NGX_CONF_OK) {
+        return NGX_CONF_ERROR;
+    }
+
+    if (!conf->audit_on || conf->redis == NULL) {
+        return NGX_CONF_OK;
+    }
+
+    /* a script changes a record and appends to the stream in one step */
+    if (conf->redis->route && (conf->enable || conf->ops)) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"idempotency_audit\" cannot be used with "
+                           "\"idempotency_redis_cluster\": its stream is in "
+                           "another hash slot than the records, and Redis "
+                           "Cluster runs a script on the keys of one slot "
+                           "only");
+        return NGX_CONF_ERROR;
+    }
+
+    mcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_idempotency_module);
+
+    if (mcf->request_id == NGX_CONF_UNSET) {
+        mcf->request_id = ngx_http_get_variable_index(cf, &name);
+        if (mcf->request_id == NGX_ERROR) {
+            return NGX_CONF_ERROR;
+        }
+    }
+
+    return ngx_http_idem_audit_find(cf, conf);
+}
+
+
+void
+ngx_http_idem_audit_init_process(void)
+{
+    ngx_http_idem_audit_heads = NULL;
+}
+
+
+/* ---- a request's part of its entries */
+
+static void
+ngx_http_idem_audit_cut(ngx_pool_t *pool, ngx_str_t *dst, u_char *src,
+    size_t len)
+{
+    len = ngx_min(len, IDEM_AUDIT_TEXT_MAX);
+
+    dst->data = ngx_pnalloc(pool, len);
+    dst->len = dst->data ? len : 0;
+
+    if (len && dst->data) {
+        ngx_memcpy(dst->data, src, len);
+    }
+}
+
+
+/* once per request: the caller's identity and the request's id */
+ngx_int_t
+ngx_http_idem_audit_prepare(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
+{
+    ngx_str_t                   id;
+    ngx_http_variable_value_t  *vv;
+    ngx_http_idem_main_conf_t  *mcf;
+
+    if (ctx->audit_prepared) {
+        return NGX_OK;
+    }
+
+    if (ctx->conf->audit_identity) {
+        if (ngx_http_complex_value(r, ctx->conf->audit_identity, &id)
+            != NGX_OK)
+        {
+            return NGX_ERROR;
+        }
+
+        ngx_http_idem_audit_cut(r->pool, &ctx->audit_identity, id.data,
+                                id.len);
+    }
+
+    mcf = ngx_http_get_module_main_conf(r, ngx_http_idempotency_module);
+    vv = ngx_http_get_indexed_variable(r, mcf->request_id);
+
+    if (vv && !vv->not_found && vv->len == IDEM_TOKEN_LEN) {
+        ctx->audit_request.data = vv->data;
+        ctx->audit_request.len = vv->len;
+    }
+
+    ctx->audit_prepared = 1;
+
+    return NGX_OK;
+}
+
+
+/* the upstream's idempotency_audit_ref_header, from its response */
+void
+ngx_http_idem_audit_capture_ref(ngx_http_request_t *r,
+    ngx_http_idem_ctx_t *ctx)
+{
+    ngx_table_elt_t  *h;
+
+    if (ctx->conf->audit == NULL || ctx->conf->audit_ref.len == 0) {
+        return;
+    }
+
+    h = ngx_http_idem_header_out(r, ctx->conf->audit_ref.data,
+                                 ctx->conf->audit_ref.len);
+    if (h) {
+        ngx_http_idem_audit_cut(r->pool, &ctx->audit_ref, h->value.data,
+                                h->value.len);
+    }
+}
+
+
+/* the reference header among a record's stored headers, for a replay */
+void
+ngx_http_idem_audit_stored_ref(ngx_http_idem_ctx_t *ctx,
+    idem_audit_entry_t *e)
+{
+    size_t             nlen, vlen;
+    ngx_str_t         *name;
+    const char        *n, *v;
+    idem_hdrs_iter_t   it;
+
+    name = &ctx->conf->audit_ref;
+    it.pos = (const char *) ctx->stored_headers.data;
+    it.end = it.pos + ctx->stored_headers.len;
+
+    while (name->len && idem_hdrs_next(&it, &n, &nlen, &v, &vlen) == 1) {
+        if (nlen == name->len
+            && ngx_strncasecmp((u_char *) n, name->data, nlen) == 0)
+        {
+            e->ref.data = v;
+            e->ref.len = ngx_min(vlen, IDEM_AUDIT_TEXT_MAX);
+            return;
+        }
+    }
+}
+
+
+/* what every entry of this request says */
+void
+ngx_http_idem_audit_entry(ngx_http_idem_ctx_t *ctx, idem_audit_event_e event,
+    ngx_uint_t status, idem_audit_entry_t *e)
+{
+    ngx_memzero(e, sizeof(idem_audit_entry_t));
+
+    e->event = event;
+    e->status = (int) status;
+    e->op.data = (const char *) ctx->op_id.data;
+    e->op.len = ctx->op_id.len;
+    e->key.data = (const char *) ctx->key.data;
+    e->key.len = ctx->key.len;
+    e->route.data = (const char *) ctx->route.data;
+    e->route.len = ctx->route.len;
+    e->identity.data = (const char *) ctx->audit_identity.data;
+    e->identity.len = ctx->audit_identity.len;
+    e->request.data = (const char *) ctx->audit_request.data;
+    e->request.len = ctx->audit_request.len;
+    e->approver.data = (const char *) ctx->approver.data;
+    e->approver.len = ngx_min(ctx->approver.len, IDEM_AUDIT_TEXT_MAX);
+
+    if (ctx->fingerprinted) {
+        e->fp.data = (const char *) ctx->fingerprint;
+        e->fp.len = IDEM_FP_HEX_LEN;
+    }
+}
+
+
+/* SHA-256 in hex of a response body: a chain of buffers, or one string */
+ngx_int_t
+ngx_http_idem_audit_digest(ngx_pool_t *pool, ngx_chain_t *cl,
+    ngx_str_t *body, idem_str_t *hex)
+{
+    int            ok;
+    u_char        *out;
+    unsigned int   n;
+    EVP_MD_CTX    *md;
+    unsigned char  digest[EVP_MAX_MD_SIZE];
+
+    out = ngx_pnalloc(pool, IDEM_AUDIT_HASH_LEN + 1);
+    md = EVP_MD_CTX_new();
+
+    ok = out && md && EVP_DigestInit_ex(md, idem_sha256(), NULL);
+
+    if (ok && body && body->len) {
+        ok = EVP_DigestUpdate(md, body->data, body->len);
+    }
+
+    for ( /* void */ ; ok && cl; cl = cl->next) {
+        if (cl->buf->last != cl->buf->pos) {
+            ok = EVP_DigestUpdate(md, cl->buf->pos,
+                                  cl->buf->last - cl->buf->pos);
+        }
+    }
+
+    ok = ok && EVP_DigestFinal_ex(md, digest, &n);
+    EVP_MD_CTX_free(md);
+
+    if (!ok) {
+        return NGX_ERROR;
+    }
+
+    idem_hex(digest, n, (char *) out);
+    hex->data = (const char *) out;
+    hex->len = IDEM_AUDIT_HASH_LEN;
+
+    return NGX_OK;
+}
+
+
+/* ---- the entries in a command */
+
+static ngx_http_idem_audit_head_t *
+ngx_http_idem_audit_head(ngx_http_idem_audit_t *audit)
+{
+    ngx_uint_t                    i;
+    ngx_http_idem_audit_head_t  **heads, *h;
+
+    if (ngx_http_idem_audit_heads == NULL) {
+        ngx_http_idem_audit_heads = ngx_array_create(ngx_cycle->pool, 2,
+                                        sizeof(ngx_http_idem_audit_head_t *));
+        if (ngx_http_idem_audit_heads == NULL) {
+            return NULL;
+        }
+    }
+
+    heads = ngx_http_idem_audit_heads->elts;
+
+    for (i = 0; i < ngx_http_idem_audit_heads->nelts; i++) {
+        if (heads[i]->audit == audit) {
+            return heads[i];
+        }
+    }
+
+    /* nothing known yet: the first command learns the head from Redis */
+    h = ngx_pcalloc(ngx_cycle->pool, sizeof(ngx_http_idem_audit_head_t));
+    heads = ngx_array_push(ngx_http_idem_audit_heads);
+    if (h == NULL || heads == NULL) {
+        return NULL;
+    }
+
+    h->audit = audit;
+    h->hash_len = IDEM_AUDIT_HASH_LEN;
+    ngx_memcpy(h->hash, idem_audit_genesis, IDEM_AUDIT_HASH_LEN);
+    *heads = h;
+
+    return h;
+}
+
+
+static size_t
+ngx_http_idem_audit_room(ngx_str_t *expect, idem_audit_entry_t *e,
+    ngx_uint_t n)
+{
+    size_t      size;
+    ngx_uint_t  i;
+
+    size = sizeof(ngx_http_idem_audit_meta_t) + expect->len
+           + 2 * NGX_INT64_LEN + IDEM_AUDIT_PREV_MAX;
+
+    for (i = 0; i < n; i++) {
+        size += IDEM_AUDIT_HASH_LEN + idem_audit_encoded_max(&e[i]);
+    }
+
+    return size;
+}
+
+
+/*
+ * The audit arguments, written at cmd->pos: the meta, then "expect",
+ * the head expected and the entries chained on it, hashed; the head
+ * predicted moves past them.
+ */
+static ngx_int_t
+ngx_http_idem_audit_write(ngx_http_idem_cmd_t *cmd,
+    ngx_http_idem_audit_meta_t *meta, ngx_str_t *expect,
+    idem_audit_entry_t *e, ngx_uint_t n)
+{
+    u_char                      *h, *p, *end;
+    size_t                       key_len;
+    int64_t                      now;
+    ngx_uint_t                   i, at;
+    const unsigned char         *key;
+    ngx_http_idem_audit_head_t  *head;
+
+    head = meta->head;
+    meta->gen = head->gen;
+    ngx_memcpy(cmd->pos, meta, sizeof(ngx_http_idem_audit_meta_t));
+    cmd->pos += sizeof(ngx_http_idem_audit_meta_t);
+
+    at = cmd->redis->scripts[cmd->script].nargs;
+    key = head->audit->key ? head->audit->key->secret : NULL;
+    key_len = head->audit->key ? head->audit->key->secret_len : 0;
+
+    /* nothing expected is ngx_null_string, whose NULL memcpy must not see */
+    ngx_http_idem_cmd_set(cmd, at + NGX_HTTP_IDEM_AUDIT_EXPECT,
+                          expect->len ? expect->data : (u_char *) "",
+                          expect->len);
+    ngx_http_idem_cmd_set_num(cmd, at + NGX_HTTP_IDEM_AUDIT_SEQ,
+                              (int64_t) head->seq + 1);
+    ngx_http_idem_cmd_set(cmd, at + NGX_HTTP_IDEM_AUDIT_PREV, head->hash,
+                          head->hash_len);
+    now = ngx_http_idem_now_ms() + head->offset;
+    ngx_http_idem_cmd_set_num(cmd, at + NGX_HTTP_IDEM_AUDIT_TIME, now);
+
+    for (i = 0; i < n; i++) {
+        e[i].seq = head->seq + 1;
+        e[i].time = now;
+        e[i].prev.data = (const char *) head->hash;
+        e[i].prev.len = head->hash_len;
+
+        h = ngx_http_idem_cmd_reserve(cmd, at + NGX_HTTP_IDEM_AUDIT_ENTRIES
+                                           + 2 * i, IDEM_AUDIT_HASH_LEN);
+        p = ngx_http_idem_cmd_start(cmd, at + NGX_HTTP_IDEM_AUDIT_ENTRIES
+                                         + 2 * i + 1);
+        end = (u_char *) idem_audit_encode((char *) p, &e[i]);
+        ngx_http_idem_cmd_end(cmd, at + NGX_HTTP_IDEM_AUDIT_ENTRIES
+                                   + 2 * i + 1, end);
+
+        if (idem_audit_hash((char *) p, end - p, key, key_len,
+                            (char *) head->hash) != 0)
+        {
+            return NGX_ERROR;
+        }
+
+        ngx_memcpy(h, head->hash, IDEM_AUDIT_HASH_LEN);
+        head->hash_len = IDEM_AUDIT_HASH_LEN;
+        head->seq++;
+    }
+
+    return NGX_OK;
+}
+
+
+ngx_http_idem_cmd_t *
+ngx_http_idem_audit_cmd(ngx_http_idem_audit_t *audit,
+    ngx_http_idem_script_e script, const u_char *key, u_char **keys,
+    ngx_uint_t n, size_t size, ngx_str_t *expect, idem_audit_entry_t *e,
+    ngx_uint_t nentries, ngx_log_t *log)
+{
+    u_char                      *start, *all[4];
+    ngx_uint_t                   i;
+    ngx_http_idem_cmd_t         *cmd;
+    ngx_http_idem_audit_meta_t   meta;
+
+    ngx_memzero(&meta, sizeof(ngx_http_idem_audit_meta_t));
+
+    meta.head = ngx_http_idem_audit_head(audit);
+    if (meta.head == NULL || n > 2 || nentries > NGX_HTTP_IDEM_AUDIT_MAX) {
+        return NULL;
+    }
+
+    for (i = 0; i < n; i++) {
+        all[i] = keys[i];
+    }
+
+    all[n] = audit->stream.data;
+    meta.room = ngx_http_idem_audit_room(expect, e, nentries);
+
+    cmd = ngx_http_idem_cmd_create_more(audit->redis, script, key, all, n + 1,
+                                        NGX_HTTP_IDEM_AUDIT_ENTRIES
+                                        + 2 * nentries,
+                                        size + meta.room, log);
+    if (cmd == NULL) {
+        return NULL;
+    }
+
+    /* the script's own arguments go after the room kept for these */
+    start = cmd->pos;
+
+    if (ngx_http_idem_audit_write(cmd, &meta, expect, e, nentries) != NGX_OK) {
+        ngx_free(cmd);
+        return NULL;
+    }
+
+    cmd->pos = start + meta.room;
+
+    return cmd;
+}
+
+
+/* the command's audit arguments begin at this index, or NGX_ERROR */
+static ngx_int_t
+ngx_http_idem_audit_at(ngx_http_idem_cmd_t *cmd)
+{
+    ngx_uint_t  at;
+
+    if (cmd->script == NGX_HTTP_IDEM_NSCRIPTS) {
+        return NGX_ERROR;
+    }
+
+    at = cmd->redis->scripts[cmd->script].nargs;
+
+    return cmd->argc >= cmd->arg0 + at + NGX_HTTP_IDEM_AUDIT_ENTRIES
+           ? (ngx_int_t) at : NGX_ERROR;
+}
+
+
+static void
+ngx_http_idem_audit_meta(ngx_http_idem_cmd_t *cmd, ngx_uint_t at,
+    ngx_http_idem_audit_meta_t *meta)
+{
+    ngx_str_t  expect;
+
+    expect = ngx_http_idem_cmd_get(cmd, at + NGX_HTTP_IDEM_AUDIT_EXPECT);
+    ngx_memcpy(meta, expect.data - sizeof(ngx_http_idem_audit_meta_t),
+               sizeof(ngx_http_idem_audit_meta_t));
+}
+
+
+/* the stream a command's entries go to, or NULL */
+ngx_http_idem_audit_t *
+ngx_http_idem_audit_of(ngx_http_idem_cmd_t *cmd)
+{
+    ngx_int_t                   at;
+    ngx_http_idem_audit_meta_t  meta;
+
+    at = ngx_http_idem_audit_at(cmd);
+    if (at == NGX_ERROR) {
+        return NULL;
+    }
+
+    ngx_http_idem_audit_meta(cmd, at, &meta);
+
+    return meta.head->audit;
+}
+
+
+/* the entries a command carries, decoded (pointing into it) */
+ngx_uint_t
+ngx_http_idem_audit_entries(ngx_http_idem_cmd_t *cmd, idem_audit_entry_t *e,
+    ngx_uint_t max)
+{
+    ngx_int_t   at;
+    ngx_str_t   enc;
+    ngx_uint_t  i, n;
+
+    at = ngx_http_idem_audit_at(cmd);
+    if (at == NGX_ERROR) {
+        return 0;
+    }
+
+    n = (cmd->argc - cmd->arg0 - at - NGX_HTTP_IDEM_AUDIT_ENTRIES) / 2;
+
+    for (i = 0; i < n && i < max; i++) {
+        enc = ngx_http_idem_cmd_get(cmd, at + NGX_HTTP_IDEM_AUDIT_ENTRIES
+                                         + 2 * i + 1);
+
+        if (idem_audit_decode((char *) enc.data, enc.len, &e[i]) != 0) {
+            return 0;
+        }
+    }
+
+    return i;
+}
+
+
+/* {"audit-head", seq, hash, time}: a lost race, nothing was written */
+static ngx_int_t
+ngx_http_idem_audit_lost(redisReply *reply, ngx_http_idem_audit_meta_t *meta)
+{
+    ngx_int_t                    seq, now;
+    ngx_str_t                    hash;
+    ngx_http_idem_audit_head_t  *head;
+
+    if (reply->elements != 4
+        || reply->element[1]->type != REDIS_REPLY_STRING
+        || reply->element[3]->type != REDIS_REPLY_STRING
+        || ngx_http_idem_reply_str(reply->element[2], &hash) != NGX_OK
+        || hash.len > IDEM_AUDIT_PREV_MAX)
+    {
+        return NGX_ERROR;
+    }
+
+    seq = ngx_atoi((u_char *) reply->element[1]->str, reply->element[1]->len);
+    now = ngx_atoi((u_char *) reply->element[3]->str, reply->element[3]->len);
+
+    if (seq < 0 || now < 0) {
+        return NGX_ERROR;
+    }
+
+    head = meta->head;
+    head->offset = (int64_t) now - ngx_http_idem_now_ms();
+    ngx_http_idem_metrics_audit(0, 1);
+
+    /* the first of the commands chained on a stale head resets it */
+    if (meta->gen == head->gen) {
+        head->gen++;
+        head->seq = (uint64_t) seq;
+        head->hash_len = hash.len;
+        ngx_memcpy(head->hash, hash.data, hash.len);
+    }
+
+    return NGX_OK;
+}
+
+
+/* the same entries, hashed anew on the head predicted now, sent again */
+static ngx_int_t
+ngx_http_idem_audit_again(ngx_http_idem_cmd_t *cmd, ngx_uint_t at,
+    ngx_http_idem_audit_meta_t *meta, ngx_http_idem_cmd_t **next)
+{
+    u_char               *start;
+    ngx_str_t             expect;
+    ngx_uint_t            n;
+    ngx_http_idem_cmd_t  *copy;
+    idem_audit_entry_t    e[NGX_HTTP_IDEM_AUDIT_MAX];
+
+    if (++meta->tries > NGX_HTTP_IDEM_AUDIT_TRIES) {
+        ngx_log_error(NGX_LOG_ERR, cmd->redis->log, 0,
+                      "idempotency: %s script lost the race for the head of "
+                      "audit stream \"%V\" %d times, given up",
+                      cmd->redis->scripts[cmd->script].name,
+                      &meta->head->audit->stream,
+                      NGX_HTTP_IDEM_AUDIT_TRIES);
+        return NGX_ERROR;
+    }
+
+    n = ngx_http_idem_audit_entries(cmd, e, NGX_HTTP_IDEM_AUDIT_MAX);
+
+    copy = ngx_http_idem_cmd_copy(cmd);
+    if (copy == NULL) {
+        return NGX_ERROR;
+    }
+
+    expect = ngx_http_idem_cmd_get(cmd, at + NGX_HTTP_IDEM_AUDIT_EXPECT);
+
+    start = (u_char *) copy->argv[copy->arg0 + at + NGX_HTTP_IDEM_AUDIT_EXPECT]
+            - sizeof(ngx_http_idem_audit_meta_t);
+    copy->pos = start;
+
+    if (ngx_http_idem_audit_write(copy, meta, &expect, e, n) != NGX_OK) {
+        ngx_free(copy);
+        return NGX_ERROR;
+    }
+
+    copy->pos = start + meta->room;
+
+    if (ngx_http_idem_cmd_send(copy, cmd->handler, cmd->data) == NGX_ERROR) {
+        return NGX_ERROR;
+    }
+
+    *next = copy;
+
+    return NGX_AGAIN;
+}
+
+
+/* the entries are in the stream: count them, and log the anchored head */
+static void
+ngx_http_idem_audit_appended(ngx_http_idem_cmd_t *cmd, ngx_uint_t at,
+    ngx_http_idem_audit_meta_t *meta)
+{
+    ngx_int_t    seq;
+    ngx_str_t    first, hash;
+    ngx_uint_t   i, n;
+
+    n = (cmd->argc - cmd->arg0 - at - NGX_HTTP_IDEM_AUDIT_ENTRIES) / 2;
+    first = ngx_http_idem_cmd_get(cmd, at + NGX_HTTP_IDEM_AUDIT_SEQ);
+    seq = ngx_atoi(first.data, first.len);
+
+    ngx_http_idem_metrics_audit(n, 0);
+
+    for (i = 0; seq > 0 && i < n; i++) {
+        if ((seq + i) % meta->head->audit->anchor == 0) {
+            hash = ngx_http_idem_cmd_get(cmd, at + NGX_HTTP_IDEM_AUDIT_ENTRIES
+                                              + 2 * i);
+            ngx_log_error(NGX_LOG_NOTICE, cmd->redis->log, 0,
+                          "idempotency: audit stream \"%V\" head %i %V",
+                          &meta->head->audit->stream, seq + i, &hash);
+        }
+    }
+}
+
+
+/* entries that were not appended: the head predicted past them is wrong */
+static void
+ngx_http_idem_audit_unused(ngx_http_idem_cmd_t *cmd, ngx_uint_t at,
+    ngx_http_idem_audit_meta_t *meta)
+{
+    ngx_int_t                    seq;
+    ngx_str_t                    first, prev;
+    ngx_http_idem_audit_head_t  *head;
+
+    head = meta->head;
+
+    if (cmd->argc == cmd->arg0 + at + NGX_HTTP_IDEM_AUDIT_ENTRIES
+        || meta->gen != head->gen)
+    {
+        return;
+    }
+
+    first = ngx_http_idem_cmd_get(cmd, at + NGX_HTTP_IDEM_AUDIT_SEQ);
+    prev = ngx_http_idem_cmd_get(cmd, at + NGX_HTTP_IDEM_AUDIT_PREV);
+    seq = ngx_atoi(first.data, first.len);
+
+    if (seq < 1 || prev.len > IDEM_AUDIT_PREV_MAX) {
+        return;
+    }
+
+    head->gen++;
+    head->seq = (uint64_t) seq - 1;
+    head->hash_len = prev.len;
+    ngx_memcpy(head->hash, prev.data, prev.len);
+}
+
+
+/*
+ * The same for a command whose data is a request's context (NULL once the
+ * request has gone): NGX_DONE when the reply is dealt with (sent again,
+ * the context following the copy; or nobody waits), else NGX_OK with the
+ * context's command cleared and *reply the script's own, or NULL when
+ * nothing can be said (a race lost too often: nothing was written);
+ * *appended says whether the entries went in.
+ */
+ngx_int_t
+ngx_http_idem_audit_ctx_reply(ngx_http_idem_cmd_t *cmd, redisReply **reply,
+    ngx_uint_t *appended)
+{
+    ngx_int_t             rc;
+    ngx_http_idem_cmd_t  *next;
+    ngx_http_idem_ctx_t  *ctx;
+
+    ctx = cmd->data;
+    rc = ngx_http_idem_audit_reply(cmd, reply, &next);
+
+    if (rc == NGX_AGAIN) {
+        ctx->cmd = next;
+        return NGX_DONE;
+    }
+
+    if (ctx == NULL || rc == NGX_DECLINED) {
+        return NGX_DONE;
+    }
+
+    ctx->cmd = NULL;
+    *appended = (rc == NGX_DONE);
+
+    if (rc == NGX_ERROR) {
+        *reply = NULL;
+    }
+
+    return NGX_OK;
+}
+
+
+static ngx_uint_t
+ngx_http_idem_audit_is(redisReply *reply, const char *what, size_t n)
+{
+    size_t  len;
+
+    len = ngx_strlen(what);
+
+    return reply->type == REDIS_REPLY_ARRAY && reply->elements == n
+           && reply->element[0]->type == REDIS_REPLY_STRING
+           && reply->element[0]->len == len
+           && ngx_strncmp(reply->element[0]->str, what, len) == 0;
+}
+
+
+/*
+ * What the handler of a command that may carry entries does first:
+ *   NGX_OK        no entries, or none appended: *reply is the script's own
+ *   NGX_DONE      the entries were appended; *reply is the script's own
+ *   NGX_AGAIN     a lost race: a copy hashed anew was sent (*next) with
+ *                 the same handler and data; this reply is to be ignored
+ *   NGX_DECLINED  a lost race of a command nobody waits for any more:
+ *                 nothing was written, nothing is sent again
+ *   NGX_ERROR     a lost race that cannot be run again: nothing written
+ */
+ngx_int_t
+ngx_http_idem_audit_reply(ngx_http_idem_cmd_t *cmd, redisReply **reply,
+    ngx_http_idem_cmd_t **next)
+{
+    ngx_int_t                   at;
+    ngx_http_idem_audit_meta_t  meta;
+
+    at = ngx_http_idem_audit_at(cmd);
+
+    if (at == NGX_ERROR || *reply == NULL) {
+        return NGX_OK;
+    }
+
+    ngx_http_idem_audit_meta(cmd, at, &meta);
+
+    if (ngx_http_idem_audit_is(*reply, "audited", 2)) {
+        ngx_http_idem_audit_appended(cmd, at, &meta);
+        *reply = (*reply)->element[1];
+        return NGX_DONE;
+    }
+
+    if (!ngx_http_idem_audit_is(*reply, "audit-head", 4)) {
+        ngx_http_idem_audit_unused(cmd, at, &meta);
+        return NGX_OK;
+    }
+
+    if (ngx_http_idem_audit_lost(*reply, &meta) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
+    if (cmd->data == NULL && !cmd->durable) {
+        return NGX_DECLINED;
+    }
+
+    return ngx_http_idem_audit_again(cmd, at, &meta, next);
+}
