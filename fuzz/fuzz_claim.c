@@ -358,7 +358,9 @@ static int
 claim_identical(const idem_claim_t *a, const idem_claim_t *b)
 {
     return a->kind == b->kind && a->lease_left == b->lease_left
-           && a->lock_op == b->lock_op && value_identical(&a->rec, &b->rec);
+           && a->op == b->op && a->approver == b->approver
+           && a->approver_len == b->approver_len
+           && value_identical(&a->rec, &b->rec);
 }
 
 
@@ -393,8 +395,8 @@ check_claim_rewrite(const idem_claim_t *c)
         el[0] = rv_str("locked", 6);
         el[1] = rv_lease(lease, sizeof(lease), c->lease_left,
                          c->lease_left == 0);
-        el[2] = rv_str(c->lock_op ? c->lock_op : "",
-                       c->lock_op ? IDEM_TOKEN_LEN : 0);
+        el[2] = rv_str(c->op ? c->op : "",
+                       c->op ? IDEM_TOKEN_LEN : 0);
         n = 3;
         break;
 
@@ -406,7 +408,9 @@ check_claim_rewrite(const idem_claim_t *c)
 
     case IDEM_CLAIM_CLAIMED:
         el[0] = rv_str("claimed", 7);
-        n = 1;
+        el[1] = rv_str(c->op ? c->op : "", c->op ? IDEM_TOKEN_LEN : 0);
+        el[2] = rv_str(c->approver ? c->approver : "", c->approver_len);
+        n = c->approver ? 3 : c->op ? 2 : 1;
         break;
 
     case IDEM_CLAIM_RECORD:
@@ -430,8 +434,8 @@ check_claim_rewrite(const idem_claim_t *c)
     FUZZ_CHECK(idem_claim_decode(el, n, &again) == c->kind
                && again.lease_left == c->lease_left
                && value_same(&again.rec, &c->rec)
-               && same_bytes(again.lock_op, again.lock_op ? IDEM_TOKEN_LEN : 0,
-                             c->lock_op, c->lock_op ? IDEM_TOKEN_LEN : 0),
+               && same_bytes(again.op, again.op ? IDEM_TOKEN_LEN : 0,
+                             c->op, c->op ? IDEM_TOKEN_LEN : 0),
                "claim: kind %d written back decodes as %d", c->kind,
                again.kind);
 
@@ -447,7 +451,7 @@ static void
 check_reused(const fuzz_reply_t *rp, const idem_rv_t *el,
     const idem_claim_t *a)
 {
-    FUZZ_CHECK(rv_is(&el[0], "reused") && a->lock_op == NULL
+    FUZZ_CHECK(rv_is(&el[0], "reused") && a->op == NULL
                && ((rp->count == 2 && a->lease_left == 0
                     && (a->rec.state == 'u'
                         || (a->rec.state == 'c' && a->rec.status >= 200
@@ -475,9 +479,9 @@ check_locked(const fuzz_reply_t *rp, const idem_rv_t *el,
                : (long long) a->lease_left == rv_decimal(&el[1]),
                "claim: locked with lease \"%s\" gives %llu",
                fuzz_show(el[1].data, el[1].len), a->lease_left);
-    FUZZ_CHECK(el[2].len == 0 ? a->lock_op == NULL
-               : (a->lock_op == el[2].data && el[2].len == IDEM_TOKEN_LEN
-                  && fuzz_lower_hex(a->lock_op, IDEM_TOKEN_LEN)),
+    FUZZ_CHECK(el[2].len == 0 ? a->op == NULL
+               : (a->op == el[2].data && el[2].len == IDEM_TOKEN_LEN
+                  && fuzz_lower_hex(a->op, IDEM_TOKEN_LEN)),
                "claim: locked with the id \"%s\"",
                fuzz_show(el[2].data, el[2].len));
 }
@@ -506,9 +510,23 @@ check_claim(const fuzz_reply_t *rp)
     switch (kind) {
 
     case IDEM_CLAIM_CLAIMED:
-        FUZZ_CHECK(rp->count == 1 && rv_is(&el[0], "claimed")
-                   && value_unset(&a.rec) && a.lease_left == 0,
-                   "claim: claimed is not {\"claimed\"}");
+        FUZZ_CHECK(rp->count >= 1 && rp->count <= 3
+                   && rv_is(&el[0], "claimed")
+                   && value_unset(&a.rec) && a.lease_left == 0
+                   && (rp->count == 1) == (a.op == NULL)
+                   && (rp->count == 3) == (a.approver != NULL),
+                   "claim: claimed is not {\"claimed\"[, op[, approver]]}");
+        if (a.op) {
+            FUZZ_CHECK(a.op == el[1].data && el[1].len == IDEM_TOKEN_LEN
+                       && idem_is_hex(a.op, IDEM_TOKEN_LEN),
+                       "claim: a claimed proposal's id is not 32 hex");
+        }
+        if (a.approver) {
+            FUZZ_CHECK(a.approver == el[2].data
+                       && a.approver_len == el[2].len && a.approver_len > 0
+                       && a.approver_len <= IDEM_APPROVER_MAX,
+                       "claim: a claimed proposal's approver is off");
+        }
         break;
 
     case IDEM_CLAIM_RECORD:
@@ -547,7 +565,7 @@ check_claim(const fuzz_reply_t *rp)
         FUZZ_CHECK(kind == IDEM_CLAIM_INVALID || kind == IDEM_CLAIM_CORRUPT,
                    "claim: kind %d", kind);
         FUZZ_CHECK(value_unset(&a.rec) && a.lease_left == 0
-                   && a.lock_op == NULL,
+                   && a.op == NULL,
                    "claim: a refused answer set fields");
         free(bare);
         free(el);
@@ -955,7 +973,7 @@ check_accepts_business(const uint8_t *data, size_t size)
 
     FUZZ_CHECK(idem_claim_decode(el, fv.v.state == 'i' ? 3 : 2, &c)
                == IDEM_CLAIM_REUSED && (long long) c.lease_left == left
-               && c.lock_op == NULL && value_same(&c.rec, &fv.v),
+               && c.op == NULL && value_same(&c.rec, &fv.v),
                "claim: a good reused answer was not accepted: %s",
                fuzz_show(enc, len));
     free(enc);
@@ -978,7 +996,7 @@ check_accepts_business(const uint8_t *data, size_t size)
 
     FUZZ_CHECK(idem_claim_decode(el, 3, &c) == IDEM_CLAIM_LOCKED
                && (long long) c.lease_left == left
-               && c.lock_op == ((b & 16) ? NULL : op) && value_unset(&c.rec),
+               && c.op == ((b & 16) ? NULL : op) && value_unset(&c.rec),
                "claim: a good locked answer was not accepted (lease %lld, "
                "id %s)", left, (b & 16) ? "none" : "given");
 

@@ -64,6 +64,33 @@ idem_claim_set_decode(const char *data, size_t len, idem_claim_t *c)
 }
 
 
+/* {"claimed"}, or a proposal claimed: {"claimed", op id[, approver]} */
+static idem_claim_kind_e
+idem_claim_claimed(const idem_rv_t *el, size_t n, idem_claim_t *c)
+{
+    if (n == 1) {
+        return IDEM_CLAIM_CLAIMED;
+    }
+
+    if (n > 3 || !el[1].is_str || el[1].len != IDEM_TOKEN_LEN
+        || !idem_is_hex(el[1].data, el[1].len)
+        || (n == 3 && (!el[2].is_str || el[2].len == 0
+                       || el[2].len > IDEM_APPROVER_MAX)))
+    {
+        return IDEM_CLAIM_INVALID;
+    }
+
+    c->op = el[1].data;
+
+    if (n == 3) {
+        c->approver = el[2].data;
+        c->approver_len = el[2].len;
+    }
+
+    return IDEM_CLAIM_CLAIMED;
+}
+
+
 /* {"locked", lease ms left | "", holder's op id | ""} */
 static idem_claim_kind_e
 idem_claim_locked(const idem_rv_t *el, size_t n, idem_claim_t *c)
@@ -84,7 +111,7 @@ idem_claim_locked(const idem_rv_t *el, size_t n, idem_claim_t *c)
     }
 
     c->lease_left = (unsigned long long) left;
-    c->lock_op = el[2].len ? el[2].data : NULL;
+    c->op = el[2].len ? el[2].data : NULL;
 
     return IDEM_CLAIM_LOCKED;
 }
@@ -120,8 +147,8 @@ idem_claim_kind(const idem_rv_t *el, size_t n, idem_claim_t *c)
 {
     long long  left;
 
-    if (n == 1 && idem_rv_is(&el[0], "claimed")) {
-        return IDEM_CLAIM_CLAIMED;
+    if (n >= 1 && idem_rv_is(&el[0], "claimed")) {
+        return idem_claim_claimed(el, n, c);
     }
 
     if (n >= 1 && idem_rv_is(&el[0], "locked")) {
@@ -277,7 +304,7 @@ idem_approve_kind_e
 idem_approve_decode(const idem_rv_t *el, size_t n, const char **state,
     long long *until)
 {
-    static const char   states[] = "icu";
+    static const char   states[] = "icus";
     const char         *name;
     size_t              i;
 

@@ -40,7 +40,14 @@ typedef struct {
     idem_claim_kind_e    kind;
     idem_value_t         rec;
     unsigned long long   lease_left;   /* LOCKED: 0 when not in flight */
-    const char          *lock_op;      /* LOCKED: IDEM_TOKEN_LEN, or NULL */
+    /*
+     * LOCKED: the holder's operation id; CLAIMED: the id of the proposal
+     * the claim took (the operation's from now on).  IDEM_TOKEN_LEN hex,
+     * or NULL.
+     */
+    const char          *op;
+    const char          *approver;     /* CLAIMED: of a recorded approval */
+    size_t               approver_len;
 } idem_claim_t;
 
 /*

@@ -360,7 +360,7 @@ struct ngx_http_idem_ctx_s {
     u_char                       ukey[IDEM_RECORD_KEY_LEN + 1];
     u_char                       lkey[IDEM_RECORD_KEY_LEN + 1];
     u_char                       stag[IDEM_RECORD_KEY_LEN + 1];
-    ngx_str_t                    lock_op;      /* LOCKED: the holder's */
+    ngx_str_t                    op;      /* LOCKED: the holder's */
     unsigned                     reused:1;     /* another key's operation */
     unsigned                     business:1;   /* ukey, lkey are set */
 

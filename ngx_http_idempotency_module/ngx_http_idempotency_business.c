@@ -252,8 +252,9 @@ ngx_http_idem_business_keys(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
 ngx_uint_t
 ngx_http_idem_business_args(ngx_http_idem_ctx_t *ctx, u_char **keys)
 {
-    keys[0] = ctx->ukey;
-    keys[1] = ctx->lkey;
+    /* an absent one is the record key: an ACL refuses an empty name */
+    keys[0] = ctx->ukey[0] ? ctx->ukey : ctx->rkey;
+    keys[1] = ctx->lkey[0] ? ctx->lkey : ctx->rkey;
 
     return (ctx->ukey[0] || ctx->lkey[0]) ? 2 : 0;
 }

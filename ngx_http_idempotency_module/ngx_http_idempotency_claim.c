@@ -509,18 +509,46 @@ ngx_http_idem_claim_record(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
 /* a recorded approval: the request is claimed as its approver's */
 static ngx_int_t
 ngx_http_idem_claim_approver(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
-    idem_value_t *v)
+    const char *approver, size_t len)
 {
-    ctx->approver.data = ngx_pnalloc(r->pool, v->approver_len);
+    ctx->approver.data = ngx_pnalloc(r->pool, len);
     if (ctx->approver.data == NULL) {
         return NGX_ERROR;
     }
 
-    ngx_memcpy(ctx->approver.data, v->approver, v->approver_len);
-    ctx->approver.len = v->approver_len;
+    ngx_memcpy(ctx->approver.data, approver, len);
+    ctx->approver.len = len;
     ctx->confirm = NGX_HTTP_IDEM_CONFIRM_RECORDED;
 
     return NGX_OK;
+}
+
+
+/*
+ * claim.lua claimed a proposal of this request without the module's
+ * first look (a waiter, a business value): the operation is the
+ * proposal's, as the person approved it, and its approver the recorded
+ * one when it was claimed with that
+ */
+static ngx_int_t
+ngx_http_idem_claim_took(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
+    idem_claim_t *c)
+{
+    u_char  *op;
+
+    op = ngx_pnalloc(r->pool, NGX_HTTP_IDEM_TOKEN_HEX);
+    if (op == NULL) {
+        return NGX_ERROR;
+    }
+
+    ngx_memcpy(op, c->op, NGX_HTTP_IDEM_TOKEN_HEX);
+    ctx->op_id.data = op;
+    ctx->op_id.len = NGX_HTTP_IDEM_TOKEN_HEX;
+
+    return c->approver
+           ? ngx_http_idem_claim_approver(r, ctx, c->approver,
+                                          c->approver_len)
+           : NGX_OK;
 }
 
 
@@ -551,7 +579,8 @@ ngx_http_idem_claim_proposal(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
         return NGX_HTTP_IDEM_ANS_APPROVAL_EXPIRED;
     }
 
-    return ngx_http_idem_claim_approver(r, ctx, v) == NGX_OK
+    return ngx_http_idem_claim_approver(r, ctx, v->approver, v->approver_len)
+           == NGX_OK
            ? NGX_HTTP_IDEM_ANS_NONE : NGX_HTTP_IDEM_ANS_STORE_ERROR;
 }
 
@@ -699,7 +728,7 @@ ngx_http_idem_claim_locked(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
     /* in flight: as soon as it may end; unknown: an operator resolves it */
     ctx->retry_after = c->lease_left ? 1 : 60;
 
-    if (c->lock_op == NULL) {
+    if (c->op == NULL) {
         return NGX_HTTP_IDEM_ANS_LOCKED;
     }
 
@@ -708,7 +737,7 @@ ngx_http_idem_claim_locked(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
         return NGX_HTTP_IDEM_ANS_STORE_ERROR;
     }
 
-    ngx_memcpy(op, c->lock_op, NGX_HTTP_IDEM_TOKEN_HEX);
+    ngx_memcpy(op, c->op, NGX_HTTP_IDEM_TOKEN_HEX);
     ctx->op_id.data = op;
     ctx->op_id.len = NGX_HTTP_IDEM_TOKEN_HEX;
 
@@ -732,6 +761,11 @@ ngx_http_idem_claim_decoded(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
                                     + ngx_http_idem_claim_ttl(ctx);
             ngx_http_idem_claim_index(r, ctx);
             return NGX_HTTP_IDEM_ANS_CONFIRM;
+        }
+
+        /* a proposal claimed by claim.lua first: its operation now */
+        if (c->op && ngx_http_idem_claim_took(r, ctx, c) != NGX_OK) {
+            return NGX_HTTP_IDEM_ANS_STORE_ERROR;
         }
 
         ngx_http_idem_set_state(ctx, 'i');
@@ -833,7 +867,8 @@ ngx_http_idem_claim_decide(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
         && idem_value_decode((char *) basis.data, basis.len, &c.rec) == 0
         && ngx_http_idem_claim_record(r, ctx, &c.rec) == NGX_OK
         && (c.rec.state != 'p'
-            || ngx_http_idem_claim_approver(r, ctx, &c.rec) == NGX_OK))
+            || ngx_http_idem_claim_approver(r, ctx, c.rec.approver,
+                                            c.rec.approver_len) == NGX_OK))
     {
         ctx->audit_kind = NGX_HTTP_IDEM_AUDIT_APPROVE;
         return NGX_HTTP_IDEM_ANS_NONE;

@@ -16,7 +16,8 @@
 -- Replies: {"approved", until_ms} | {"none"} | {"mismatch"}
 --          | {"refused", state}; with the audit, see audit.lua
 
-local names = { i = 'in_progress', c = 'completed', u = 'unknown' }
+local names = { i = 'in_progress', c = 'completed', u = 'unknown',
+                s = 'alias' }
 local v = redis.pcall('GET', KEYS[1])
 
 if type(v) == 'table' or not v then

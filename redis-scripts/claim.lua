@@ -9,8 +9,8 @@
 --
 -- KEYS[1]  record key
 -- KEYS[2]  idempotency_unique: the unique key of the request's business
---          identity in its scope, or "" (absent when neither is set)
--- KEYS[3]  idempotency_lock: the lock key of its value, or ""
+--          identity in its scope, or KEYS[1] (absent when neither is set)
+-- KEYS[3]  idempotency_lock: the lock key of its value, or KEYS[1]
 -- KEYS[#KEYS]  idempotency_audit: the stream, last (when the audit's
 --          arguments are there).  Each change of a record goes through gate()
 --          with its kind: "claim" (this attempt's value), "approve" (a
@@ -30,7 +30,10 @@
 -- scope    with a lock: the scope's tag, kept with the lock so that only
 --          a request of the holder's scope is told the holder's id
 --
--- Replies: {"claimed"} | {"record", value} | {"in_progress", value, left}
+-- Replies: {"claimed"} | {"claimed", op[, approver]}: a proposal claimed,
+--            its operation id (and, with the approval it recorded, the
+--            approver), the operation's from now on
+--          | {"record", value} | {"in_progress", value, left}
 --          | {"released", marker}
 --          | {"reused", value[, left]}: the operation that holds the
 --            business identity (completed 2xx, in progress with its lease
@@ -41,8 +44,11 @@
 local stream = ARGV[nargs + 1] and KEYS[#KEYS]
 local ukey, lkey = '', ''
 
+-- an absent unique or lock key is passed as the record key itself: an
+-- empty name would be refused by an ACL's key pattern
 if #KEYS >= 3 then
-    ukey, lkey = KEYS[2], KEYS[3]
+    ukey = KEYS[2] ~= KEYS[1] and KEYS[2] or ''
+    lkey = KEYS[3] ~= KEYS[1] and KEYS[3] or ''
 end
 
 local function gate(kind, basis, reply)
@@ -62,33 +68,20 @@ local function to_unknown(key, v, u)
     return u
 end
 
--- The operation of record key rk, for the business identity or the lock
--- it may hold: its state and value (and its lease left when in flight),
--- or nil when it holds neither any more (released, expired, not a
--- record).  A claim whose lease lapsed becomes unknown and keeps them;
--- with the audit it is only seen so, and its own key's next claim makes
--- (and records) the change.
-local function holder(rk)
-    local v = redis.pcall('GET', rk)
-    local f = type(v) == 'string' and layout2(v)
-    if not f then
-        return nil
+-- Operation op of record key rk, for the business identity or the lock
+-- it may hold (fields.lua's holds()): its state and value (and its lease
+-- left when in flight), or nil.  A claim whose lease lapsed becomes
+-- unknown and keeps them; with the audit it is only seen so, and its own
+-- key's next claim makes (and records) the change.
+local function holder(rk, op)
+    local s, v, f, left = holds(rk, op)
+    if s ~= 'lapsed' then
+        return s, v, left
     end
-    local s = string.sub(v, 2, 2)
-    if s == 'i' then
-        local left = tonumber(f[2]) - (tonumber(f[3]) - redis.call('PTTL', rk))
-        if left > 0 then
-            return s, v, left
-        end
-        if stream then
-            return 'u', unknown_of(v, f)
-        end
-        return 'u', to_unknown(rk, v, unknown_of(v, f))
+    if stream then
+        return 'u', unknown_of(v, f)
     end
-    if s == 'u' or (s == 'c' and string.sub(f[3], 1, 1) == '2') then
-        return s, v
-    end
-    return nil
+    return 'u', to_unknown(rk, v, unknown_of(v, f))
 end
 
 -- The answer of the operation that holds the identity, to a request of
@@ -109,53 +102,56 @@ local function reuse(rk, s, hv, left)
 end
 
 local function unique_held()
-    local rk = ukey ~= '' and redis.call('GET', ukey)
-    if not rk or rk == KEYS[1] then
+    local h = ukey ~= '' and redis.call('GET', ukey)
+    if not h then
         return nil
     end
-    local s, hv, left = holder(rk)
+    local rk, op = named(h, #KEYS[1])
+    local s, hv, left = holder(rk, op)
     return s and reuse(rk, s, hv, left)
 end
 
 local function lock_held()
     local h = lkey ~= '' and redis.call('GET', lkey)
-    if not h or string.sub(h, 1, #KEYS[1]) == KEYS[1] then
+    if not h then
         return nil
     end
-    local s, hv, left = holder(string.sub(h, 1, #KEYS[1]))
+    local rk, op, tag = named(h, #KEYS[1])
+    local s, hv, left = holder(rk, op)
     if s ~= 'i' and s ~= 'u' then
         return nil
     end
-    local op = string.sub(h, #KEYS[1] + 1) == scope and string.sub(hv, 4, 35)
-               or ''
-    return {'locked', s == 'i' and ms(left) or '', op}
+    return {'locked', s == 'i' and ms(left) or '', tag == scope and op or ''}
 end
 
 -- Take the key with value v, over the record "basis" (or none): kind
--- "claim" with this attempt's value, "approve" with a proposal's.  A
+-- "claim" with this attempt's value, "approve" with a proposal's (whose
+-- answer names the proposal's operation, and its recorded approver).  A
 -- claim (not a proposal: nothing runs yet) first takes the business
 -- identity and the lock, or is answered by whoever holds them.
-local function claim(v, kind, basis)
+local function claim(v, kind, basis, reply)
+    reply = reply or {'claimed'}
     if string.sub(v, 2, 2) == 'i' then
         local held = unique_held() or lock_held()
         if held then
             return held
         end
     end
-    local stop = gate(kind, basis, {'claimed'})
+    local stop = gate(kind, basis, reply)
     if stop then
         return stop
     end
     if string.sub(v, 2, 2) == 'i' then
+        local name = KEYS[1] .. string.sub(v, 4, 35)
         if ukey ~= '' then
-            redis.call('SET', ukey, KEYS[1], 'PX', business_ttl(ttl))
+            redis.call('SET', ukey, name, 'PX', business_ttl(ttl))
         end
         if lkey ~= '' then
-            redis.call('SET', lkey, KEYS[1] .. scope, 'PX', business_ttl(ttl))
+            redis.call('SET', lkey, name .. scope, 'PX', business_ttl(ttl))
         end
     end
     redis.call('SET', KEYS[1], v, 'PX', ttl)
-    return audit_done({'claimed'})
+    return audit_done(reply)
 end
 
 local function layout1_claim(key)
@@ -219,7 +215,7 @@ end
 -- An alias answers what the operation it reused answers, while that one
 -- holds the identity; after that, this key's own request runs.
 if state == 's' and string.sub(v, 36, 99) == fp then
-    local s, hv, left = holder(f[2])
+    local s, hv, left = holder(f[2], string.sub(v, 4, 35))
     if s then
         return reuse(f[2], s, hv, left)
     end
@@ -236,15 +232,19 @@ if (state == 'a' or state == 'p') and string.sub(v, 36, 99) == fp
    and (approved == '1'
         or (state == 'p' and tonumber(f[3]) > now_ms()))
 then
+    local reply = {'claimed', string.sub(v, 4, 35)}
+    if approved ~= '1' then
+        reply[3] = f[4]
+    end
     return claim(string.sub(value, 1, 3) .. string.sub(v, 4, 35)
-                 .. string.sub(value, 36), 'approve', v)
+                 .. string.sub(value, 36), 'approve', v, reply)
 end
 
 if state ~= 'i' or string.sub(v, 36, 99) ~= fp then
     return {'record', v}
 end
 
-local left = tonumber(f[2]) - (tonumber(f[3]) - redis.call('PTTL', KEYS[1]))
+local left = lease_left(KEYS[1], f)
 
 if left > 0 then
     if wait == '1' and string.sub(v, 3, 3) ~= '1' then

@@ -67,8 +67,49 @@ local function readable(v)
     return f, string.sub(v, 2, 2)
 end
 
--- How long ago the owner of a claim last spoke, by Redis's clock: the
--- claim and each renewal set its TTL to its "ttl ms" field (the third).
+-- The lease a claim has left, by Redis's clock: the claim and each
+-- renewal set its TTL to its "ttl ms" field (the third), and the lease is
+-- the second.
+local function lease_left(key, f)
+    return tonumber(f[2]) - (tonumber(f[3]) - redis.call('PTTL', key))
+end
+
 local function lapsed(key, f)
-    return tonumber(f[3]) - redis.call('PTTL', key) >= tonumber(f[2])
+    return lease_left(key, f) <= 0
+end
+
+-- A unique or lock key's value (idempotency_unique, _lock) names the
+-- operation that took it: its record key, its operation id and, for a
+-- lock, a tag of its scope.  The record key alone would not do: the key
+-- may hold another operation since (released, then claimed again with
+-- another request), which must not inherit an identity or a lock.
+local function named(h, klen)
+    return string.sub(h, 1, klen), string.sub(h, klen + 1, klen + 32),
+           string.sub(h, klen + 33)
+end
+
+-- Operation op under record key rk, as an identity, an alias or a lock
+-- sees it: 'i' with its lease left, 'lapsed' (its owner stopped renewing:
+-- unknown), 'u', or 'c' of a 2xx, with its value and fields; nil when it
+-- holds nothing (another operation under the key, a non-2xx, a proposal,
+-- a marker, no record).
+local function holds(rk, op)
+    local v = redis.pcall('GET', rk)
+    local f = type(v) == 'string' and string.sub(v, 4, 35) == op
+              and layout2(v)
+    if not f then
+        return nil
+    end
+    local s = string.sub(v, 2, 2)
+    if s == 'i' then
+        local left = lease_left(rk, f)
+        if left > 0 then
+            return 'i', v, f, left
+        end
+        return 'lapsed', v, f
+    end
+    if s == 'u' or (s == 'c' and string.sub(f[3], 1, 1) == '2') then
+        return s, v, f
+    end
+    return nil
 end

@@ -4,8 +4,8 @@
 --: args owner ttl
 --
 -- KEYS[1]  record key
--- KEYS[2]  the unique key the claim took (idempotency_unique), or ""
--- KEYS[3]  the lock key it took (idempotency_lock), or ""
+-- KEYS[2]  the unique key the claim took (idempotency_unique), or KEYS[1]
+-- KEYS[3]  the lock key it took (idempotency_lock), or KEYS[1]
 --          (both absent when the request has neither)
 -- owner    owner token
 -- ttl      the claim's TTL in ms (its "ttl ms" field)
@@ -20,10 +20,13 @@ end
 
 redis.call('PEXPIRE', KEYS[1], ttl)
 
--- the identity and the lock keep outliving the record (prelude.lua)
+-- the identity and the lock this operation took keep outliving its
+-- record (prelude.lua); their values name the operation (fields.lua)
+local name = KEYS[1] .. string.sub(v, 4, 35)
+
 for i = 2, #KEYS do
-    local h = KEYS[i] ~= '' and redis.call('GET', KEYS[i])
-    if h and string.sub(h, 1, #KEYS[1]) == KEYS[1] then
+    local h = KEYS[i] ~= KEYS[1] and redis.call('GET', KEYS[i])
+    if h and string.sub(h, 1, #name) == name then
         redis.call('PEXPIRE', KEYS[i], business_ttl(ttl))
     end
 end

@@ -37,15 +37,8 @@ if state == 'r' then
 end
 
 if state == 's' then
-    local t = redis.pcall('GET', f[2])
-    local tf = type(t) == 'string' and layout2(t)
-    local ts = tf and string.sub(t, 2, 2) or ''
-    if ts == 'i' and lapsed(f[2], tf) then
-        ts = 'u'
-    elseif ts == 'r' or ts == 's' then
-        ts = ''
-    end
-    return {v, '0', ts}
+    local ts = holds(f[2], string.sub(v, 4, 35)) or ''
+    return {v, '0', ts == 'lapsed' and 'u' or ts}
 end
 
 if state == 'c' then

@@ -31,6 +31,13 @@ server {
         idempotency_confirm_key hs256 $p/hs.key;
         proxy_pass http://%%UPSTREAM%%;
     }
+    location /upay {
+        idempotency on;
+        idempotency_confirm on;
+        idempotency_unique pay:\$http_x_order;
+        idempotency_confirm_key hs256 $p/hs.key;
+        proxy_pass http://%%UPSTREAM%%;
+    }
     location = /approve {
         allow 127.0.0.1;
         deny all;
@@ -103,6 +110,43 @@ is(($t->record($k1) // {})->{op}, $op, 'the executed operation keeps the proposa
 $r = pay($k1);
 is($r->{headers}{'idempotent-replayed'}, 'true', 'the next retry replays');
 is($t->effects(key => $k1), 1, 'still one effect');
+
+# ---- a location where claim.lua looks first (idempotency_unique): the
+# approved proposal is claimed there, and the operation is still the
+# proposal's, executed as its approver's
+{
+    my $k = $t->key('approve-unique');
+    my @h = (headers => [ 'X-Order' => "order-$k" ]);
+    my $x = $t->http(POST => '/upay', key => $k, json => $body, @h);
+    is($x->{status}, 428, 'unique location: 428 first') or diag($t->show($x));
+    my $pp = (($t->problem($x) // {})->{proposal} // {});
+    $x = approve({ operation_id => $pp->{operation_id}, fingerprint => $pp->{fingerprint},
+                   approved_by => 'carol@example.com', expires_in => 600 });
+    is($x->{status}, 200, '... approved');
+    $x = $t->http(POST => '/upay', key => $k, json => $body, @h);
+    is($x->{status}, 201, '... the retry executes') or diag($t->show($x));
+    is($t->effects(key => $k), 1, '... one effect');
+    is(($t->record($k) // {})->{op}, $pp->{operation_id},
+       '... the completed record keeps the proposal\'s operation id');
+    ok($t->wait_for(sub { grep { /^outcome=executed approver="carol\@example\.com" key=\Q$k\E$/ } $t->access_log }, 5),
+       '... executed as the recorded approver\'s');
+
+    # a signed approval carried by the retry: claim.lua claims the proposal
+    # at once, and its operation id must reach the module
+    my $k2 = $t->key('approve-unique-signed');
+    my @h2 = (headers => [ 'X-Order' => "order-$k2" ]);
+    $x = $t->http(POST => '/upay', key => $k2, json => $body, @h2);
+    my $p2 = (($t->problem($x) // {})->{proposal} // {});
+    open(my $fh, '>', "$p/u428.json") or die; print $fh $x->{content}; close $fh;
+    my $jws = `$TOOL --key $p/hs.key --sub dave --yes $p/u428.json 2>/dev/null`;
+    chomp $jws;
+    $x = $t->http(POST => '/upay', key => $k2, json => $body,
+                  headers => [ 'X-Order' => "order-$k2", 'Idempotency-Confirmation' => $jws ]);
+    is($x->{status}, 201, 'a signed approval on the unique location executes') or diag($t->show($x));
+    is(($t->record($k2) // {})->{op}, $p2->{operation_id},
+       '... and the record keeps the proposal\'s operation id');
+    is($t->effects(key => $k2), 1, '... one effect');
+}
 
 # ---- an executed operation cannot be approved again
 $r = approve({ operation_id => $op, fingerprint => $fp, approved_by => 'bob', expires_in => 60 });

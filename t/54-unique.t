@@ -249,6 +249,34 @@ is($t->effects(uri => '/tickets'), 1, 'still 1 effect');
     ok(@vals && !grep({ /eeeeeeee|alert/ } @vals), 'unique keys hold record keys, not identities');
 }
 
+# ---- an identity belongs to the operation that took it, not to its key:
+# a key released and then used for another request does not carry it
+{
+    my ($k, $k3) = ($t->key('moved-a'), $t->key('moved-c'));
+    my $r = ticket($k, 'alert-x', headers => [ 'X-Status' => 503 ]);
+    is($r->{status}, 503, 'key A, identity X: 503 (released)');
+    $r = ticket($k, 'alert-y');
+    is($r->{status}, 201, 'key A again, now with identity Y: executes (a released key is free)');
+    my $y = $r->{content};
+    $r = ticket($k3, 'alert-x');
+    is($r->{status}, 201, 'a third key with identity X: executes');
+    ok(!$r->{headers}{'idempotent-reused'}, '... not reused (X was never done)');
+    isnt($r->{content}, $y, '... and not given Y\'s answer');
+    is($t->effects(key => $k3), 1, '... 1 effect');
+
+    # an alias whose operation's key now holds another operation
+    my ($ka, $kb) = ($t->key('gone-a'), $t->key('gone-b'));
+    ticket($ka, 'alert-gone');
+    $r = ticket($kb, 'alert-gone');
+    is($r->{headers}{'idempotent-reused'}, 'true', 'key B is an alias of key A\'s operation');
+    $t->redis('DEL', $t->record_name($ka, $AUTH));    # as if its record expired
+    ticket($ka, 'alert-other');
+    $r = ticket($kb, 'alert-gone');
+    is($r->{status}, 201, 'key A now holds another operation: B\'s retry runs its own request');
+    ok(!$r->{headers}{'idempotent-reused'}, '... not reused from the other operation');
+    is($t->effects(key => $kb), 1, '... 1 effect for B');
+}
+
 # ---- $idempotency_outcome
 {
     my @log = $t->access_log;

@@ -131,6 +131,23 @@ is($t->effects(key => $k118), 1, 'dep-118: 1 effect');
     is($t->effects(key => $a) + $t->effects(key => $b), 2, '2 effects');
 }
 
+# ---- a lock belongs to the operation that took it: a key released, then
+# used for a deployment elsewhere, does not hold production's lock
+{
+    my ($k, $k2) = ($t->key('lock-moved'), $t->key('lock-moved-2'));
+    is(deploy($k, 'dep-160', 'aa', 'us', headers => [ 'X-Status' => 503 ])->{status}, 503,
+       'key K to us: 503 (released)');
+    my $bg = $t->http_bg(POST => '/deployments', key => $k, timeout => 20,
+                         json => JSON::PP->new->canonical->encode({ id => 'dep-161', commit => 'bb', environment => 'mars' }),
+                         headers => [ Authorization => $AUTH, 'X-Delay' => 1 ]);
+    ok($t->wait_for(sub { $t->effects(key => $k) == 1 }, 5), 'key K again, now to mars: runs');
+    my $x = deploy($k2, 'dep-162', 'cc', 'us');
+    is($x->{status}, 201, 'another key to us: executes, K\'s new operation holds no lock on us')
+        or diag($t->show($x));
+    $bg->result(20);
+    is($t->effects(key => $k2), 1, '... 1 effect');
+}
+
 # ---- 20 concurrent deployments to one environment, 20 keys: one runs
 {
     my @keys = map { $t->key("race-$_") } 0 .. 19;

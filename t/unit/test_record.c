@@ -1228,9 +1228,30 @@ test_claim_claimed(rec_t ri)
     ok(CLAIM(&c, 1, S("claimed ")) == IDEM_CLAIM_INVALID,
        "claimed with a space: invalid");
     ok(CLAIM(&c, 2, S("claimed"), V(ri)) == IDEM_CLAIM_INVALID,
-       "claimed with a second element: invalid");
+       "claimed with a record as second element: invalid");
     ok(CLAIM(&c, 0, NIL) == IDEM_CLAIM_INVALID, "no elements: invalid");
     ok(CLAIM(&c, 1, NIL) == IDEM_CLAIM_INVALID, "one nil: invalid");
+    ok(CLAIM(&c, 1, S("claimed")) == IDEM_CLAIM_CLAIMED && c.op == NULL
+       && c.approver == NULL, "claimed: no proposal's id, no approver");
+
+    /* a proposal claimed by claim.lua: its id, and a recorded approver */
+    ok(CLAIM(&c, 2, S("claimed"), S(OP)) == IDEM_CLAIM_CLAIMED
+       && c.op != NULL && memcmp(c.op, OP, 32) == 0 && c.approver == NULL,
+       "claimed, a proposal's id");
+    ok(CLAIM(&c, 3, S("claimed"), S(OP), S("alice@example.com"))
+       == IDEM_CLAIM_CLAIMED && c.op != NULL && c.approver_len == 17
+       && memcmp(c.approver, "alice@example.com", 17) == 0,
+       "claimed, a proposal's id and its recorded approver");
+    ok(CLAIM(&c, 2, S("claimed"), S("0123")) == IDEM_CLAIM_INVALID
+       && c.op == NULL, "claimed, an id that is not 32 hex: invalid");
+    ok(CLAIM(&c, 2, S("claimed"), S("0123456789ABCDEF0123456789abcdef"))
+       == IDEM_CLAIM_INVALID, "claimed, an id in upper case: invalid");
+    ok(CLAIM(&c, 2, S("claimed"), T(OP)) == IDEM_CLAIM_INVALID,
+       "claimed, an id not a string: invalid");
+    ok(CLAIM(&c, 3, S("claimed"), S(OP), S("")) == IDEM_CLAIM_INVALID,
+       "claimed, an empty approver: invalid");
+    ok(CLAIM(&c, 4, S("claimed"), S(OP), S("a"), S("b"))
+       == IDEM_CLAIM_INVALID, "claimed, four elements: invalid");
 }
 
 
@@ -1360,23 +1381,23 @@ test_claim_locked(void)
 
     ok(CLAIM(&c, 3, S("locked"), S("1500"), op) == IDEM_CLAIM_LOCKED
        && c.kind == IDEM_CLAIM_LOCKED && c.lease_left == 1500
-       && c.lock_op != NULL && memcmp(c.lock_op, OP, IDEM_TOKEN_LEN) == 0
+       && c.op != NULL && memcmp(c.op, OP, IDEM_TOKEN_LEN) == 0
        && c.rec.state == 0 && c.rec.op == NULL,
        "locked: in flight, 1500 ms left, the holder's id; no record");
     ok(CLAIM(&c, 3, S("locked"), S(""), op) == IDEM_CLAIM_LOCKED
-       && c.lease_left == 0 && c.lock_op != NULL
-       && memcmp(c.lock_op, OP, IDEM_TOKEN_LEN) == 0,
+       && c.lease_left == 0 && c.op != NULL
+       && memcmp(c.op, OP, IDEM_TOKEN_LEN) == 0,
        "locked: an empty lease (an unknown holder), the holder's id");
     ok(CLAIM(&c, 3, S("locked"), S("1"), S("")) == IDEM_CLAIM_LOCKED
-       && c.lease_left == 1 && c.lock_op == NULL,
+       && c.lease_left == 1 && c.op == NULL,
        "locked: an empty id (a holder of another scope)");
     ok(CLAIM(&c, 3, S("locked"), S(""), S("")) == IDEM_CLAIM_LOCKED
-       && c.lease_left == 0 && c.lock_op == NULL,
+       && c.lease_left == 0 && c.op == NULL,
        "locked: both empty");
 
     ok(CLAIM(&c, 2, S("locked"), S("1500")) == IDEM_CLAIM_INVALID
        && c.kind == IDEM_CLAIM_INVALID && c.lease_left == 0
-       && c.lock_op == NULL, "locked without the id: invalid, nothing set");
+       && c.op == NULL, "locked without the id: invalid, nothing set");
     ok(CLAIM(&c, 1, S("locked")) == IDEM_CLAIM_INVALID,
        "locked alone: invalid");
     ok(CLAIM(&c, 4, S("locked"), S("1500"), op) == IDEM_CLAIM_INVALID,
@@ -1443,7 +1464,7 @@ test_claim_reused(rec_t ri, rec_t rc, rec_t ru, rec_t rr)
        && c.kind == IDEM_CLAIM_REUSED && c.rec.state == 'c'
        && c.rec.status == 201 && c.rec.op == rc.p + IDEM_OP_OFF
        && c.rec.body == rc.p + rc.len - 10 && c.rec.body_len == 9
-       && c.lease_left == 0 && c.lock_op == NULL,
+       && c.lease_left == 0 && c.op == NULL,
        "reused: a completed 201, fields into the value");
     ok(CLAIM(&c, 2, S("reused"), V(ru)) == IDEM_CLAIM_REUSED
        && c.rec.state == 'u' && c.rec.unknown_at == 1796222560000LL,
