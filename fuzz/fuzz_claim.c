@@ -21,7 +21,8 @@
  * Properties, for every input:
  *  - every decoder is deterministic, and gives the same answer when the
  *    non-string elements carry no bytes (it never reads them);
- *  - claim.lua: an answer that is not one of {"claimed"}, {"record", v},
+ *  - claim.lua: an answer that is not one of {"claimed"}, {"claimed", op
+ *    (32 lowercase hex)[, approver (1..256 bytes)]}, {"record", v},
  *    {"in_progress", v, left}, {"released", v}, {"reused", v[, left]},
  *    {"locked", left | "", op | ""} sets nothing; "record" is a value that
  *    is not a marker, "released" one that is, "in_progress" a claim with
