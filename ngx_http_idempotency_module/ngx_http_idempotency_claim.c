@@ -354,7 +354,7 @@ ngx_http_idem_claim_script_cmd(ngx_http_request_t *r,
     cmd = ngx_http_idem_claim_create(r, ctx, IDEM_FP_HEX_LEN
                                              + 2 * NGX_HTTP_IDEM_TOKEN_HEX
                                              + NGX_HTTP_IDEM_CLAIM_VALUE_MAX
-                                             + NGX_INT64_LEN + 1
+                                             + NGX_INT64_LEN + 2
                                              + IDEM_RECORD_KEY_LEN);
     if (cmd == NULL) {
         return NULL;
