@@ -464,10 +464,10 @@ ngx_http_idem_set_state(ngx_http_idem_ctx_t *ctx, char state)
 }
 
 
-/* the record that holds the key, copied out of the reply */
+/* the operation the request met, copied out of the reply */
 static ngx_int_t
-ngx_http_idem_claim_record(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
-    idem_value_t *v)
+ngx_http_idem_claim_op(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
+    const char *id)
 {
     u_char  *op;
 
@@ -476,9 +476,22 @@ ngx_http_idem_claim_record(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
         return NGX_ERROR;
     }
 
-    ngx_memcpy(op, v->op, NGX_HTTP_IDEM_TOKEN_HEX);
+    ngx_memcpy(op, id, NGX_HTTP_IDEM_TOKEN_HEX);
     ctx->op_id.data = op;
     ctx->op_id.len = NGX_HTTP_IDEM_TOKEN_HEX;
+
+    return NGX_OK;
+}
+
+
+/* the record that holds the key, copied out of the reply */
+static ngx_int_t
+ngx_http_idem_claim_record(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
+    idem_value_t *v)
+{
+    if (ngx_http_idem_claim_op(r, ctx, v->op) != NGX_OK) {
+        return NGX_ERROR;
+    }
 
     ngx_http_idem_set_state(ctx, v->state);
 
@@ -534,16 +547,9 @@ static ngx_int_t
 ngx_http_idem_claim_took(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
     idem_claim_t *c)
 {
-    u_char  *op;
-
-    op = ngx_pnalloc(r->pool, NGX_HTTP_IDEM_TOKEN_HEX);
-    if (op == NULL) {
+    if (ngx_http_idem_claim_op(r, ctx, c->op) != NGX_OK) {
         return NGX_ERROR;
     }
-
-    ngx_memcpy(op, c->op, NGX_HTTP_IDEM_TOKEN_HEX);
-    ctx->op_id.data = op;
-    ctx->op_id.len = NGX_HTTP_IDEM_TOKEN_HEX;
 
     return c->approver
            ? ngx_http_idem_claim_approver(r, ctx, c->approver,
@@ -721,25 +727,14 @@ static ngx_http_idem_answer_e
 ngx_http_idem_claim_locked(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
     idem_claim_t *c)
 {
-    u_char  *op;
-
     ngx_str_null(&ctx->op_id);
 
     /* in flight: as soon as it may end; unknown: an operator resolves it */
     ctx->retry_after = c->lease_left ? 1 : 60;
 
-    if (c->op == NULL) {
-        return NGX_HTTP_IDEM_ANS_LOCKED;
-    }
-
-    op = ngx_pnalloc(r->pool, NGX_HTTP_IDEM_TOKEN_HEX);
-    if (op == NULL) {
+    if (c->op && ngx_http_idem_claim_op(r, ctx, c->op) != NGX_OK) {
         return NGX_HTTP_IDEM_ANS_STORE_ERROR;
     }
-
-    ngx_memcpy(op, c->op, NGX_HTTP_IDEM_TOKEN_HEX);
-    ctx->op_id.data = op;
-    ctx->op_id.len = NGX_HTTP_IDEM_TOKEN_HEX;
 
     return NGX_HTTP_IDEM_ANS_LOCKED;
 }
