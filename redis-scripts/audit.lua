@@ -28,9 +28,10 @@
 --       the module makes the entries of "want" and calls it again
 --   {"audited", reply}: the entries were appended with the change
 
--- Every script runs this file's text on each call, with or without the
--- audit, so it defines as little as it can: two functions, nothing from
--- fields.lua (a script without the audit pays for each closure made).
+-- Every script that changes a record runs this file's text on each call,
+-- with or without the audit, so it defines as little as it can: two
+-- functions, nothing from fields.lua (a script without the audit pays for
+-- each closure made).
 
 local audit_appended = false
 

@@ -1,7 +1,7 @@
 #!/usr/bin/perl
 # Variables for log_format: $idempotency_outcome, $idempotency_key,
 # $idempotency_fingerprint, $idempotency_operation_id, $idempotency_body_form;
-# the fingerprint is the public definition of DESIGN section 3, recomputed here.
+# the fingerprint is the public definition of docs/fingerprint.md, recomputed here.
 
 use strict;
 use warnings;
@@ -42,7 +42,7 @@ EOF
 
 my $JCS = JSON::PP->new->canonical->utf8;
 
-# DESIGN §3 for bodies whose canonical form JSON::PP already writes as RFC
+# docs/fingerprint.md for bodies whose canonical form JSON::PP already writes as RFC
 # 8785 does (ASCII member names, integers, strings).
 sub fingerprint {
     my (%o) = @_;
@@ -83,7 +83,7 @@ like($la->{fp}, $hex64, 'first request: fingerprint is 64 lowercase hex');
 like($la->{op}, $hex32, 'first request: operation id is 32 lowercase hex');
 is($la->{form}, 'json', 'first request: body form json');
 is($la->{fp}, fingerprint(method => 'POST', route => '/v/orders', query => 'x=1&y=2', body => $doc),
-    'fingerprint = sha256(JCS({v,method,route,query,scope,headers,body})) of DESIGN §3');
+    'fingerprint = sha256(JCS({v,method,route,query,scope,headers,body})) of docs/fingerprint.md');
 
 my $b = $t->http(POST => '/v/orders?x=1&y=2', key => $k, json => '{"a":[1,"x",{"y":null,"z":"q"}],"b":2,"c":"caf"}');
 is($b->{headers}{'idempotent-replayed'}, 'true', 'retry replays');
