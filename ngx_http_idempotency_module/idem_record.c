@@ -68,6 +68,19 @@ idem_derived_key(const char *domain, const char *scope, size_t scope_len,
 }
 
 
+void
+idem_sibling_key(const char *rkey, const char *suffix,
+    char out[IDEM_RECORD_KEY_LEN + 1])
+{
+    size_t  n;
+
+    n = IDEM_RECORD_KEY_LEN - (sizeof(IDEM_RECORD_SUFFIX) - 1);
+
+    memcpy(out, rkey, n);
+    memcpy(out + n, suffix, sizeof(IDEM_RECORD_SUFFIX));
+}
+
+
 static size_t
 idem_dec_len(size_t n)
 {
@@ -322,19 +335,27 @@ idem_fields_str(idem_fields_t *f, size_t *len)
 }
 
 
-/* what idem_record_key() writes */
-static int
-idem_is_record_key(const char *p, size_t len)
+int
+idem_is_key(const char *p, size_t len, const char *suffix)
 {
     size_t  pre;
 
     pre = sizeof(IDEM_RECORD_PREFIX) - 1;
 
     return len == IDEM_RECORD_KEY_LEN
+           && strlen(suffix) == sizeof(IDEM_RECORD_SUFFIX) - 1
            && memcmp(p, IDEM_RECORD_PREFIX, pre) == 0
            && idem_is_hex(p + pre, 32)
-           && memcmp(p + pre + 32, IDEM_RECORD_SUFFIX,
-                     sizeof(IDEM_RECORD_SUFFIX) - 1) == 0;
+           && memcmp(p + pre + 32, suffix, sizeof(IDEM_RECORD_SUFFIX) - 1)
+              == 0;
+}
+
+
+/* what idem_record_key() writes */
+static int
+idem_is_record_key(const char *p, size_t len)
+{
+    return idem_is_key(p, len, IDEM_RECORD_SUFFIX);
 }
 
 

@@ -48,6 +48,15 @@
 #define IDEM_SCOPE_SUFFIX    "}:s"
 
 /*
+ * The lock an operation took is named beside its record: the record key
+ * with IDEM_HOLDS_SUFFIX (the same hash tag, so the same Cluster slot)
+ * holds the record key, the operation id and the lock key's name, so the
+ * status endpoint, which has the key but not the body, can show the lock.
+ * It grants nothing: the lock key itself says who holds the lock.
+ */
+#define IDEM_HOLDS_SUFFIX    "}:h"
+
+/*
  * The digest is SHA-256 over a length-prefixed scope and the key, so that
  * neither value appears in Redis and no (scope, key) pair can collide
  * with another by moving bytes across the boundary.  The hash tag keeps
@@ -66,6 +75,16 @@ int idem_record_key(const char *scope, size_t scope_len, const char *key,
 int idem_derived_key(const char *domain, const char *scope, size_t scope_len,
     const char *value, size_t value_len, const char *suffix,
     char out[IDEM_RECORD_KEY_LEN + 1]);
+
+/*
+ * The key of the same 32 hex digits as record key rkey (IDEM_RECORD_KEY_LEN
+ * bytes) with another suffix (IDEM_HOLDS_SUFFIX), NUL-terminated.
+ */
+void idem_sibling_key(const char *rkey, const char *suffix,
+    char out[IDEM_RECORD_KEY_LEN + 1]);
+
+/* 1 when p is IDEM_RECORD_PREFIX, 32 lowercase hex digits and suffix */
+int idem_is_key(const char *p, size_t len, const char *suffix);
 
 /*
  * Stored headers are a sequence of netstrings, name then value:

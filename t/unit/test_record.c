@@ -111,6 +111,43 @@ test_record_key(void)
 }
 
 
+/*
+ * the lock key (idempotency_lock, docs/business-keys.md: no scope) and the
+ * key beside a record that names the lock its operation took
+ */
+static void
+test_lock_keys(void)
+{
+    char  a[IDEM_RECORD_KEY_LEN + 1], h[IDEM_RECORD_KEY_LEN + 1];
+
+    /* known answer, computed independently (Digest::SHA, business-keys.md) */
+    ok(idem_derived_key("idem-lock-v1", "", 0, "deploy:production", 17,
+                        IDEM_LOCK_SUFFIX, a) == 0, "lock key computed");
+    is_str(a, "idem:{3e0a00b658e86a41c98f52d07313a479}:l",
+           "lock key known answer");
+    ok(idem_is_key(a, strlen(a), IDEM_LOCK_SUFFIX), "a lock key is one");
+    ok(!idem_is_key(a, strlen(a), IDEM_RECORD_SUFFIX),
+       "a lock key is no record key");
+
+    memset(h, 'x', sizeof(h));
+    idem_sibling_key("idem:{4c4956d53a6e3ac52fac885e843aceb2}:r",
+                     IDEM_HOLDS_SUFFIX, h);
+    is_str(h, "idem:{4c4956d53a6e3ac52fac885e843aceb2}:h",
+           "the key beside a record: its tag, suffix h, NUL-terminated");
+    ok(idem_is_key(h, strlen(h), IDEM_HOLDS_SUFFIX)
+       && !idem_is_key(h, strlen(h), IDEM_LOCK_SUFFIX), "h is not l");
+
+    ok(!idem_is_key("idem:{3E0A00B658E86A41C98F52D07313A479}:l", 41,
+                    IDEM_LOCK_SUFFIX), "upper-case hex: no key");
+    ok(!idem_is_key("idem:{3e0a00b658e86a41c98f52d07313a47}:l", 40,
+                    IDEM_LOCK_SUFFIX), "31 hex digits: no key");
+    ok(!idem_is_key("idem:{3e0a00b658e86a41c98f52d07313a479}:l", 40,
+                    IDEM_LOCK_SUFFIX), "a length short of the key: no key");
+    ok(!idem_is_key("idem:[3e0a00b658e86a41c98f52d07313a479]:l", 41,
+                    IDEM_LOCK_SUFFIX), "another prefix: no key");
+}
+
+
 /* ------------------------------------------------------ stored headers */
 
 static void
@@ -1813,6 +1850,7 @@ int
 main(void)
 {
     test_record_key();
+    test_lock_keys();
     test_hdrs_roundtrip();
     test_hdrs_malformed();
     test_state_name();
