@@ -354,15 +354,17 @@ struct ngx_http_idem_ctx_s {
 
     /*
      * idempotency_unique and idempotency_lock: their keys, "" when the
-     * location has none or the value is empty; the scope's tag with a lock
+     * location has none or the value is empty; with a lock, the scope's
+     * tag and the key beside the record that names the lock (hkey)
      */
     ngx_str_t                    scope;        /* as the record key has it */
     u_char                       ukey[IDEM_RECORD_KEY_LEN + 1];
     u_char                       lkey[IDEM_RECORD_KEY_LEN + 1];
     u_char                       stag[IDEM_RECORD_KEY_LEN + 1];
+    u_char                       hkey[IDEM_RECORD_KEY_LEN + 1];
     ngx_str_t                    op;      /* LOCKED: the holder's */
     unsigned                     reused:1;     /* another key's operation */
-    unsigned                     business:1;   /* ukey, lkey are set */
+    unsigned                     business:1;   /* ukey, lkey, hkey set */
 
     /* idempotency_audit */
     ngx_str_t                    audit_identity;
@@ -432,6 +434,7 @@ char *ngx_http_idem_business_conf(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 ngx_int_t ngx_http_idem_business_keys(ngx_http_request_t *r,
     ngx_http_idem_ctx_t *ctx);
+#define NGX_HTTP_IDEM_BUSINESS_KEYS  3
 ngx_uint_t ngx_http_idem_business_args(ngx_http_idem_ctx_t *ctx,
     u_char **keys);
 

@@ -713,7 +713,7 @@ ngx_http_idem_audit_cmd(ngx_http_idem_audit_t *audit,
     ngx_uint_t n, size_t size, ngx_str_t *expect, idem_audit_entry_t *e,
     ngx_uint_t nentries, ngx_log_t *log)
 {
-    u_char                      *start, *all[4];
+    u_char                      *start, *all[NGX_HTTP_IDEM_BUSINESS_KEYS + 1];
     ngx_uint_t                   i;
     ngx_http_idem_cmd_t         *cmd;
     ngx_http_idem_audit_meta_t   meta;
@@ -721,7 +721,9 @@ ngx_http_idem_audit_cmd(ngx_http_idem_audit_t *audit,
     ngx_memzero(&meta, sizeof(ngx_http_idem_audit_meta_t));
 
     meta.head = ngx_http_idem_audit_head(audit);
-    if (meta.head == NULL || n > 2 || nentries > NGX_HTTP_IDEM_AUDIT_MAX) {
+    if (meta.head == NULL || n > NGX_HTTP_IDEM_BUSINESS_KEYS
+        || nentries > NGX_HTTP_IDEM_AUDIT_MAX)
+    {
         return NULL;
     }
 

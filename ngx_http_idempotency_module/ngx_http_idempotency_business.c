@@ -238,6 +238,10 @@ ngx_http_idem_business_keys(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
         return NGX_OK;
     }
 
+    /* the lock's name beside the record, for the status endpoint */
+    idem_sibling_key((const char *) ctx->rkey, IDEM_HOLDS_SUFFIX,
+                     (char *) ctx->hkey);
+
     return idem_derived_key("idem-scope-v1", (const char *) scope->data,
                             scope->len, "", 0, IDEM_SCOPE_SUFFIX,
                             (char *) ctx->stag)
@@ -247,7 +251,9 @@ ngx_http_idem_business_keys(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
 
 /*
  * The extra keys of a script that takes or keeps the unique and lock keys
- * (claim, renew): both, "" for one the request lacks, or none at all.
+ * (claim, renew): the unique key, the lock key and the key that names the
+ * lock beside the record (NGX_HTTP_IDEM_BUSINESS_KEYS), the record key
+ * for one the request lacks, or none at all.
  */
 ngx_uint_t
 ngx_http_idem_business_args(ngx_http_idem_ctx_t *ctx, u_char **keys)
@@ -255,6 +261,7 @@ ngx_http_idem_business_args(ngx_http_idem_ctx_t *ctx, u_char **keys)
     /* an absent one is the record key: an ACL refuses an empty name */
     keys[0] = ctx->ukey[0] ? ctx->ukey : ctx->rkey;
     keys[1] = ctx->lkey[0] ? ctx->lkey : ctx->rkey;
+    keys[2] = ctx->lkey[0] ? ctx->hkey : ctx->rkey;
 
-    return (ctx->ukey[0] || ctx->lkey[0]) ? 2 : 0;
+    return (ctx->ukey[0] || ctx->lkey[0]) ? NGX_HTTP_IDEM_BUSINESS_KEYS : 0;
 }

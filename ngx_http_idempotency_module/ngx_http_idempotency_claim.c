@@ -320,7 +320,7 @@ static ngx_http_idem_cmd_t *
 ngx_http_idem_claim_create(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
     size_t size)
 {
-    u_char               *keys[2];
+    u_char               *keys[NGX_HTTP_IDEM_BUSINESS_KEYS];
     ngx_uint_t            n;
     idem_audit_entry_t    e[4];
 

@@ -570,7 +570,7 @@ ngx_http_idem_give_back(ngx_http_idem_cmd_t *claim_cmd, ngx_str_t *key,
 static void
 ngx_http_idem_renew_handler(ngx_event_t *ev)
 {
-    u_char                *keys[2];
+    u_char                *keys[NGX_HTTP_IDEM_BUSINESS_KEYS];
     ngx_uint_t             n;
     ngx_http_request_t    *r;
     ngx_http_idem_cmd_t   *cmd;

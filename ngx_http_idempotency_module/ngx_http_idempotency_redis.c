@@ -1048,9 +1048,9 @@ ngx_http_idem_cmd_create(ngx_http_idem_redis_t *rd,
 
 
 /*
- * A script of the record key and n more keys (the unique and lock keys of
- * idempotency_unique and idempotency_lock, the audit stream): they are the
- * script's KEYS[2..n+1], an empty string for one a request lacks.
+ * A script of the record key and n more keys (at most 4: the unique key,
+ * the lock key and the key naming the lock of idempotency_unique and
+ * idempotency_lock, the audit stream): they are the script's KEYS[2..n+1].
  */
 ngx_http_idem_cmd_t *
 ngx_http_idem_cmd_create_keys(ngx_http_idem_redis_t *rd,
@@ -1071,7 +1071,11 @@ ngx_http_idem_cmd_create_more(ngx_http_idem_redis_t *rd,
     ngx_uint_t            i;
     ngx_http_idem_cmd_t  *cmd;
 
-    static const char    *numkeys[] = { "1", "2", "3", "4" };
+    static const char    *numkeys[] = { "1", "2", "3", "4", "5" };
+
+    if (n >= sizeof(numkeys) / sizeof(numkeys[0])) {
+        return NULL;
+    }
 
     for (i = 0; i < n; i++) {
         size += ngx_strlen(keys[i]);

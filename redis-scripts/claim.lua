@@ -11,6 +11,9 @@
 -- KEYS[2]  idempotency_unique: the unique key of the request's business
 --          identity in its scope, or KEYS[1] (absent when neither is set)
 -- KEYS[3]  idempotency_lock: the lock key of its value, or KEYS[1]
+-- KEYS[4]  with a lock: the record key's sibling "h" (same hash tag),
+--          which names the lock this operation takes, for the status
+--          endpoint; or KEYS[1]
 -- KEYS[#KEYS]  idempotency_audit: the stream, last (when the audit's
 --          arguments are there).  Each change of a record goes through gate()
 --          with its kind: "claim" (this attempt's value), "approve" (a
@@ -42,13 +45,14 @@
 --            the lock; nothing was written
 
 local stream = ARGV[nargs + 1] and KEYS[#KEYS]
-local ukey, lkey = '', ''
+local ukey, lkey, hkey = '', '', ''
 
 -- an absent unique or lock key is passed as the record key itself: an
 -- empty name would be refused by an ACL's key pattern
-if #KEYS >= 3 then
+if #KEYS >= 4 then
     ukey = KEYS[2] ~= KEYS[1] and KEYS[2] or ''
     lkey = KEYS[3] ~= KEYS[1] and KEYS[3] or ''
+    hkey = KEYS[4] ~= KEYS[1] and KEYS[4] or ''
 end
 
 local function gate(kind, basis, reply)
@@ -148,6 +152,11 @@ local function claim(v, kind, basis, reply)
         end
         if lkey ~= '' then
             redis.call('SET', lkey, name .. scope, 'PX', business_ttl(ttl))
+            -- the lock's name beside the record, as long-lived as the
+            -- lock key: the status endpoint cannot derive it (no body)
+            if hkey ~= '' then
+                redis.call('SET', hkey, name .. lkey, 'PX', business_ttl(ttl))
+            end
         end
     end
     redis.call('SET', KEYS[1], v, 'PX', ttl)

@@ -6,7 +6,9 @@
 -- KEYS[1]  record key
 -- KEYS[2]  the unique key the claim took (idempotency_unique), or KEYS[1]
 -- KEYS[3]  the lock key it took (idempotency_lock), or KEYS[1]
---          (both absent when the request has neither)
+-- KEYS[4]  with a lock, the key beside the record that names it
+--          (claim.lua), or KEYS[1]
+--          (all three absent when the request has neither)
 -- owner    owner token
 -- ttl      the claim's TTL in ms (its "ttl ms" field)
 --
@@ -21,7 +23,8 @@ end
 redis.call('PEXPIRE', KEYS[1], ttl)
 
 -- the identity and the lock this operation took keep outliving its
--- record (prelude.lua); their values name the operation (fields.lua)
+-- record (prelude.lua); their values, and that of the key naming the
+-- lock, name the operation (fields.lua)
 local name = KEYS[1] .. string.sub(v, 4, 35)
 
 for i = 2, #KEYS do
