@@ -38,11 +38,14 @@
  *  - SET: nil is "claimed", a value that decodes is "record" with that
  *    value, anything else "corrupt";
  *  - status.lua: "no record" exactly for the empty reply; a record is
- *    exactly {value, "0"|"1"}, or {value, "0", state} for an alias, the
- *    value a record that is not a marker, lapsed ("1") only for a claim,
- *    the state shown its state's name or "unknown" when lapsed; an
- *    alias's state is "" (none shown) or one of i c u a p (its name
- *    shown), and no other record has one; anything else sets nothing;
+ *    exactly {value, "0"|"1"}, {value, "0", state} for an alias, or
+ *    {value, "0"|"1", lock} for a claim or an unknown record, the value a
+ *    record that is not a marker, lapsed ("1") only for a claim, the
+ *    state shown its state's name or "unknown" when lapsed; an alias's
+ *    state is "" (none shown) or one of i c u a p (its name shown), and
+ *    no other record has one; a lock is element 2 itself, a lock key's
+ *    name (idem_is_key), and no other record has one; anything else
+ *    sets nothing;
  *  - admin.lua: "refused" exactly with 2 elements and a state of
  *    in_progress, completed, awaiting_confirmation, approved or alias
  *    (element 1), the other answers with 1 element, the state set for
@@ -56,10 +59,12 @@
  *  - well-formed answers of each script built from the input's first
  *    bytes (a record of the right state, the lease left within it; reused
  *    of a 2xx, an unknown or a claim, locked with or without its lease
- *    and id, an alias's status with each state, admin refusing each
- *    state) are accepted with exactly their fields, so a decoder that
- *    refuses good answers fails too; reused of a completed 300..599 is
- *    refused.
+ *    and id, an alias's status with each state, the status of a claim,
+ *    lapsed or not, or of an unknown record with its lock, admin refusing
+ *    each state) are accepted with exactly their fields, so a decoder
+ *    that refuses good answers fails too; reused of a completed 300..599
+ *    is refused, and so is a lock's name a byte short or with the
+ *    suffix of a record or of the key that names a lock.
  */
 
 #include "idem_reply.h"
@@ -625,7 +630,7 @@ static int
 status_identical(const idem_status_t *a, const idem_status_t *b)
 {
     return a->kind == b->kind && a->state == b->state
-           && a->alias_state == b->alias_state
+           && a->alias_state == b->alias_state && a->lock == b->lock
            && value_identical(&a->rec, &b->rec);
 }
 
@@ -678,7 +683,7 @@ check_status(const fuzz_reply_t *rp)
     if (kind != IDEM_STATUS_RECORD) {
         FUZZ_CHECK((kind == IDEM_STATUS_NONE || kind == IDEM_STATUS_INVALID)
                    && a.state == NULL && a.alias_state == NULL
-                   && value_unset(&a.rec),
+                   && a.lock == NULL && value_unset(&a.rec),
                    "status: a reply that is no record set fields");
         free(bare);
         free(el);
@@ -687,10 +692,17 @@ check_status(const fuzz_reply_t *rp)
 
     lapsed = rv_is(&el[1], "1");
 
-    FUZZ_CHECK(rp->count == (a.rec.state == 's' ? 3 : 2)
+    FUZZ_CHECK(rp->count == (a.rec.state == 's' || a.lock ? 3 : 2)
                && (lapsed || rv_is(&el[1], "0"))
                && a.rec.state != 'r' && (!lapsed || a.rec.state == 'i'),
-               "status: a record is not {value, \"0\"|\"1\"[, alias]}");
+               "status: a record is not {value, \"0\"|\"1\"[, alias "
+               "| lock]}");
+    FUZZ_CHECK(a.lock == NULL
+               || ((a.rec.state == 'i' || a.rec.state == 'u')
+                   && a.lock == el[2].data && el[2].is_str
+                   && idem_is_key(el[2].data, el[2].len, IDEM_LOCK_SUFFIX)),
+               "status: a lock for '%c' that is not element 2, a lock key",
+               a.rec.state);
     FUZZ_CHECK(a.rec.state == 's'
                ? (a.alias_state == NULL ? el[2].is_str && el[2].len == 0
                   : alias_state_of(&el[2]) != NULL
@@ -938,6 +950,62 @@ check_accepts(const uint8_t *data, size_t size)
 
 
 /*
+ * idempotency_lock at the status endpoint: an operation in progress
+ * (live or lapsed) or unknown with the name of the lock key it holds is
+ * accepted with exactly that name; the same name with another suffix
+ * (the record's, its sibling h's) or a byte short is refused
+ */
+static void
+check_accepts_lock(const uint8_t *data, size_t size)
+{
+    static const char   states[] = "iu";
+    char               *enc, name[IDEM_RECORD_KEY_LEN + 1];
+    size_t              len;
+    unsigned            b;
+    const char         *shown;
+    idem_rv_t           el[IDEM_STATUS_ELEMS];
+    fuzz_value_t        fv;
+    idem_status_t       s;
+    fuzz_reader_t       r = { data, size, 0 };
+
+    b = rd8(&r);
+
+    fuzz_value_from_input(&r, states[b & 1], rd8(&r), &fv);
+    enc = encode_exact(&fv.v, &len);
+
+    memcpy(name, IDEM_RECORD_PREFIX, sizeof(IDEM_RECORD_PREFIX) - 1);
+    rd_hex(&r, name + sizeof(IDEM_RECORD_PREFIX) - 1, 32);
+    memcpy(name + sizeof(IDEM_RECORD_PREFIX) - 1 + 32, IDEM_LOCK_SUFFIX,
+           sizeof(IDEM_LOCK_SUFFIX));
+
+    el[0] = rv_str(enc, len);
+    el[1] = rv_str((fv.v.state == 'i' && (b & 2)) ? "1" : "0", 1);
+    el[2] = rv_str(name, IDEM_RECORD_KEY_LEN);
+    shown = idem_state_name(rv_is(&el[1], "1") ? 'u' : fv.v.state);
+
+    FUZZ_CHECK(idem_status_decode(el, 3, &s) == IDEM_STATUS_RECORD
+               && value_same(&s.rec, &fv.v) && s.lock == name
+               && s.alias_state == NULL && s.state != NULL
+               && strcmp(s.state, shown) == 0,
+               "status: a good answer with a lock was not accepted: %s %s",
+               fuzz_show(enc, len), name);
+
+    el[2] = rv_str(name, IDEM_RECORD_KEY_LEN - 1);
+    FUZZ_CHECK(idem_status_decode(el, 3, &s) == IDEM_STATUS_INVALID
+               && s.lock == NULL,
+               "status: a lock name a byte short was accepted");
+
+    el[2] = rv_str(name, IDEM_RECORD_KEY_LEN);
+    name[IDEM_RECORD_KEY_LEN - 1] = (b & 4) ? 'r' : 'h';
+    FUZZ_CHECK(idem_status_decode(el, 3, &s) == IDEM_STATUS_INVALID
+               && s.lock == NULL,
+               "status: %s was accepted as a lock", name);
+
+    free(enc);
+}
+
+
+/*
  * idempotency_unique and idempotency_lock: {"reused", ...} of each state
  * that holds an identity (and not of a completed non-2xx), {"locked", ...}
  * with and without its lease and id, status.lua's answer for an alias
@@ -1048,6 +1116,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     check_redirect(data, size);
     check_accepts(data, size);
     check_accepts_business(data, size);
+    check_accepts_lock(data, size);
 
     reply_free(&rp);
 

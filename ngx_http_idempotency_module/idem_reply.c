@@ -216,15 +216,17 @@ idem_status_kind(const idem_rv_t *el, size_t n, idem_status_t *s)
         return IDEM_STATUS_INVALID;
     }
 
-    /*
-     * an alias comes with the state of the operation it reuses, or ""
-     * (status.lua's answer for a marker, an alias or no record there)
-     */
-    if ((s->rec.state == 's') != (n == 3)) {
-        return IDEM_STATUS_INVALID;
-    }
+    if (n == 2) {
+        /* an alias never comes without its third element */
+        if (s->rec.state == 's') {
+            return IDEM_STATUS_INVALID;
+        }
 
-    if (n == 3) {
+    } else if (s->rec.state == 's') {
+        /*
+         * the state of the operation it reuses, or "" (status.lua's
+         * answer for a marker, an alias or no record there)
+         */
         if (!el[2].is_str || el[2].len > 1
             || (el[2].len == 1 && memchr("icuap", el[2].data[0], 5) == NULL))
         {
@@ -232,6 +234,16 @@ idem_status_kind(const idem_rv_t *el, size_t n, idem_status_t *s)
         }
 
         s->alias_state = el[2].len ? idem_state_name(el[2].data[0]) : NULL;
+
+    } else {
+        /* an operation in progress or unknown: the lock it holds */
+        if ((s->rec.state != 'i' && s->rec.state != 'u') || !el[2].is_str
+            || !idem_is_key(el[2].data, el[2].len, IDEM_LOCK_SUFFIX))
+        {
+            return IDEM_STATUS_INVALID;
+        }
+
+        s->lock = el[2].data;
     }
 
     /* only a claim can lapse */

@@ -74,7 +74,9 @@ idem_claim_kind_e idem_claim_decode(const idem_rv_t *el, size_t n,
 /*
  * status.lua: {} when there is no record, else {value, lapsed "0"|"1"},
  * and for an alias the state letter of the operation it reuses ("" when
- * that one holds nothing any more).
+ * that one holds nothing any more); for an operation in progress or
+ * unknown that holds a lock (idempotency_lock), the lock key's name.  A
+ * record without either is the reply of two elements it always was.
  */
 #define IDEM_STATUS_ELEMS  3
 
@@ -89,6 +91,8 @@ typedef struct {
     idem_value_t         rec;
     const char          *state;    /* as shown: a lapsed claim is unknown */
     const char          *alias_state;   /* s: its operation's, or NULL */
+    /* i, u: the name of the lock key it holds (IDEM_RECORD_KEY_LEN), or NULL */
+    const char          *lock;
 } idem_status_t;
 
 idem_status_kind_e idem_status_decode(const idem_rv_t *el, size_t n,

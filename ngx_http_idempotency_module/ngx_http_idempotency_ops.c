@@ -54,7 +54,8 @@ ngx_http_idem_status_body(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
     u_char  *p, *end;
     size_t   size;
 
-    size = 640 + ctx->key.len * 6 + st->rec.approver_len * 6;
+    size = 640 + ctx->key.len * 6 + st->rec.approver_len * 6
+           + sizeof(",\"lock\":\"\"") - 1 + IDEM_RECORD_KEY_LEN;
 
     out->body = ngx_pnalloc(r->pool, size);
     if (out->body == NULL) {
@@ -90,6 +91,12 @@ ngx_http_idem_status_body(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
         p = st->alias_state
             ? ngx_slprintf(p, end, "\"%s\"", st->alias_state)
             : ngx_slprintf(p, end, "null");
+    }
+
+    /* idempotency_lock: only while the operation holds it */
+    if (st->lock) {
+        p = ngx_slprintf(p, end, ",\"lock\":\"%*s\"",
+                         (size_t) IDEM_RECORD_KEY_LEN, st->lock);
     }
 
     if (st->rec.state == 'c') {
@@ -417,9 +424,15 @@ ngx_http_idem_ops_send(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
 }
 
 
+/*
+ * status.lua gets the record and the key beside it that names the lock
+ * its operation took (idempotency_lock): the request has the key, not the
+ * body the lock key is derived from
+ */
 ngx_int_t
 ngx_http_idem_status_handler(ngx_http_request_t *r)
 {
+    u_char               *keys[1], hkey[IDEM_RECORD_KEY_LEN + 1];
     ngx_int_t             rc;
     ngx_http_idem_ctx_t  *ctx;
 
@@ -431,10 +444,15 @@ ngx_http_idem_status_handler(ngx_http_request_t *r)
         return rc;
     }
 
+    idem_sibling_key((const char *) ctx->rkey, IDEM_HOLDS_SUFFIX,
+                     (char *) hkey);
+    keys[0] = hkey;
+
     return ngx_http_idem_ops_send(r, ctx,
-               ngx_http_idem_cmd_create(ctx->conf->redis,
-                                        NGX_HTTP_IDEM_SCRIPT_STATUS,
-                                        ctx->rkey, 0, r->connection->log));
+               ngx_http_idem_cmd_create_keys(ctx->conf->redis,
+                                             NGX_HTTP_IDEM_SCRIPT_STATUS,
+                                             ctx->rkey, keys, 1, 0,
+                                             r->connection->log));
 }
 
 

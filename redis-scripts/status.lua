@@ -6,10 +6,14 @@
 --: args
 --
 -- KEYS[1]  record key
+-- KEYS[2]  the record key's sibling "h": the lock its operation took
+--          (idempotency_lock), as claim.lua named it
 --
 -- Replies: {} when there is no record, else {value, lapsed "0" | "1"};
 -- an alias (idempotency_unique) adds the state of the operation it
--- reuses, as that operation's claim would see it, or "" when none
+-- reuses, as that operation's claim would see it, or "" when none; an
+-- operation in progress or unknown adds the name of the lock key it
+-- holds now, if any
 
 local v = redis.pcall('GET', KEYS[1])
 
@@ -39,6 +43,40 @@ end
 if state == 's' then
     local ts = holds(f[2], string.sub(v, 4, 35)) or ''
     return {v, '0', ts == 'lapsed' and 'u' or ts}
+end
+
+-- The lock this operation holds now: the one the "h" key names for it,
+-- while that lock key still names this operation (claim.lua's own test,
+-- with the record in progress or unknown).  Anything else under either
+-- key (another operation's, a lock taken over since, a foreign value)
+-- is no lock of this one.
+local function lock_of(op)
+    local h = redis.pcall('GET', KEYS[2])
+    if type(h) ~= 'string' then
+        return nil
+    end
+    local rk, hop, lk = named(h, #KEYS[1])
+    -- a lock key is the record key's prefix, 32 hex digits and "}:l"
+    if rk ~= KEYS[1] or hop ~= op or #lk ~= #KEYS[1]
+       or string.sub(lk, 1, 6) ~= string.sub(KEYS[1], 1, 6)
+       or not string.find(lk, '^[0-9a-f]+}:l$', 7) then
+        return nil
+    end
+    local l = redis.pcall('GET', lk)
+    if type(l) ~= 'string' then
+        return nil
+    end
+    rk, hop = named(l, #KEYS[1])
+    return rk == KEYS[1] and hop == op and lk or nil
+end
+
+if state == 'i' or state == 'u' then
+    local lapse = (state == 'i' and lapsed(KEYS[1], f)) and '1' or '0'
+    local lk = lock_of(string.sub(v, 4, 35))
+    if lk then
+        return {v, lapse, lk}
+    end
+    return {v, lapse}
 end
 
 if state == 'c' then

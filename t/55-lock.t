@@ -4,7 +4,9 @@
 # deploy:production; dep-119 (commit d4e5f6) to production is refused with
 # 409 lock-held and Retry-After, and executes once the first completes;
 # staging is not blocked. A dead worker's lock becomes the unknown
-# operation's lock, held until an operator resolves the operation.
+# operation's lock, held until an operator resolves the operation. The
+# status endpoint shows the lock key an operation holds ("lock"), and
+# nothing once it holds none.
 
 use strict;
 use warnings;
@@ -12,6 +14,7 @@ use FindBin;
 use lib "$FindBin::Bin/lib";
 use Test::More;
 use JSON::PP;
+use Digest::SHA qw(sha256_hex);
 use Time::HiRes qw(sleep time);
 use Idem::Test;
 
@@ -74,6 +77,23 @@ sub deploy_bg {
 
 sub op_of { (($t->record($_[0], $AUTH)) // {})->{op} // '' }
 
+# the lock key of a value, computed here as docs/business-keys.md derives
+# it: "idem-lock-v1" NUL, an empty length-prefixed scope, the value
+sub lock_name { 'idem:{' . substr(sha256_hex("idem-lock-v1\0" . pack('Q>', 0) . $_[0]), 0, 32) . '}:l' }
+
+# the key beside a record that names the lock its operation took
+sub holds_name { (my $h = $t->record_name($_[0], $AUTH)) =~ s/:r$/:h/; $h }
+
+sub status_of { $t->http(GET => '/status', key => $_[0], headers => [ Authorization => $AUTH ]) }
+
+# the status document of a key, undef unless 200
+sub status_json {
+    my $r = status_of($_[0]);
+    return undef unless $r->{status} == 200;
+    my $j = eval { JSON::PP->new->decode($r->{content}) };
+    return ref $j eq 'HASH' ? $j : undef;
+}
+
 # ---- dep-118 to production is slow; dep-119 to production must wait
 my ($k118, $k119, $kst) = map { $t->key($_) } qw(dep-118 dep-119 dep-staging);
 my $bg = deploy_bg($k118, 'dep-118', 'a1b2c3', 'production', 2.5);
@@ -104,8 +124,44 @@ my $st = deploy($kst, 'dep-121', 'd4e5f6', 'staging');
 is($st->{status}, 201, 'staging is not blocked: 201') or diag($t->show($st));
 is($t->effects(key => $kst), 1, 'staging: 1 effect');
 
+# ---- the status endpoint shows the lock an operation holds, and only then
+my $LPROD = lock_name('deploy:production');
+{
+    my $s = status_json($k118) // {};
+    is($s->{state}, 'in_progress', 'status of dep-118 while it holds the lock: in_progress');
+    is($s->{lock}, $LPROD, '... "lock" is the lock key of deploy:production, as docs/business-keys.md derives it');
+    my $name = $t->record_name($k118, $AUTH) . op_of($k118);
+    is(substr($t->redis('GET', $LPROD) // '', 0, length $name), $name,
+       '... the key Redis holds under that name names dep-118\'s record and operation');
+    is($t->redis('GET', holds_name($k118)), $name . $LPROD,
+       'beside the record, idem:{...}:h names the record, the operation and the lock key');
+    cmp_ok(abs($t->redis('PTTL', holds_name($k118)) - $t->redis('PTTL', $LPROD)), '<', 300,
+           '... and has the lock key\'s TTL (taken and renewed with it)');
+    $t->is_problem(status_of($k119), 404, 'not-found', name => 'dep-119, refused lock-held: no record at the status endpoint');
+    my $done = status_json($kst) // {};
+    is($done->{state}, 'completed', 'the staging deployment that ran: completed');
+    ok(!exists $done->{lock}, '... its status has no "lock"');
+
+    my $ks = $t->key('dep-staging-slow');
+    my $b = deploy_bg($ks, 'dep-122', 'beef', 'staging', 1.5);
+    ok($t->wait_for(sub { $t->effects(key => $ks) == 1 }, 5), 'a slow deployment to staging runs beside dep-118');
+    my $ss = status_json($ks) // {};
+    is($ss->{lock}, lock_name('deploy:staging'), '... its status shows the lock key of deploy:staging');
+    isnt($ss->{lock} // $LPROD, $LPROD, '... not production\'s');
+    is(($b->result(20) // {})->{status}, 201, '... it completes');
+    $ss = status_json($ks) // {};
+    ok($ss->{state} eq 'completed' && !exists $ss->{lock}, '... and then its status has no "lock"')
+        or diag(explain $ss);
+    is($t->effects(key => $ks), 1, '... 1 effect');
+}
+
 my $r118 = $bg->result(20);
 is($r118 && $r118->{status}, 201, 'dep-118 completes');
+{
+    my $s = status_json($k118) // {};
+    is($s->{state}, 'completed', 'its status: completed');
+    ok(!exists $s->{lock}, '... without "lock" (it holds the lock no more)');
+}
 $r = deploy($k119, 'dep-119', 'd4e5f6', 'production');
 is($r->{status}, 201, 'then the retry of dep-119 executes') or diag($t->show($r));
 is($t->effects(key => $k119), 1, 'dep-119: 1 effect');
@@ -173,9 +229,14 @@ is($t->effects(key => $k118), 1, 'dep-118: 1 effect');
     $bgk->result(20);
     my $x = deploy($b, 'dep-151', 'ee', 'apac');
     $t->is_problem($x, 409, 'lock-held', name => 'while the dead owner\'s lease runs: lock-held');
+    my $LAPAC = lock_name('deploy:apac');
+    is((status_json($a) // {})->{lock}, $LAPAC, 'the dead owner\'s operation: its status shows the lock of deploy:apac');
     ok($t->wait_for(sub { (($t->problem(deploy($b, 'dep-151', 'ee', 'apac')) // {})->{type} // '') =~ /lock-held/
                           && ($t->record($a, $AUTH) // {})->{state} eq 'unknown' }, 10),
        'after the lease: the operation is unknown, and the lock still held');
+    my $su = status_json($a) // {};
+    is(join(' ', $su->{state} // 'none', $su->{lock} // 'none'), "unknown $LAPAC",
+       'its status: unknown, still showing the lock');
     $x = deploy($b, 'dep-151', 'ee', 'apac');
     $t->is_problem($x, 409, 'lock-held', retry_after => 60, name => 'held by an unknown operation: Retry-After 60');
     is($t->effects(key => $b), 0, 'the blocked deployment: 0 effects');
@@ -183,10 +244,37 @@ is($t->effects(key => $k118), 1, 'dep-118: 1 effect');
     is(deploy($b, 'dep-151', 'ee', 'apac')->{status}, 409, 'after the orphaned upstream answer: still held');
     my $adm = $t->http(POST => '/admin?action=release', key => $a, headers => [ Authorization => $AUTH ]);
     is($adm->{status}, 200, 'the operator releases the unknown operation') or diag($t->show($adm));
+    $t->is_problem(status_of($a), 404, 'not-found', name => 'released: no record, no lock shown');
     $x = deploy($b, 'dep-151', 'ee', 'apac');
     is($x->{status}, 201, 'then the blocked deployment executes') or diag($t->show($x));
+    ok(!exists((status_json($b) // { lock => 'no status' })->{lock}), '... its status, completed, has no "lock"');
     is($t->effects(key => $b), 1, '... 1 effect');
     is($t->effects(key => $a), 1, 'the killed one: still 1 effect');
+}
+
+# ---- an operation whose answer was lost (unknown) keeps its lock, and its
+# status shows it, until an operator resolves it as completed
+{
+    my ($a, $b) = ($t->key('dep-dropped'), $t->key('dep-after-drop'));
+    my $LOCE = lock_name('deploy:oceania');
+    my $x = deploy($a, 'dep-170', 'ab', 'oceania', headers => [ 'X-Drop' => 1 ]);
+    is($x->{status}, 502, 'the upstream closes without an answer: 502');
+    ok($t->wait_state($a, $AUTH, 'unknown'), '... the operation is unknown');
+    my $s = status_json($a) // {};
+    is(join(' ', $s->{state} // 'none', $s->{lock} // 'none'), "unknown $LOCE",
+       'its status: unknown, with the lock of deploy:oceania');
+    $t->is_problem(deploy($b, 'dep-171', 'cd', 'oceania'), 409, 'lock-held', retry_after => 60,
+                   name => '... which another deployment to oceania meets');
+    my $adm = $t->http(POST => '/admin?action=complete&status=201', key => $a, headers => [ Authorization => $AUTH ]);
+    is($adm->{status}, 200, 'the operator completes it') or diag($t->show($adm));
+    $s = status_json($a) // {};
+    ok(($s->{state} // '') eq 'completed' && !exists $s->{lock}, '... then its status: completed, no "lock"')
+        or diag(explain $s);
+    my $name = $t->record_name($a, $AUTH) . op_of($a);
+    is(substr($t->redis('GET', $LOCE) // '', 0, length $name), $name,
+       '... though the lock key still names it (a name that holds nothing)');
+    is(deploy($b, 'dep-171', 'cd', 'oceania')->{status}, 201, 'the other deployment executes');
+    is($t->effects(key => $a) + $t->effects(key => $b), 2, '2 effects');
 }
 
 # ---- no environment in the body: no lock

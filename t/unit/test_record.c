@@ -1738,6 +1738,69 @@ test_status_alias(void)
 }
 
 
+/*
+ * idempotency_lock: an operation in progress (live or lapsed) or unknown
+ * comes with the name of the lock key it holds; nothing else does, and a
+ * record without one is answered as before
+ */
+#define LOCK_HEX  "3e0a00b658e86a41c98f52d07313a479"
+#define LOCK      "idem:{" LOCK_HEX "}:l"
+
+static void
+test_status_lock(void)
+{
+    rec_t          ri, ru, rc, rs, ra;
+    idem_status_t  s;
+
+    ri = mk("2i0", OP, FP, OWNER, I_F);
+    ru = mk("2u0", OP, FP, DASHES, U_F);
+    rc = mk("2c0", OP, FP, DASHES, C_F);
+    rs = mk("2s0", OP, FP, DASHES, S_F);
+    ra = mk("2a0", OP, FP, DASHES, "13:1796222500440,13:1796222560000,");
+
+    ok(STATUS(&s, 3, V(ri), S("0"), S(LOCK)) == IDEM_STATUS_RECORD
+       && s.lock != NULL && memcmp(s.lock, LOCK, IDEM_RECORD_KEY_LEN) == 0
+       && s.alias_state == NULL, "in progress, holding a lock: its name");
+    is_str(s.state, "in_progress", "... and in_progress");
+    ok(STATUS(&s, 3, V(ri), S("1"), S(LOCK)) == IDEM_STATUS_RECORD
+       && s.lock != NULL, "a lapsed claim holding a lock: its name");
+    is_str(s.state, "unknown", "... shown as unknown");
+    ok(STATUS(&s, 3, V(ru), S("0"), S(LOCK)) == IDEM_STATUS_RECORD
+       && s.lock != NULL, "unknown, holding a lock: its name");
+    ok(STATUS(&s, 2, V(ri), S("0")) == IDEM_STATUS_RECORD && s.lock == NULL,
+       "in progress without a lock: no lock (the reply as before)");
+    ok(STATUS(&s, 2, V(ru), S("0")) == IDEM_STATUS_RECORD && s.lock == NULL,
+       "unknown without a lock: no lock");
+    ok(STATUS(&s, 3, V(rs), S("0"), S("c")) == IDEM_STATUS_RECORD
+       && s.lock == NULL, "an alias's third element is no lock");
+
+    ok(STATUS(&s, 3, V(rc), S("0"), S(LOCK)) == IDEM_STATUS_INVALID
+       && s.lock == NULL && s.state == NULL,
+       "a completed record with a lock: invalid, nothing set");
+    ok(STATUS(&s, 3, V(ra), S("0"), S(LOCK)) == IDEM_STATUS_INVALID,
+       "a proposal with a lock: invalid");
+    ok(STATUS(&s, 3, V(rs), S("0"), S(LOCK)) == IDEM_STATUS_INVALID,
+       "an alias with a lock for its state: invalid");
+    ok(STATUS(&s, 3, V(ri), S("0"), S("")) == IDEM_STATUS_INVALID,
+       "in progress, an empty lock: invalid");
+    ok(STATUS(&s, 3, V(ri), S("0"), S("idem:{" LOCK_HEX "}:r"))
+       == IDEM_STATUS_INVALID, "a record key for the lock: invalid");
+    ok(STATUS(&s, 3, V(ri), S("0"), S("idem:{" LOCK_HEX "}:h"))
+       == IDEM_STATUS_INVALID, "the h key for the lock: invalid");
+    ok(STATUS(&s, 3, V(ri), S("0"),
+              S("idem:{3E0A00B658E86A41C98F52D07313A479}:l"))
+       == IDEM_STATUS_INVALID, "a lock name in upper case: invalid");
+    ok(STATUS(&s, 3, V(ri), S("0"), S(LOCK "x")) == IDEM_STATUS_INVALID,
+       "a lock name with a byte more: invalid");
+    ok(STATUS(&s, 3, V(ri), S("0"), T(LOCK)) == IDEM_STATUS_INVALID,
+       "a lock name that is not a string: invalid");
+    ok(STATUS(&s, 3, V(ri), S("0"), NIL) == IDEM_STATUS_INVALID,
+       "a nil lock: invalid");
+    ok(STATUS(&s, 4, V(ri), S("0"), S(LOCK)) == IDEM_STATUS_INVALID,
+       "in progress in a reply of 4: invalid");
+}
+
+
 static void
 test_admin_decode(void)
 {
@@ -1867,6 +1930,7 @@ main(void)
     test_claim_decode();
     test_status_decode();
     test_status_alias();
+    test_status_lock();
     test_admin_decode();
     test_approve_decode();
     test_close_decode();
