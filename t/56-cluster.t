@@ -149,12 +149,7 @@ EOF
 
 # slot => master port, from CLUSTER SLOTS now
 my @owner;
-sub learn_owners {
-    @owner = ();
-    for my $s (@{ $t->cluster_shards }) {
-        $owner[$_] = $s->{master} for $s->{first} .. $s->{last};
-    }
-}
+sub learn_owners { @owner = @{ $t->cluster_owners } }
 ok($t->wait_for(sub { my $sh = $t->cluster_shards; @$sh && !grep { !@{ $_->{replicas} } } @$sh }, 30),
    'every master has its replica');
 learn_owners();
@@ -164,14 +159,7 @@ is(scalar @masters, 3, 'three masters serve the slots');
 sub slot_of { $t->key_slot($t->record_name($_[0])) }
 
 # a fresh key whose record is in slot $s, or on master $port
-sub key_in {
-    my ($tag, $want) = @_;
-    for (1 .. 200000) {
-        my $k = $t->key($tag);
-        return $k if $want->(slot_of($k));
-    }
-    die "no key for $tag";
-}
+sub key_in { $t->key_where(@_) }
 sub key_on { my ($tag, $port) = @_; key_in($tag, sub { ($owner[$_[0]] // 0) == $port }) }
 
 is(join(' ', map { $t->key_slot($_) } qw(idem:{abc}:r user1000 foo{}{bar})),

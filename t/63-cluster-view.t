@@ -27,12 +27,7 @@ ok($t->wait_for(sub { my $sh = $t->cluster_shards; @$sh == 3 && !grep { !@{ $_->
    'three masters, each with its replica');
 
 my @owner;
-sub learn_owners {
-    @owner = ();
-    for my $s (@{ $t->cluster_shards }) {
-        $owner[$_] = $s->{master} for $s->{first} .. $s->{last};
-    }
-}
+sub learn_owners { @owner = @{ $t->cluster_owners } }
 learn_owners();
 my @masters = do { my %m = map { $_ => 1 } grep { defined } @owner; sort keys %m };
 my $seed = $t->cluster_shards->[0]{replicas}[0];
@@ -50,15 +45,7 @@ server {
 EOF
 
 sub node_id { $t->redis_at($_[0], 'CLUSTER', 'MYID') }
-sub slot_of { $t->key_slot($t->record_name($_[0])) }
-sub key_in {
-    my ($tag, $want) = @_;
-    for (1 .. 200000) {
-        my $k = $t->key($tag);
-        return $k if $want->(slot_of($k));
-    }
-    die "no key for $tag";
-}
+sub key_in { $t->key_where(@_) }
 
 for my $m (@masters) {
     my $k = key_in('before', sub { ($owner[$_[0]] // 0) == $m });

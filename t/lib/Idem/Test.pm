@@ -393,6 +393,28 @@ sub cluster_shards {
     return [];
 }
 
+# cluster_owners(): [ slot => its master's port ] from CLUSTER SLOTS of a
+# running node
+sub cluster_owners {
+    my ($self) = @_;
+    my @owner;
+    for my $s (@{ $self->cluster_shards }) {
+        $owner[$_] = $s->{master} for $s->{first} .. $s->{last};
+    }
+    return \@owner;
+}
+
+# key_where($tag, sub { $slot }): a fresh key (key($tag)) whose record lies
+# in a slot the sub accepts
+sub key_where {
+    my ($self, $tag, $want) = @_;
+    for (1 .. 200000) {
+        my $k = $self->key($tag);
+        return $k if $want->($self->key_slot($self->record_name($k)));
+    }
+    die "no key for $tag";
+}
+
 # key_slot($redis_key): its Redis Cluster slot, CRC16/XMODEM of the key (or
 # of its hash tag: what lies between the first "{" and the next "}", when
 # that is not empty) modulo 16384, as Redis computes it
