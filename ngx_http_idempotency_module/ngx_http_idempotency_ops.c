@@ -427,7 +427,9 @@ ngx_http_idem_ops_send(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
 /*
  * status.lua gets the record and the key beside it that names the lock
  * its operation took (idempotency_lock): the request has the key, not the
- * body the lock key is derived from
+ * body the lock key is derived from.  Not on a cluster, where no lock is
+ * taken: while a slot migrates, Redis refuses (TRYAGAIN) a script of two
+ * keys when one of them is missing, and that key never exists there.
  */
 ngx_int_t
 ngx_http_idem_status_handler(ngx_http_request_t *r)
@@ -451,8 +453,9 @@ ngx_http_idem_status_handler(ngx_http_request_t *r)
     return ngx_http_idem_ops_send(r, ctx,
                ngx_http_idem_cmd_create_keys(ctx->conf->redis,
                                              NGX_HTTP_IDEM_SCRIPT_STATUS,
-                                             ctx->rkey, keys, 1, 0,
-                                             r->connection->log));
+                                             ctx->rkey, keys,
+                                             ctx->conf->redis->route ? 0 : 1,
+                                             0, r->connection->log));
 }
 
 

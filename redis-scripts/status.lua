@@ -7,7 +7,8 @@
 --
 -- KEYS[1]  record key
 -- KEYS[2]  the record key's sibling "h": the lock its operation took
---          (idempotency_lock), as claim.lua named it
+--          (idempotency_lock), as claim.lua named it; absent on a Redis
+--          Cluster, where no lock is taken
 --
 -- Replies: {} when there is no record, else {value, lapsed "0" | "1"};
 -- an alias (idempotency_unique) adds the state of the operation it
@@ -51,6 +52,9 @@ end
 -- key (another operation's, a lock taken over since, a foreign value)
 -- is no lock of this one.
 local function lock_of(op)
+    if not KEYS[2] then
+        return nil
+    end
     local h = redis.pcall('GET', KEYS[2])
     if type(h) ~= 'string' then
         return nil
