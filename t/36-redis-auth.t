@@ -49,6 +49,14 @@ server {
         proxy_ignore_client_abort on;
         proxy_pass http://%%UPSTREAM%%;
     }
+    location /acl-lock/ {
+        idempotency on;
+        idempotency_redis $R user=alice password=$UPW db=3;
+        idempotency_lease 3s;
+        idempotency_unique t:\$http_x_event;
+        idempotency_lock deploy:\$http_x_env;
+        proxy_pass http://%%UPSTREAM%%;
+    }
     location = /acl-status {
         idempotency_redis $R user=alice password=$UPW db=3;
         idempotency_status;
@@ -166,6 +174,41 @@ for my $c ([ '/pw/x', 'password=' ], [ '/acl/x', 'user= password= db=' ]) {
     my @refused = ref $log eq 'ARRAY'
         ? grep { my %e = @$_; ($e{username} // '') eq 'alice' } @$log : ('no ACL LOG');
     is(scalar @refused, 0, 'ACL user: Redis refused alice nothing (ACL LOG)') or diag(explain \@refused);
+}
+
+# the documented ACL is enough for idempotency_unique and idempotency_lock:
+# claim.lua takes the unique, lock and h keys, renew.lua extends them, the
+# status script reads the lock
+{
+    my ($k1, $k2, $k3) = map { $t->key("acl-lock-$_") } 1 .. 3;
+    my @h = ('X-Env' => 'production');
+    my $bg = $t->http_bg(POST => '/acl-lock/deploy', key => $k1, json => { build => 1 },
+                         headers => [ @h, 'X-Event' => 'ev-1', 'X-Delay' => 4 ], timeout => 15);
+    ok($t->wait_for(sub { $t->effects(key => $k1) == 1 }, 5), 'ACL user, lock: the first deployment runs');
+    my $held = $t->http(POST => '/acl-lock/deploy', key => $k2, json => { build => 2 },
+                        headers => [ @h, 'X-Event' => 'ev-2' ]);
+    $t->is_problem($held, 409, 'lock-held', key => $k2, name => 'ACL user, lock: a second deployment is held');
+    # past the lease (3 s): only renewals keep the claim, the lock and the h key
+    Time::HiRes::sleep(3.3);
+    my $st = $t->http(GET => '/acl-status', key => $k1);
+    is($st->{status}, 200, 'ACL user, lock: the status of the holder');
+    like($st->{content}, qr/"state":"in_progress".*"lock":"idem:\{[0-9a-f]{32}\}:l"/s,
+         'ACL user, lock: in progress, its lock shown, after a renewal') or diag($st->{content});
+    my $r = $bg->result(15);
+    is($r && $r->{status}, 201, 'ACL user, lock: the first deployment completes');
+    my $reuse = $t->http(POST => '/acl-lock/deploy', key => $k3, json => { build => 3 },
+                         headers => [ @h, 'X-Event' => 'ev-1' ]);
+    is($reuse->{status}, 201, 'ACL user, unique: another key of the same event gets the first answer');
+    is($reuse->{headers}{'idempotent-reused'}, 'true', '... marked Idempotent-Reused');
+    my $again = $t->http(POST => '/acl-lock/deploy', key => $k2, json => { build => 2 },
+                         headers => [ @h, 'X-Event' => 'ev-2' ]);
+    is($again->{status}, 201, 'ACL user, lock: once the first has completed, the second executes');
+    is($t->effects(uri => '/acl-lock/deploy'), 2, 'ACL user, lock: two effects in all');
+    my $log = $t->redis('ACL', 'LOG');
+    my @refused = ref $log eq 'ARRAY'
+        ? grep { my %e = @$_; ($e{username} // '') eq 'alice' } @$log : ('no ACL LOG');
+    is(scalar @refused, 0, 'ACL user, unique and lock: Redis refused alice nothing (ACL LOG)')
+        or diag(explain \@refused);
 }
 
 # refused credentials: 503, nothing executed, and it stays so
