@@ -436,6 +436,7 @@ ngx_http_idem_status_handler(ngx_http_request_t *r)
 {
     u_char               *keys[1], hkey[IDEM_RECORD_KEY_LEN + 1];
     ngx_int_t             rc;
+    ngx_uint_t            n;
     ngx_http_idem_ctx_t  *ctx;
 
     if (!(r->method & (NGX_HTTP_GET|NGX_HTTP_HEAD))) {
@@ -446,16 +447,19 @@ ngx_http_idem_status_handler(ngx_http_request_t *r)
         return rc;
     }
 
-    idem_sibling_key((const char *) ctx->rkey, IDEM_HOLDS_SUFFIX,
-                     (char *) hkey);
-    keys[0] = hkey;
+    n = 0;
+
+    if (ctx->conf->redis->route == NULL) {
+        idem_sibling_key((const char *) ctx->rkey, IDEM_HOLDS_SUFFIX,
+                         (char *) hkey);
+        keys[n++] = hkey;
+    }
 
     return ngx_http_idem_ops_send(r, ctx,
                ngx_http_idem_cmd_create_keys(ctx->conf->redis,
                                              NGX_HTTP_IDEM_SCRIPT_STATUS,
-                                             ctx->rkey, keys,
-                                             ctx->conf->redis->route ? 0 : 1,
-                                             0, r->connection->log));
+                                             ctx->rkey, keys, n, 0,
+                                             r->connection->log));
 }
 
 
