@@ -61,6 +61,31 @@ my ($slot) = grep { ($owner[$_] // 0) == $from
                     && $t->redis_at($from, 'CLUSTER', 'COUNTKEYSINSLOT', $_) == 0 } 0 .. 16383;
 my $mk = key_in('moved', sub { $_[0] == $slot });
 
+# The slot moves as a resharding moves it: IMPORTING on $to and MIGRATING on
+# $from first, so that SETSLOT NODE on $to gives it a new config epoch, the
+# highest.  Without that, whichever of the two has the higher epoch wins: a
+# heartbeat of $from that reaches $to before $from is told (a loaded machine
+# widens the window) gives the slot back to $from in $to's view, and each
+# node sends the slot's keys to the other.
+sub move_slot {
+    my ($s, $a, $b) = @_;
+    $t->redis_at($b, 'CLUSTER', 'SETSLOT', $s, 'IMPORTING', node_id($a));
+    $t->redis_at($a, 'CLUSTER', 'SETSLOT', $s, 'MIGRATING', node_id($b));
+    $t->redis_at($_, 'CLUSTER', 'SETSLOT', $s, 'NODE', node_id($b)) for ($b, $a, grep { $_ != $a && $_ != $b } @masters);
+}
+
+# every node but the reset seed says slot $s is $port's
+sub agree {
+    my ($s, $port) = @_;
+    for my $i (1 .. @ports) {
+        my $p = $t->instance_port("c$i");
+        next if $p == $seed || !$t->instance_pid("c$i");
+        my $sl = $t->redis_at($p, 'CLUSTER', 'SLOTS');
+        return 0 unless ref $sl eq 'ARRAY' && grep { $_->[0] <= $s && $s <= $_->[1] && $_->[2][1] == $port } @$sl;
+    }
+    return 1;
+}
+
 my $WARN = qr/the slot map from node \S+ serves 0 slots, fewer than the map in use: not taken/;
 unlike($t->error_log, $WARN, 'no map refused before the seed forgets the cluster');
 
@@ -68,7 +93,7 @@ my $r = $t->storm(name => 'view', path => '/view', clients => 4, run => 8, at =>
     documented => { '201' => 1, '201 replayed' => 1 },
     fault => sub {
         $t->redis_at($seed, 'CLUSTER', 'RESET', 'HARD');
-        $t->redis_at($_, 'CLUSTER', 'SETSLOT', $slot, 'NODE', node_id($to)) for ($to, $from, $masters[2]);
+        move_slot($slot, $from, $to);
         # the worker still sends this slot to $from: MOVED, then a new map
         $t->http(POST => '/moved', key => $mk, json => { k => 1 });
     },
@@ -81,6 +106,7 @@ is($t->answer($t->http(POST => '/moved', key => $mk, json => { k => 1 })), '201 
    "the key of the moved slot $slot replays");
 is($t->effects(key => $mk), 1, '... executed once');
 
+ok($t->wait_for(sub { agree($slot, $to) }, 10), "every node but the seed says slot $slot is $to\'s");
 learn_owners();
 is($owner[$slot], $to, "slot $slot is $to\'s now");
 for my $m (@masters) {
