@@ -129,16 +129,16 @@ my @S = map {
     $t->start_sentinel(name => "sentinel-$_", down_after => 1000, failover_timeout => 5000,
                        monitor => [ [ 'fo', $A[0], 2 ], [ 'kill', $B[0], 2 ], [ 'fowait', $W[0], 2 ] ])
 } 1 .. 3;
+my %REPLICAS = (fo => 1, kill => 2, fowait => 2);
 sub sentinels_ready {
     for my $s (@S) {
-        for my $name (qw(fo kill fowait)) {
-            my $m = $t->redis_at($s, 'SENTINEL', 'master', $name);
-            return 0 unless ref $m eq 'ARRAY' && ({ @$m }->{'num-other-sentinels'} // 0) >= 2;
+        for my $name (sort keys %REPLICAS) {
+            return 0 unless $t->sentinel_ready($s, $name, $REPLICAS{$name});
         }
     }
     return 1;
 }
-ok($t->wait_for(\&sentinels_ready, 20), 'the three sentinels know each other');
+ok($t->wait_for(\&sentinels_ready, 30), 'the three sentinels know each other and every replica');
 
 # the paths a real Sentinel hides: a fake one that names what this file
 # says and never announces a switch; two plain servers, "ro-1" a replica

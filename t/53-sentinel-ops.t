@@ -33,12 +33,8 @@ my @S = map {
     $t->start_sentinel(name => "sentinel-$_", down_after => 1000, failover_timeout => 5000,
                        monitor => [ [ 'ops', $M[0], 2 ] ])
 } 1 .. 3;
-ok($t->wait_for(sub {
-    !grep {
-        my $m = $t->redis_at($_, 'SENTINEL', 'master', 'ops');
-        !(ref $m eq 'ARRAY' && ({ @$m }->{'num-other-sentinels'} // 0) >= 2)
-    } @S
-}, 20), 'the three sentinels know each other');
+ok($t->wait_for(sub { !grep { !$t->sentinel_ready($_, 'ops', 1) } @S }, 30),
+   'the three sentinels know each other and the replica');
 
 $t->start_upstream;
 my $seeds = join ' ', map { "127.0.0.1:$_" } @S;

@@ -304,6 +304,20 @@ sub start_sentinel {
         [ $self->{redis_bin}, "$dir/sentinel.conf", '--sentinel' ], "$dir/sentinel.log");
 }
 
+# sentinel_ready($sentinel_port, $name, $replicas): that sentinel knows the
+# two others watching $name and $replicas replicas of it that it could
+# promote (flags "slave" alone, link to the master up).  A SENTINEL FAILOVER
+# sent before it has read a replica's own INFO answers NOGOODSLAVE.
+sub sentinel_ready {
+    my ($self, $s, $name, $replicas) = @_;
+    my $m = $self->redis_at($s, 'SENTINEL', 'master', $name);
+    return 0 unless ref $m eq 'ARRAY' && ({ @$m }->{'num-other-sentinels'} // 0) >= 2;
+    my $r = $self->redis_at($s, 'SENTINEL', 'replicas', $name);
+    return 0 unless ref $r eq 'ARRAY';
+    my @good = grep { my %f = @$_; ($f{flags} // '') eq 'slave' && ($f{'master-link-status'} // '') eq 'ok' } @$r;
+    return @good >= $replicas;
+}
+
 sub _start_instance {
     my ($self, $name, $port, $argv, $log) = @_;
     my $pid = _spawn(argv => $argv, stdout => "$log.stdout");
