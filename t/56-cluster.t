@@ -266,15 +266,6 @@ sub asking_calls {
     my ($port) = @_;
     return (($t->redis_at($port, 'INFO', 'commandstats') // '') =~ /cmdstat_asking:calls=(\d+)/)[0] // 0;
 }
-sub all_agree {
-    my ($slot, $port) = @_;
-    for my $i (1 .. @ports) {
-        next unless $t->instance_pid("c$i");
-        my $sl = $t->redis_at($t->instance_port("c$i"), 'CLUSTER', 'SLOTS');
-        return 0 unless ref $sl eq 'ARRAY' && grep { $_->[0] <= $slot && $slot <= $_->[1] && $_->[2][1] == $port } @$sl;
-    }
-    return 1;
-}
 
 subtest 'ASK while a slot migrates, MOVED once it has moved' => sub {
     my $k0 = key_on('moved-0', $masters[0]);
@@ -313,7 +304,7 @@ subtest 'ASK while a slot migrates, MOVED once it has moved' => sub {
 
     is($t->redis_at($_, 'CLUSTER', 'SETSLOT', $s, 'NODE', node_id($b)), 'OK', "SETSLOT $s NODE on $_")
         for ($b, $a, grep { $_ != $a && $_ != $b } @masters);
-    ok($t->wait_for(sub { all_agree($s, $b) }, 10), "every node says slot $s is $b\'s");
+    ok($t->wait_for(sub { $t->cluster_agree($s, $b) }, 10), "every node says slot $s is $b\'s");
     for my $k ($k0, $k1) {
         for (1 .. 4) {
             is($t->answer($t->http(POST => '/m', key => $k, json => { k => $k eq $k0 ? 0 : 1 })), '201 replayed',

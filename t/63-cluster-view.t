@@ -74,18 +74,6 @@ sub move_slot {
     $t->redis_at($_, 'CLUSTER', 'SETSLOT', $s, 'NODE', node_id($b)) for ($b, $a, grep { $_ != $a && $_ != $b } @masters);
 }
 
-# every node but the reset seed says slot $s is $port's
-sub agree {
-    my ($s, $port) = @_;
-    for my $i (1 .. @ports) {
-        my $p = $t->instance_port("c$i");
-        next if $p == $seed || !$t->instance_pid("c$i");
-        my $sl = $t->redis_at($p, 'CLUSTER', 'SLOTS');
-        return 0 unless ref $sl eq 'ARRAY' && grep { $_->[0] <= $s && $s <= $_->[1] && $_->[2][1] == $port } @$sl;
-    }
-    return 1;
-}
-
 my $WARN = qr/the slot map from node \S+ serves 0 slots, fewer than the map in use: not taken/;
 unlike($t->error_log, $WARN, 'no map refused before the seed forgets the cluster');
 
@@ -106,7 +94,7 @@ is($t->answer($t->http(POST => '/moved', key => $mk, json => { k => 1 })), '201 
    "the key of the moved slot $slot replays");
 is($t->effects(key => $mk), 1, '... executed once');
 
-ok($t->wait_for(sub { agree($slot, $to) }, 10), "every node but the seed says slot $slot is $to\'s");
+ok($t->wait_for(sub { $t->cluster_agree($slot, $to, $seed) }, 10), "every node but the seed says slot $slot is $to\'s");
 learn_owners();
 is($owner[$slot], $to, "slot $slot is $to\'s now");
 for my $m (@masters) {

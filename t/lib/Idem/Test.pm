@@ -418,6 +418,22 @@ sub cluster_owners {
     return \@owner;
 }
 
+# cluster_agree($slot, $port, @skip): every running cluster node, but those
+# on the ports in @skip, says in CLUSTER SLOTS that the master on $port
+# serves $slot
+sub cluster_agree {
+    my ($self, $slot, $port, @skip) = @_;
+    my %skip = map { $_ => 1 } @skip;
+    for my $i (1 .. @{ $self->{cluster} // [] }) {
+        my $p = $self->instance_port("c$i");
+        next if $skip{$p} || !$self->instance_pid("c$i");
+        my $sl = $self->redis_at($p, 'CLUSTER', 'SLOTS');
+        return 0 unless ref $sl eq 'ARRAY'
+            && grep { $_->[0] <= $slot && $slot <= $_->[1] && $_->[2][1] == $port } @$sl;
+    }
+    return 1;
+}
+
 # key_where($tag, sub { $slot }): a fresh key (key($tag)) whose record lies
 # in a slot the sub accepts
 sub key_where {
