@@ -134,6 +134,18 @@ start_redis() {   # sets REDIS_PORT REDIS_PID
 
 rcli() { redis-cli -h 127.0.0.1 -p "$REDIS_PORT" "$@"; }
 
+info_cpu_us() {   # INFO cpu of one or more servers on stdin: their CPU (user + sys), summed, in microseconds
+    tr -d '\r' | awk -F: '/^used_cpu_(user|sys):/ { t += $2 } END { printf "%.0f", t * 1e6 }'
+}
+
+redis_cpu_us() {   # Redis's CPU so far, in microseconds
+    rcli INFO cpu | info_cpu_us
+}
+
+worker_cpu_us() {   # worker_cpu_us PID: its user + system time so far, in microseconds
+    awk -v t="$(( 1000000 / $(getconf CLK_TCK) ))" '{ print ($14 + $15) * t }' "/proc/$1/stat"
+}
+
 # start_cluster N: a Redis Cluster of N masters (no replicas) in $T/cN,
 # each on a free port with its bus on another one (cluster-port), slots
 # spread by redis-cli; sets CLUSTER_PORTS and BENCH_CLUSTER ("host:port ...")
