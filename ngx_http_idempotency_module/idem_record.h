@@ -24,6 +24,18 @@
                               + sizeof(IDEM_RECORD_SUFFIX) - 1)
 
 /*
+ * A claim's completion, written by its owner with a native SET beside
+ * the record: record key + IDEM_DONE_INFIX + owner token (same hash tag,
+ * same slot).  It counts only while the record is still that owner's
+ * claim (redis-scripts/prelude.lua).  Before it, the key may hold
+ * IDEM_DONE_WAITED (a duplicate waits: the owner announces its
+ * completion) or IDEM_DONE_LOST (the claim was taken from its owner).
+ */
+#define IDEM_DONE_INFIX      ":c:"
+#define IDEM_DONE_WAITED     'w'
+#define IDEM_DONE_LOST       'x'
+
+/*
  * A proposal's operation id names its record key for the approval
  * endpoint: IDEM_OPERATION_PREFIX + op id + IDEM_OPERATION_SUFFIX holds
  * the record key while the proposal lives.  It is as long as a record

@@ -101,6 +101,7 @@ typedef struct {
     idem_ptr_set_t              *fp_exclude;       /* NULL: none */
     ngx_array_t                 *release_statuses; /* ngx_uint_t */
     ngx_msec_t                   wait;
+    ngx_flag_t                   complete_beside;  /* native completion */
     ngx_uint_t                   wait_replicas;    /* 0: no WAIT */
     ngx_msec_t                   wait_replicas_timeout;
     ngx_uint_t                   ops;    /* status or admin location */

@@ -594,10 +594,13 @@ ngx_http_idem_claim_proposal(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
 /*
  * What a record that holds the key means for this request: NONE when only
  * claim.lua can tell (a claim in flight, a marker, an approved proposal).
+ * A claim seen by the first look ("look") may have its completion beside
+ * it (idempotency_complete_beside), which only claim.lua reads: a changed
+ * request is then told the state the key is really in.
  */
 static ngx_http_idem_answer_e
 ngx_http_idem_claim_held(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
-    idem_value_t *v)
+    idem_value_t *v, ngx_uint_t look)
 {
     ngx_uint_t  same;
 
@@ -614,7 +617,7 @@ ngx_http_idem_claim_held(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
 
     same = ngx_memcmp(v->fp, ctx->fingerprint, IDEM_FP_HEX_LEN) == 0;
 
-    if (same && v->state == 'i') {
+    if (v->state == 'i' && (same || look)) {
         return NGX_HTTP_IDEM_ANS_NONE;
     }
 
@@ -767,7 +770,7 @@ ngx_http_idem_claim_decoded(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
         return NGX_HTTP_IDEM_ANS_CLAIMED;
 
     case IDEM_CLAIM_RECORD:
-        answer = ngx_http_idem_claim_held(r, ctx, &c->rec);
+        answer = ngx_http_idem_claim_held(r, ctx, &c->rec, !script);
 
         /*
          * claim.lua decides in flight claims and markers itself; only a
@@ -920,7 +923,7 @@ ngx_http_idem_claim_looked(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
         return NGX_HTTP_IDEM_ANS_NONE;
     }
 
-    answer = ngx_http_idem_claim_held(r, ctx, &c.rec);
+    answer = ngx_http_idem_claim_held(r, ctx, &c.rec, 1);
 
     if (answer == NGX_HTTP_IDEM_ANS_NONE && c.rec.state != 'r') {
         ngx_str_set(&ctx->audit_expect, "-");

@@ -41,15 +41,88 @@ ngx_http_idem_is_give_back(ngx_http_idem_cmd_t *cmd)
 }
 
 
-static void
-ngx_http_idem_closed_log(ngx_http_idem_cmd_t *cmd, redisReply *reply)
+/*
+ * A completion beside its claim (SET <key>:c:<owner> value PX ttl GET)
+ * answers with what it replaced: nothing, a waiter's mark (the completion
+ * then announces itself, as complete.lua would), or its own completion
+ * when it was sent again after its answer was lost: it is recorded.  The
+ * mark of a claim taken from its owner: nobody will read it, so it goes.
+ */
+static idem_close_kind_e
+ngx_http_idem_closed_beside(ngx_http_idem_cmd_t *cmd, redisReply *reply)
 {
-    const char         *what;
-    ngx_log_t          *log;
-    idem_close_kind_e   kind;
+    ngx_http_idem_cmd_t  *del;
+
+    static ngx_str_t      name = ngx_string("DEL");
+
+    if (reply->type == REDIS_REPLY_NIL) {
+        return IDEM_CLOSE_DONE;
+    }
+
+    if (reply->type != REDIS_REPLY_STRING || reply->len == 0) {
+        return IDEM_CLOSE_INVALID;
+    }
+
+    if (reply->str[0] == '2') {
+        return IDEM_CLOSE_DONE;
+    }
+
+    if (reply->len != 1) {
+        return IDEM_CLOSE_INVALID;
+    }
+
+    if (reply->str[0] == IDEM_DONE_WAITED) {
+        (void) ngx_http_idem_announce(cmd->redis, cmd->key, cmd->redis->log);
+        return IDEM_CLOSE_DONE;
+    }
+
+    if (reply->str[0] != IDEM_DONE_LOST) {
+        return IDEM_CLOSE_INVALID;
+    }
+
+    del = ngx_http_idem_cmd_native(cmd->redis, &name, 0, cmd->key,
+                                   cmd->argvlen[1] - IDEM_RECORD_KEY_LEN,
+                                   cmd->redis->log);
+    if (del) {
+        ngx_http_idem_cmd_sibling(del, (u_char *) cmd->argv[1]
+                                       + IDEM_RECORD_KEY_LEN,
+                                  cmd->argvlen[1] - IDEM_RECORD_KEY_LEN);
+        (void) ngx_http_idem_cmd_send(del, NULL, NULL);
+    }
+
+    return IDEM_CLOSE_NOT_HELD;
+}
+
+
+/* what a closing command's answer says */
+static idem_close_kind_e
+ngx_http_idem_closed_kind(ngx_http_idem_cmd_t *cmd, redisReply *reply)
+{
+    if (reply == NULL || reply->type == REDIS_REPLY_ERROR) {
+        return IDEM_CLOSE_INVALID;
+    }
+
+    if (cmd->script == NGX_HTTP_IDEM_NSCRIPTS) {
+        return ngx_http_idem_closed_beside(cmd, reply);
+    }
+
+    return reply->type == REDIS_REPLY_INTEGER
+           ? idem_close_decode(reply->integer) : IDEM_CLOSE_INVALID;
+}
+
+
+static void
+ngx_http_idem_closed_log(ngx_http_idem_cmd_t *cmd, redisReply *reply,
+    idem_close_kind_e kind)
+{
+    const char  *what;
+    ngx_log_t   *log;
 
     log = cmd->redis->log;
-    what = cmd->redis->scripts[cmd->script].name;
+
+    /* the one native closing command is a completion's */
+    what = cmd->script == NGX_HTTP_IDEM_NSCRIPTS
+           ? "complete" : cmd->redis->scripts[cmd->script].name;
 
     if (reply == NULL) {
         ngx_log_error(NGX_LOG_ERR, log, 0,
@@ -67,9 +140,6 @@ ngx_http_idem_closed_log(ngx_http_idem_cmd_t *cmd, redisReply *reply)
                       ? "" : "; the record turns unknown when its lease lapses");
         return;
     }
-
-    kind = reply->type == REDIS_REPLY_INTEGER
-           ? idem_close_decode(reply->integer) : IDEM_CLOSE_INVALID;
 
     if (kind == IDEM_CLOSE_INVALID) {
         ngx_log_error(NGX_LOG_ERR, log, 0,
@@ -116,12 +186,10 @@ ngx_http_idem_closed_replicated(ngx_http_idem_replicas_t *w, ngx_int_t acked)
 
 /* with idempotency_redis_wait, the answer waits for the replicas too */
 static void
-ngx_http_idem_closed_replicate(ngx_http_idem_ctx_t *ctx, redisReply *reply)
+ngx_http_idem_closed_replicate(ngx_http_idem_ctx_t *ctx,
+    idem_close_kind_e kind)
 {
-    if (ctx->conf->wait_replicas == 0
-        || reply == NULL || reply->type != REDIS_REPLY_INTEGER
-        || idem_close_decode(reply->integer) != IDEM_CLOSE_DONE)
-    {
+    if (ctx->conf->wait_replicas == 0 || kind != IDEM_CLOSE_DONE) {
         ctx->closed(ctx);
         return;
     }
@@ -144,6 +212,7 @@ static void
 ngx_http_idem_closed(ngx_http_idem_cmd_t *cmd, redisReply *reply)
 {
     ngx_int_t             rc;
+    idem_close_kind_e     kind;
     ngx_http_idem_ack_t  *ack;
     ngx_http_idem_ctx_t  *ctx;
     ngx_http_idem_cmd_t  *next;
@@ -159,7 +228,8 @@ ngx_http_idem_closed(ngx_http_idem_cmd_t *cmd, redisReply *reply)
         reply = NULL;
     }
 
-    ngx_http_idem_closed_log(cmd, reply);
+    kind = ngx_http_idem_closed_kind(cmd, reply);
+    ngx_http_idem_closed_log(cmd, reply, kind);
 
     ack = cmd->data;
 
@@ -173,7 +243,7 @@ ngx_http_idem_closed(ngx_http_idem_cmd_t *cmd, redisReply *reply)
 
     if (ctx) {
         ctx->ack = NULL;
-        ngx_http_idem_closed_replicate(ctx, reply);
+        ngx_http_idem_closed_replicate(ctx, kind);
     }
 }
 
@@ -274,10 +344,62 @@ ngx_http_idem_value_init(idem_value_t *v, ngx_http_idem_ctx_t *ctx,
 }
 
 
+/* SET <key>:c:<owner> value PX ttl GET: its arguments after the key */
+enum {
+    NGX_HTTP_IDEM_BESIDE_VALUE = 0,
+    NGX_HTTP_IDEM_BESIDE_PX,
+    NGX_HTTP_IDEM_BESIDE_TTL,
+    NGX_HTTP_IDEM_BESIDE_GET,
+    NGX_HTTP_IDEM_BESIDE_NARGS
+};
+
+#define NGX_HTTP_IDEM_BESIDE_LEN                                              \
+    (sizeof(IDEM_DONE_INFIX) - 1 + NGX_HTTP_IDEM_TOKEN_HEX)
+
+
+/*
+ * The completion written beside the claim (idempotency_complete_beside):
+ * one native command instead of complete.lua, whose Lua call and owner
+ * check cost Redis more than the rest of a first write (bench/RESULTS.md).
+ * Its name holds the owner token, and the record still names the claim's
+ * token, so a reader trusts it only while that claim holds the key: a
+ * late completion of a claim taken away lands where nobody reads.
+ */
+static ngx_http_idem_cmd_t *
+ngx_http_idem_beside_cmd(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
+    size_t size)
+{
+    u_char               *p, sub[NGX_HTTP_IDEM_BESIDE_LEN];
+    ngx_http_idem_cmd_t  *cmd;
+
+    static ngx_str_t      set = ngx_string("SET");
+
+    cmd = ngx_http_idem_cmd_native(ctx->conf->redis, &set,
+                                   NGX_HTTP_IDEM_BESIDE_NARGS, ctx->rkey,
+                                   NGX_HTTP_IDEM_BESIDE_LEN + size
+                                   + NGX_INT64_LEN + 5,
+                                   r->connection->log);
+    if (cmd == NULL) {
+        return NULL;
+    }
+
+    p = ngx_cpymem(sub, IDEM_DONE_INFIX, sizeof(IDEM_DONE_INFIX) - 1);
+    ngx_memcpy(p, ctx->owner, NGX_HTTP_IDEM_TOKEN_HEX);
+    ngx_http_idem_cmd_sibling(cmd, sub, sizeof(sub));
+
+    ngx_http_idem_cmd_set(cmd, NGX_HTTP_IDEM_BESIDE_PX, "PX", 2);
+    ngx_http_idem_cmd_set(cmd, NGX_HTTP_IDEM_BESIDE_GET, "GET", 3);
+    cmd->durable = 1;
+
+    return cmd;
+}
+
+
 static ngx_http_idem_cmd_t *
 ngx_http_idem_complete_cmd(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
 {
     u_char                    *p, *end;
+    ngx_uint_t                 value, ttl;
     ngx_chain_t               *cl;
     idem_value_t               v;
     ngx_http_idem_cmd_t       *cmd;
@@ -294,14 +416,25 @@ ngx_http_idem_complete_cmd(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
     v.body = NULL;          /* copied from the chain below */
     v.body_len = ctx->too_large ? 0 : ctx->body_size;
 
-    cmd = ngx_http_idem_fenced_cmd(r, ctx, NGX_HTTP_IDEM_SCRIPT_COMPLETE,
-                                   idem_value_len(&v) + NGX_INT64_LEN,
-                                   IDEM_AUDIT_COMPLETED);
+    /* the audit's entries are appended in the step that writes */
+    if (lcf->complete_beside && lcf->audit == NULL) {
+        cmd = ngx_http_idem_beside_cmd(r, ctx, idem_value_len(&v));
+        value = NGX_HTTP_IDEM_BESIDE_VALUE;
+        ttl = NGX_HTTP_IDEM_BESIDE_TTL;
+
+    } else {
+        cmd = ngx_http_idem_fenced_cmd(r, ctx, NGX_HTTP_IDEM_SCRIPT_COMPLETE,
+                                       idem_value_len(&v) + NGX_INT64_LEN,
+                                       IDEM_AUDIT_COMPLETED);
+        value = NGX_HTTP_IDEM_COMPLETE_VALUE;
+        ttl = NGX_HTTP_IDEM_COMPLETE_TTL;
+    }
+
     if (cmd == NULL) {
         return NULL;
     }
 
-    p = ngx_http_idem_cmd_start(cmd, NGX_HTTP_IDEM_COMPLETE_VALUE);
+    p = ngx_http_idem_cmd_start(cmd, value);
     end = (u_char *) idem_value_encode((char *) p, &v);
 
     /* the body's place is its last bytes, before the closing comma */
@@ -310,9 +443,8 @@ ngx_http_idem_complete_cmd(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
         p = ngx_cpymem(p, cl->buf->pos, cl->buf->last - cl->buf->pos);
     }
 
-    ngx_http_idem_cmd_end(cmd, NGX_HTTP_IDEM_COMPLETE_VALUE, end);
-    ngx_http_idem_cmd_set_num(cmd, NGX_HTTP_IDEM_COMPLETE_TTL,
-                              (int64_t) lcf->ttl * 1000);
+    ngx_http_idem_cmd_end(cmd, value, end);
+    ngx_http_idem_cmd_set_num(cmd, ttl, (int64_t) lcf->ttl * 1000);
 
     return cmd;
 }

@@ -161,6 +161,13 @@ static ngx_command_t  ngx_http_idem_commands[] = {
       offsetof(ngx_http_idem_loc_conf_t, wait),
       NULL },
 
+    { ngx_string("idempotency_complete_beside"),
+      NGX_HTTP_IDEM_CONF_ANY|NGX_CONF_FLAG,
+      ngx_conf_set_flag_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_idem_loc_conf_t, complete_beside),
+      NULL },
+
     { ngx_string("idempotency_conflict_status"),
       NGX_HTTP_IDEM_CONF_ANY|NGX_CONF_TAKE1,
       ngx_http_idem_conflict_status,
@@ -448,6 +455,7 @@ ngx_http_idem_create_loc_conf(ngx_conf_t *cf)
     conf->ttl = NGX_CONF_UNSET;
     conf->lease = NGX_CONF_UNSET_MSEC;
     conf->wait = NGX_CONF_UNSET_MSEC;
+    conf->complete_beside = NGX_CONF_UNSET;
     conf->wait_replicas = NGX_CONF_UNSET_UINT;
     conf->wait_replicas_timeout = NGX_CONF_UNSET_MSEC;
     conf->conflict_status = NGX_CONF_UNSET_UINT;
@@ -757,6 +765,7 @@ ngx_http_idem_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
     ngx_conf_merge_sec_value(conf->ttl, prev->ttl, 86400);
     ngx_conf_merge_msec_value(conf->lease, prev->lease, 60000);
     ngx_conf_merge_msec_value(conf->wait, prev->wait, 0);
+    ngx_conf_merge_value(conf->complete_beside, prev->complete_beside, 1);
     ngx_conf_merge_uint_value(conf->conflict_status, prev->conflict_status,
                               NGX_HTTP_CONFLICT);
     ngx_conf_merge_size_value(conf->store_max, prev->store_max,

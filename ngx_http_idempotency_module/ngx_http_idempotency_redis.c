@@ -1132,6 +1132,39 @@ ngx_http_idem_cmd_native(ngx_http_idem_redis_t *rd, ngx_str_t *name,
 }
 
 
+void
+ngx_http_idem_cmd_sibling(ngx_http_idem_cmd_t *cmd, const u_char *sub,
+    size_t sublen)
+{
+    /* the key is the block's first bytes: the sibling's name goes on */
+    cmd->pos = ngx_cpymem(cmd->pos, sub, sublen);
+    cmd->argvlen[1] = IDEM_RECORD_KEY_LEN + sublen;
+}
+
+
+ngx_int_t
+ngx_http_idem_announce(ngx_http_idem_redis_t *rd, const u_char *key,
+    ngx_log_t *log)
+{
+    ngx_http_idem_cmd_t  *cmd;
+
+    static ngx_str_t      publish = ngx_string("PUBLISH");
+
+    cmd = ngx_http_idem_cmd_native(rd, &publish, 1, key, 0, log);
+    if (cmd == NULL) {
+        return NGX_ERROR;
+    }
+
+    /* the channel first; the key still routes it (a Cluster broadcasts) */
+    cmd->argv[1] = IDEM_CHANNEL;
+    cmd->argvlen[1] = sizeof(IDEM_CHANNEL) - 1;
+    cmd->argv[2] = (const char *) cmd->key;
+    cmd->argvlen[2] = IDEM_RECORD_KEY_LEN;
+
+    return ngx_http_idem_cmd_send(cmd, NULL, NULL);
+}
+
+
 /*
  * A copy of a command to send again (its handler changes it first): the
  * same arguments, in a block of its own.

@@ -290,6 +290,18 @@ ngx_http_idem_cmd_t *ngx_http_idem_cmd_native(ngx_http_idem_redis_t *rd,
     ngx_str_t *name, ngx_uint_t nargs, const u_char *key, size_t size,
     ngx_log_t *log);
 
+/*
+ * The native command names the sibling <key><sub> of its key instead (the
+ * same hash tag: routed by the key); called before any argument is set,
+ * with sublen bytes counted in its size.
+ */
+void ngx_http_idem_cmd_sibling(ngx_http_idem_cmd_t *cmd, const u_char *sub,
+    size_t sublen);
+
+/* PUBLISH IDEM_CHANNEL <key>: a record somebody waits for has changed */
+ngx_int_t ngx_http_idem_announce(ngx_http_idem_redis_t *rd,
+    const u_char *key, ngx_log_t *log);
+
 /* a command of no key (CLUSTER SLOTS), sent on one link: not routed */
 ngx_http_idem_cmd_t *ngx_http_idem_cmd_on_link(ngx_http_idem_link_t *lk,
     ngx_str_t *words, ngx_uint_t n);

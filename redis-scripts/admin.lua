@@ -45,6 +45,10 @@ else
     if state == 'r' then
         return {'none'}
     end
+    -- completed beside its record (prelude.lua): nothing to resolve
+    if state == 'i' and done_of(KEYS[1], v) then
+        return {'refused', names.c}
+    end
     stuck = state == 'u' or (state == 'i' and lapsed(KEYS[1], f))
     created = f[1]
 end
@@ -61,6 +65,11 @@ if stop then
 end
 
 announce(KEYS[1], v)
+
+if state == 'i' then
+    disown(KEYS[1], v)
+end
+
 redis.call('DEL', KEYS[1])
 
 if action == 'release' then

@@ -67,8 +67,9 @@ local function unknown_of(v, f)
 end
 
 local function to_unknown(key, v, u)
-    redis.call('SET', key, u, 'KEEPTTL')
     announce(key, v)
+    disown(key, v)
+    redis.call('SET', key, u, 'KEEPTTL')
     return u
 end
 
@@ -209,6 +210,19 @@ if not f then
     return state
 end
 
+-- a claim whose owner wrote its completion beside it: that completion,
+-- from now on in the record's place
+if state == 'i' then
+    local c = settled(KEYS[1], v, true)
+    if c ~= v then
+        v = c
+        f, state = readable(v)
+        if not f then
+            return state
+        end
+    end
+end
+
 if state == 'r' then
     -- A claim from a connection its worker gave up on must not take the
     -- key: that worker answered its client already.  A duplicate that
@@ -256,9 +270,14 @@ end
 local left = lease_left(KEYS[1], f)
 
 if left > 0 then
-    if wait == '1' and string.sub(v, 3, 3) ~= '1' then
-        v = '2i1' .. string.sub(v, 4)
-        redis.call('SET', KEYS[1], v, 'KEEPTTL')
+    if wait == '1' then
+        if string.sub(v, 3, 3) ~= '1' then
+            v = '2i1' .. string.sub(v, 4)
+            redis.call('SET', KEYS[1], v, 'KEEPTTL')
+        end
+        -- the owner's completion beside the record finds the mark, and
+        -- announces itself (prelude.lua)
+        redis.call('SET', done_key(KEYS[1], v), 'w', 'NX', 'PX', f[3])
     end
     return {'in_progress', v, ms(left)}
 end

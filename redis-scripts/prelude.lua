@@ -24,10 +24,47 @@ local function owned(v, token)
            and string.sub(v, 100, 131) == token
 end
 
+-- A claim's owner writes its completion beside the record, by a native
+-- SET of <record key>:c:<owner token> (docs/states.md): no script on a
+-- first write.  It counts only while the record is still that owner's
+-- claim, so a late completion of a claim taken from its owner lands where
+-- nobody reads.  Before the completion the same key may hold "w" (a
+-- duplicate waits: the owner announces its completion) or "x" (the claim
+-- was taken from its owner, who logs that its completion was lost).
+local function done_key(key, v)
+    return key .. ':c:' .. string.sub(v, 100, 131)
+end
+
+-- the completion written beside claim v of key, or nil
+local function done_of(key, v)
+    if string.sub(v, 1, 2) ~= '2i' then
+        return nil
+    end
+    local c = redis.call('GET', done_key(key, v))
+    if c and string.sub(c, 1, 2) == '2c' then
+        return c
+    end
+    return nil
+end
+
 -- Somebody waits for this record (idempotency_wait): tell them it changed.
+-- The waiter's mark beside a claim is not needed any more.
 local function announce(key, v)
     if string.sub(v, 3, 3) == '1' then
         redis.call('PUBLISH', '@IDEM_CHANNEL@', key)
+        if string.sub(v, 2, 2) == 'i' then
+            redis.call('DEL', done_key(key, v))
+        end
+    end
+end
+
+-- Claim v of key is taken from its owner (its lease lapsed, an operator
+-- resolved it): a completion the owner may still write beside it meets
+-- "x", and the owner logs that it was not recorded.
+local function disown(key, v)
+    local left = redis.call('PTTL', key)
+    if left > 0 then
+        redis.call('SET', done_key(key, v), 'x', 'PX', left)
     end
 end
 

@@ -16,7 +16,8 @@
 
 local v = redis.call('GET', KEYS[1])
 
-if not owned(v, owner) then
+-- completed beside the record: its retention runs from the last renewal
+if not owned(v, owner) or done_of(KEYS[1], v) then
     return 0
 end
 

@@ -37,6 +37,15 @@ if not f then
     return state
 end
 
+-- a claim completed beside its record is shown as that completion
+if state == 'i' then
+    v = settled(KEYS[1], v)
+    f, state = readable(v)
+    if not f then
+        return state
+    end
+end
+
 if state == 'r' then
     return {}
 end

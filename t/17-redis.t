@@ -139,10 +139,8 @@ once_and_replay('/open/x', 'fail-open location with Redis up');
 is($t->redis('SCRIPT', 'FLUSH'), 'OK', 'SCRIPT FLUSH');
 {
     my $k = once_and_replay('/tcp', 'after SCRIPT FLUSH (NOSCRIPT fallback)', 1);
-    my @recs = $t->redis_keys;
-    my $states = join ',', map {
-        ($t->decode_record($t->redis('GET', $_)) // {})->{state} // '?'
-    } @recs;
+    my @recs = $t->redis_keys('idem:*}:r');
+    my $states = join ',', map { ($t->record_at($_) // {})->{state} // '?' } @recs;
     unlike($states, qr/in_progress|unknown/, 'after SCRIPT FLUSH: records were completed, not left in progress')
         or diag($states);
 }

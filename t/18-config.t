@@ -54,6 +54,7 @@ for my $c (
     [ 'redis at http level, on per location', "idempotency on;", '' , "$R" ],
     [ 'off without redis', 'idempotency off;' ],
     [ 'conflict status 409', "idempotency on; $R idempotency_conflict_status 409;" ],
+    [ 'complete_beside off', "idempotency on; $R idempotency_complete_beside off;" ],
 ) {
     my ($what, $loc, $srv, $http) = @$c;
     my ($rc, $out) = $t->nginx_test_conf(($http // '') . "\n" . conf($loc, $srv));
@@ -81,6 +82,8 @@ for my $c (
     [ 'conflict status 500',     'idempotency_conflict_status', "idempotency on; $R idempotency_conflict_status 500;" ],
     [ 'conflict status 410',     'idempotency_conflict_status', "idempotency on; $R idempotency_conflict_status 410;" ],
     [ 'store_failure maybe',     'idempotency_store_failure',   "idempotency on; $R idempotency_store_failure maybe;" ],
+    [ 'complete_beside maybe',   'idempotency_complete_beside', "idempotency on; $R idempotency_complete_beside maybe;" ],
+    [ 'complete_beside no value', 'idempotency_complete_beside', "idempotency on; $R idempotency_complete_beside;" ],
     [ 'store_max garbage',       'idempotency_store_max',       "idempotency on; $R idempotency_store_max lots;" ],
     [ 'on without redis',        'idempotency_redis',           'idempotency on;' ],
     [ 'idempotency maybe',       'idempotency',                 "idempotency maybe; $R" ],

@@ -57,7 +57,9 @@ is($t->effects(key => $k), 1, 'admin: no effect');
 my $again = $t->http(POST => '/pay', @req);
 is($again->{status}, 201, 'after release the retry executes');
 is($t->effects(key => $k), 2, 'the retry is the second effect, made on purpose');
-is($t->redis_keys('idem:*') + 0, 1, 'one record, the retry\'s');
+is($t->redis_keys('idem:*}:r') + 0, 1, 'one record, the retry\'s');
+is(($t->record($k, $auth) // {})->{op}, ($t->record_at(($t->redis_keys('idem:*}:r'))[0]) // {})->{op},
+   '... of this key');
 
 $t->check_logs;
 done_testing;

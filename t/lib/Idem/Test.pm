@@ -949,15 +949,32 @@ sub encode_record {
 # The record of ($key, $scope) as a hashref, undef when there is none: a
 # layout-2 string decoded (decode_record), with pttl, its TTL in ms; a
 # hash of layout 1 as its fields (HGETALL). A string that does not decode
-# is {corrupt => value}.
+# is {corrupt => value}. A claim whose owner wrote its completion beside
+# it (docs/states.md: "<record key>:c:<owner token>") is that completion,
+# with beside => 1 and the pttl of the completion's key; raw => 1 reads
+# the record key alone.
 sub record {
-    my ($self, $key, $scope) = @_;
-    my $name = $self->record_name($key, $scope);
+    my ($self, $key, $scope, %o) = @_;
+    return $self->record_at($self->record_name($key, $scope), %o);
+}
+
+# The same, of the record key $name.
+sub record_at {
+    my ($self, $name, %o) = @_;
     my $type = $self->redis('TYPE', $name);
     if ($type eq 'string') {
         my ($v, $pttl) = $self->redis_multi([ 'GET', $name ], [ 'PTTL', $name ]);
         my $r = $self->decode_record($v) // return { corrupt => $v };
         $r->{pttl} = $pttl;
+        if (!$o{raw} && $r->{state} eq 'in_progress' && $r->{owner}) {
+            my $done = "$name:c:$r->{owner}";
+            my ($c, $cttl) = $self->redis_multi([ 'GET', $done ], [ 'PTTL', $done ]);
+            my $cr = $self->decode_record($c);
+            if ($cr && $cr->{state} eq 'completed') {
+                @$cr{qw(pttl beside)} = ($cttl, 1);
+                return $cr;
+            }
+        }
         return $r;
     }
     return undef unless $type eq 'hash';
