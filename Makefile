@@ -187,9 +187,12 @@ $(ASAN_BUILD)/unit/%: t/unit/%.c $(TEST_SRCS) $(TEST_HDRS) $(CORE_SRCS) $(CORE_H
 	$(CC) $(CFLAGS) $(ASAN_CFLAGS) -I$(MODDIR) -It/unit -o $@ $< $(TEST_SRCS) \
 	    $(CORE_SRCS) $(UNIT_LIBS)
 
-# unit and tools too: t/0*.t run build/unit/* and build/idempotency-fingerprint
+# unit and tools too: t/0*.t run build/unit/* and build/idempotency-fingerprint.
+# The suite runs here with idempotency_complete_beside on in every http{}
+# (IDEM_COMPLETE_BESIDE, t/lib), so that the sanitizers watch its native
+# completion too, and CI runs the suite once with each setting.
 test-asan: $(ASAN_MODULE) $(ASAN_UNIT) unit tools
-	IDEM_MODULE=$(ASAN_MODULE) IDEM_SANITIZE=1 $(PROVE) t/
+	IDEM_MODULE=$(ASAN_MODULE) IDEM_SANITIZE=1 IDEM_COMPLETE_BESIDE=on $(PROVE) t/
 	@for u in $(ASAN_UNIT); do \
 	    echo "== $$u (ASan+UBSan, leak detection on)"; \
 	    $(ASAN_RUN_ENV) $$u t/data/jcs > $$u.tap 2>&1 \

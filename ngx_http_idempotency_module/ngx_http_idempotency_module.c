@@ -765,7 +765,7 @@ ngx_http_idem_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
     ngx_conf_merge_sec_value(conf->ttl, prev->ttl, 86400);
     ngx_conf_merge_msec_value(conf->lease, prev->lease, 60000);
     ngx_conf_merge_msec_value(conf->wait, prev->wait, 0);
-    ngx_conf_merge_value(conf->complete_beside, prev->complete_beside, 1);
+    ngx_conf_merge_value(conf->complete_beside, prev->complete_beside, 0);
     ngx_conf_merge_uint_value(conf->conflict_status, prev->conflict_status,
                               NGX_HTTP_CONFLICT);
     ngx_conf_merge_size_value(conf->store_max, prev->store_max,

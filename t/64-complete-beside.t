@@ -1,5 +1,5 @@
 #!/usr/bin/perl
-# idempotency_complete_beside (on by default): the owner of a claim writes
+# idempotency_complete_beside on: the owner of a claim writes
 # its completion with one native SET beside the record, under
 # "<record key>:c:<owner token>", and no script runs on a first write. The
 # completion counts only while the record is still that owner's claim: every
@@ -21,6 +21,7 @@ my $conf = <<'EOF';
 server {
     listen 127.0.0.1:%%PORT%%;
     idempotency_redis %%REDIS%%;
+    idempotency_complete_beside on;
     proxy_ignore_client_abort on;
     location / {
         idempotency on;
@@ -61,6 +62,18 @@ sub evalsha_calls {
 }
 
 sub beside_of { my ($rname, $owner) = @_; "$rname:c:$owner" }
+
+# in_flight($path, $tag, $delay): a first attempt held $delay s at the
+# upstream: its request, its background client, and the key beside its claim
+sub in_flight {
+    my ($path, $tag, $delay) = @_;
+    my $key = $t->key($tag);
+    my @req = (key => $key, json => { order => $tag });
+    my $bg = $t->http_bg(POST => $path, @req, headers => [ 'X-Delay' => $delay ], timeout => 25);
+    ok($t->wait_for(sub { $t->effects(key => $key) == 1 }, 5), "$tag: the first attempt is at the upstream");
+    my $owner = ($t->record($key) // {})->{owner} // '';
+    return (\@req, $bg, beside_of($t->record_name($key), $owner));
+}
 
 # ---- a first write: native claim, native completion beside the claim
 my $k = $t->key('beside');
@@ -113,14 +126,10 @@ $t->is_problem($t->http(POST => '/orders', key => $k, json => { order => 'change
 is($t->effects(key => $k), 1, 'one effect after three retries');
 
 # ---- a duplicate that waits is told of the completion
-my $kw = $t->key('beside-wait');
-my @wreq = (key => $kw, json => { order => 'waited' });
-my $rw = $t->record_name($kw);
-my $first = $t->http_bg(POST => '/wait/orders', @wreq, headers => [ 'X-Delay' => 1.5 ], timeout => 25);
-ok($t->wait_for(sub { $t->effects(key => $kw) == 1 }, 5), 'first attempt at the upstream');
-my $owner = ($t->record($kw) // {})->{owner} // '';
-my $dup = $t->http_bg(POST => '/wait/orders', @wreq, timeout => 25);
-ok($t->wait_for(sub { ($t->redis('GET', beside_of($rw, $owner)) // '') eq 'w' }, 5),
+my ($wreq, $first, $wdone) = in_flight('/wait/orders', 'beside-wait', 1.5);
+my $kw = $wreq->[1];
+my $dup = $t->http_bg(POST => '/wait/orders', @$wreq, timeout => 25);
+ok($t->wait_for(sub { ($t->redis('GET', $wdone) // '') eq 'w' }, 5),
    'the waiter marked the claim: "w" beside it');
 my $f = $first->result(25);
 my $d = $dup->result(25);
@@ -130,35 +139,31 @@ is($d && $d->{headers}{'idempotent-replayed'}, 'true', 'the waiter: replayed');
 is($d && $d->{content}, $f && $f->{content}, 'the waiter: the same body');
 is($t->effects(key => $kw), 1, 'one effect');
 ok($t->wait_for(sub { ($t->record($kw, undef, raw => 1) // {})->{state} eq 'completed'
-                      && !$t->redis('EXISTS', beside_of($rw, $owner)) }, 5),
+                      && !$t->redis('EXISTS', $wdone) }, 5),
    'the waiter\'s look folded the completion');
 
 # ---- a completion whose claim was taken away lands where nobody reads
-my $kl = $t->key('beside-lost');
-my @lreq = (key => $kl, json => { order => 'lost' });
-my $rl = $t->record_name($kl);
-my $bg = $t->http_bg(POST => '/lease/orders', @lreq, headers => [ 'X-Delay' => 1 ], timeout => 20);
-ok($t->wait_for(sub { $t->effects(key => $kl) == 1 }, 5), 'attempt at the upstream');
-my $lowner = ($t->record($kl) // {})->{owner} // '';
+my ($lreq, $bg, $ldone) = in_flight('/lease/orders', 'beside-lost', 1);
+my $kl = $lreq->[1];
 # what claim.lua or the admin endpoint leave for an owner whose claim they took
-is($t->redis('SET', beside_of($rl, $lowner), 'x', 'PX', 60000), 'OK', 'the claim is marked as taken ("x")');
+is($t->redis('SET', $ldone, 'x', 'PX', 60000), 'OK', 'the claim is marked as taken ("x")');
 my $lr = $bg->result(20);
 is($lr && $lr->{status}, 201, 'its client still gets the upstream\'s answer');
 ok($t->wait_for(sub { $t->error_log =~ /idempotency: complete script: the claim was no longer held by this request/ }, 5),
    'the owner logs that its completion was not recorded');
-ok($t->wait_for(sub { !$t->redis('EXISTS', beside_of($rl, $lowner)) }, 5), 'and deletes it');
+ok($t->wait_for(sub { !$t->redis('EXISTS', $ldone) }, 5), 'and deletes it');
 is(($t->record($kl) // {})->{state}, 'in_progress', 'the record is not completed by it');
 sleep 2.2;      # the lease (2 s) lapses: nobody renews a finished claim
-my $lu = $t->http(POST => '/lease/orders', @lreq);
+my $lu = $t->http(POST => '/lease/orders', @$lreq);
 $t->is_problem($lu, 409, 'outcome-unknown', key => $kl, state => 'unknown',
     name => 'the retry: 409 outcome-unknown, never its replay');
-is($t->redis('GET', beside_of($rl, $lowner)), 'x', 'the lapse left "x" for a late completion');
+is($t->redis('GET', $ldone), 'x', 'the lapse left "x" for a late completion');
 is($t->effects(key => $kl), 1, 'one effect, nothing executed again');
 
 # ---- records written by complete.lua (the setting off, or an older version):
 # a second nginx with the setting off shares the Redis and the upstream, as
 # hosts mid-way through the upgrade docs/directives.md describes
-(my $off_conf = $conf) =~ s/(idempotency_redis %%REDIS%%;)/$1\n    idempotency_complete_beside off;/;
+(my $off_conf = $conf) =~ s/idempotency_complete_beside on;/idempotency_complete_beside off;/;
 my $t2 = Idem::Test->new;
 $t2->{redis_port} = $t->{redis_port};
 $t2->{upstream_port} = $t->{upstream_port};
@@ -167,7 +172,7 @@ my $ks = $t->key('beside-script');
 my @sreq = (key => $ks, json => { order => 'script' });
 $before = evalsha_calls();
 my $s1 = $t2->http(POST => '/orders', @sreq);
-is($s1->{status}, 201, 'complete_beside off: executes');
+is($s1->{status}, 201, 'complete_beside off (the default): executes');
 is(evalsha_calls() - $before, 1, '... and complete.lua ran (one EVALSHA)');
 is(($t->record($ks, undef, raw => 1) // {})->{state}, 'completed', '... into the record key itself');
 is_deeply([ $t->redis_keys($t->record_name($ks) . ':c:*') ], [], '... nothing beside it');

@@ -1022,6 +1022,11 @@ sub _conf_text {
         'outcome=$idempotency_outcome key="$idempotency_key"',
         'fp=$idempotency_fingerprint op=$idempotency_operation_id rt=$request_time');
     $log_format =~ s/'/\\'/g;
+    # IDEM_COMPLETE_BESIDE=on runs a suite with the completion beside its
+    # claim everywhere (make test-beside); a test that sets it does so below
+    # the http level
+    my $beside = ($ENV{IDEM_COMPLETE_BESIDE} // '') =~ /^(on|off)$/
+        ? "    idempotency_complete_beside $1;\n" : '';
 
     my $conf = <<"EOF";
 load_module $self->{module};
@@ -1044,7 +1049,7 @@ http {
 
     log_format idem '$log_format';
     access_log $p/access.log idem;
-
+$beside
 $snippet
 }
 EOF
