@@ -45,29 +45,34 @@ ngx_http_idem_is_give_back(ngx_http_idem_cmd_t *cmd)
  * A completion beside its claim (SET <key>:c:<owner> value PX ttl GET)
  * answers with what it replaced: nothing, a waiter's mark (the completion
  * then announces itself, as complete.lua would), or its own completion
- * when it was sent again after its answer was lost: it is recorded.  The
- * mark of a claim taken from its owner: nobody will read it, so it goes.
+ * when it was sent again after its answer was lost: it is recorded.  A
+ * resent one also announces itself: its first sending may have replaced
+ * the mark.  The mark of a claim taken from its owner: nobody will read
+ * the completion, so the mark goes back in its place (a resend of it is
+ * then refused too) and the caller logs it.
  */
 static idem_close_kind_e
 ngx_http_idem_closed_beside(ngx_http_idem_cmd_t *cmd, redisReply *reply)
 {
-    ngx_http_idem_cmd_t  *del;
+    ngx_str_t             sub;
+    ngx_http_idem_cmd_t  *mark;
 
-    static ngx_str_t      name = ngx_string("DEL");
+    static ngx_str_t      set = ngx_string("SET");
+    static u_char         lost[] = { IDEM_DONE_LOST };
 
-    if (reply->type == REDIS_REPLY_NIL) {
+    if (reply->type == REDIS_REPLY_NIL
+        || (reply->type == REDIS_REPLY_STRING && reply->len > 1
+            && reply->str[0] == '2'))
+    {
+        if (cmd->resent) {
+            (void) ngx_http_idem_announce(cmd->redis, cmd->key,
+                                          cmd->redis->log);
+        }
+
         return IDEM_CLOSE_DONE;
     }
 
-    if (reply->type != REDIS_REPLY_STRING || reply->len == 0) {
-        return IDEM_CLOSE_INVALID;
-    }
-
-    if (reply->str[0] == '2') {
-        return IDEM_CLOSE_DONE;
-    }
-
-    if (reply->len != 1) {
+    if (reply->type != REDIS_REPLY_STRING || reply->len != 1) {
         return IDEM_CLOSE_INVALID;
     }
 
@@ -80,14 +85,17 @@ ngx_http_idem_closed_beside(ngx_http_idem_cmd_t *cmd, redisReply *reply)
         return IDEM_CLOSE_INVALID;
     }
 
-    del = ngx_http_idem_cmd_native(cmd->redis, &name, 0, cmd->key,
-                                   cmd->argvlen[1] - IDEM_RECORD_KEY_LEN,
-                                   cmd->redis->log);
-    if (del) {
-        ngx_http_idem_cmd_sibling(del, (u_char *) cmd->argv[1]
-                                       + IDEM_RECORD_KEY_LEN,
-                                  cmd->argvlen[1] - IDEM_RECORD_KEY_LEN);
-        (void) ngx_http_idem_cmd_send(del, NULL, NULL);
+    sub.data = (u_char *) cmd->argv[1] + IDEM_RECORD_KEY_LEN;
+    sub.len = cmd->argvlen[1] - IDEM_RECORD_KEY_LEN;
+
+    mark = ngx_http_idem_cmd_native(cmd->redis, &set, 2, cmd->key,
+                                    sub.len + 1 + sizeof("KEEPTTL") - 1,
+                                    cmd->redis->log);
+    if (mark) {
+        ngx_http_idem_cmd_sibling(mark, sub.data, sub.len);
+        ngx_http_idem_cmd_set(mark, 0, lost, 1);
+        ngx_http_idem_cmd_set(mark, 1, "KEEPTTL", sizeof("KEEPTTL") - 1);
+        (void) ngx_http_idem_cmd_send(mark, NULL, NULL);
     }
 
     return IDEM_CLOSE_NOT_HELD;

@@ -31,6 +31,15 @@ if not f then
     return state
 end
 
+-- a claim completed beside its record is that completion (fields.lua)
+if state == 'i' then
+    v = settled(KEYS[1], v)
+    f, state = readable(v)
+    if not f then
+        return state
+    end
+end
+
 -- another operation under the same key is not what the person saw
 if state == 'r' or string.sub(v, 4, 35) ~= op then
     return {'none'}

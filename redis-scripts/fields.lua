@@ -89,6 +89,10 @@ local function settled(key, v, fold)
         if type(ok) == 'table' and ok.ok then
             redis.call('DEL', dk)
         end
+        -- the owner announced it unless its answer was lost: once more
+        if string.sub(v, 3, 3) == '1' then
+            publish(key)
+        end
     end
     return c
 end

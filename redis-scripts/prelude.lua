@@ -47,11 +47,16 @@ local function done_of(key, v)
     return nil
 end
 
+-- tell whoever waits for record key (idempotency_wait) that it changed
+local function publish(key)
+    redis.call('PUBLISH', '@IDEM_CHANNEL@', key)
+end
+
 -- Somebody waits for this record (idempotency_wait): tell them it changed.
 -- The waiter's mark beside a claim is not needed any more.
 local function announce(key, v)
     if string.sub(v, 3, 3) == '1' then
-        redis.call('PUBLISH', '@IDEM_CHANNEL@', key)
+        publish(key)
         if string.sub(v, 2, 2) == 'i' then
             redis.call('DEL', done_key(key, v))
         end

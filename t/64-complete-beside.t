@@ -106,6 +106,8 @@ my $pttl = $t->redis('PTTL', $rname);
 is($t->redis('EVAL', $t->script_text('renew'), 1, $rname, $raw->{owner}, 3_600_000), 0,
    'renew.lua with the owner token -> 0: completed, nothing to renew');
 ok($t->redis('PTTL', $rname) <= $pttl, 'the claim\'s TTL was not set again');
+is_deeply($t->redis('EVAL', $t->script_text('approve'), 1, $rname, $raw->{op}, $raw->{fp}, 'ops', 60000),
+          [ 'refused', 'completed' ], 'approve.lua: refused, the operation is completed');
 is($t->redis('EXISTS', $done), 1, 'nothing folded yet');
 
 # ---- the first retry replays and folds the completion into the record
@@ -151,13 +153,14 @@ my $lr = $bg->result(20);
 is($lr && $lr->{status}, 201, 'its client still gets the upstream\'s answer');
 ok($t->wait_for(sub { $t->error_log =~ /idempotency: complete script: the claim was no longer held by this request/ }, 5),
    'the owner logs that its completion was not recorded');
-ok($t->wait_for(sub { !$t->redis('EXISTS', $ldone) }, 5), 'and deletes it');
+ok($t->wait_for(sub { ($t->redis('GET', $ldone) // '') eq 'x' }, 5),
+   'and puts the mark back in place of its unread completion');
 is(($t->record($kl) // {})->{state}, 'in_progress', 'the record is not completed by it');
 sleep 2.2;      # the lease (2 s) lapses: nobody renews a finished claim
 my $lu = $t->http(POST => '/lease/orders', @$lreq);
 $t->is_problem($lu, 409, 'outcome-unknown', key => $kl, state => 'unknown',
     name => 'the retry: 409 outcome-unknown, never its replay');
-is($t->redis('GET', $ldone), 'x', 'the lapse left "x" for a late completion');
+is($t->redis('GET', $ldone), 'x', 'the lapse leaves "x" for a late completion');
 is($t->effects(key => $kl), 1, 'one effect, nothing executed again');
 
 # ---- records written by complete.lua (the setting off, or an older version):
