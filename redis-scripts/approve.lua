@@ -25,19 +25,12 @@ if type(v) == 'table' or not v then
     return {'none'}
 end
 
-local f, state = readable(v)
+-- a claim completed beside its record is that completion (fields.lua)
+local f, state
+f, state, v = readable_settled(KEYS[1], v)
 
 if not f then
     return state
-end
-
--- a claim completed beside its record is that completion (fields.lua)
-if state == 'i' then
-    v = settled(KEYS[1], v)
-    f, state = readable(v)
-    if not f then
-        return state
-    end
 end
 
 -- another operation under the same key is not what the person saw

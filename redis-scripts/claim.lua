@@ -204,23 +204,13 @@ if not v then
     return claim(value, 'claim')
 end
 
-local f, state = readable(v)
+-- a claim whose owner wrote its completion beside it: that completion,
+-- from now on in the record's place
+local f, state
+f, state, v = readable_settled(KEYS[1], v, true)
 
 if not f then
     return state
-end
-
--- a claim whose owner wrote its completion beside it: that completion,
--- from now on in the record's place
-if state == 'i' then
-    local c = settled(KEYS[1], v, true)
-    if c ~= v then
-        v = c
-        f, state = readable(v)
-        if not f then
-            return state
-        end
-    end
 end
 
 if state == 'r' then

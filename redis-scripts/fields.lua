@@ -97,6 +97,17 @@ local function settled(key, v, fold)
     return c
 end
 
+-- readable() of record v of key as it stands (settled, and folded with
+-- fold): its fields, its state (or nil and the error reply) and its value
+local function readable_settled(key, v, fold)
+    local f, state = readable(v)
+    if f and state == 'i' then
+        v = settled(key, v, fold)
+        f, state = readable(v)
+    end
+    return f, state, v
+end
+
 -- The lease a claim has left, by Redis's clock: the claim and each
 -- renewal set its TTL to its "ttl ms" field (the third), and the lease is
 -- the second.

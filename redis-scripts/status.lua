@@ -31,19 +31,12 @@ if not v then
     return {}
 end
 
-local f, state = readable(v)
+-- a claim completed beside its record is shown as that completion
+local f, state
+f, state, v = readable_settled(KEYS[1], v)
 
 if not f then
     return state
-end
-
--- a claim completed beside its record is shown as that completion
-if state == 'i' then
-    v = settled(KEYS[1], v)
-    f, state = readable(v)
-    if not f then
-        return state
-    end
 end
 
 if state == 'r' then
