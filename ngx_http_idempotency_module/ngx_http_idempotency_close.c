@@ -15,6 +15,9 @@
 #include "ngx_http_idempotency.h"
 
 
+static ngx_str_t  ngx_http_idem_set = ngx_string("SET");
+
+
 /* every fenced script declares "owner" first, in its "--: args" line */
 #define NGX_HTTP_IDEM_FENCED_OWNER  0
 
@@ -57,7 +60,6 @@ ngx_http_idem_closed_beside(ngx_http_idem_cmd_t *cmd, redisReply *reply)
     ngx_str_t             sub;
     ngx_http_idem_cmd_t  *mark;
 
-    static ngx_str_t      set = ngx_string("SET");
     static u_char         lost[] = { IDEM_DONE_LOST };
 
     if (reply->type == REDIS_REPLY_NIL
@@ -88,7 +90,8 @@ ngx_http_idem_closed_beside(ngx_http_idem_cmd_t *cmd, redisReply *reply)
     sub.data = (u_char *) cmd->argv[1] + IDEM_RECORD_KEY_LEN;
     sub.len = cmd->argvlen[1] - IDEM_RECORD_KEY_LEN;
 
-    mark = ngx_http_idem_cmd_native(cmd->redis, &set, 2, cmd->key,
+    mark = ngx_http_idem_cmd_native(cmd->redis, &ngx_http_idem_set, 2,
+                                    cmd->key,
                                     sub.len + 1 + sizeof("KEEPTTL") - 1,
                                     cmd->redis->log);
     if (mark) {
@@ -380,9 +383,7 @@ ngx_http_idem_beside_cmd(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
     u_char               *p, sub[NGX_HTTP_IDEM_BESIDE_LEN];
     ngx_http_idem_cmd_t  *cmd;
 
-    static ngx_str_t      set = ngx_string("SET");
-
-    cmd = ngx_http_idem_cmd_native(ctx->conf->redis, &set,
+    cmd = ngx_http_idem_cmd_native(ctx->conf->redis, &ngx_http_idem_set,
                                    NGX_HTTP_IDEM_BESIDE_NARGS, ctx->rkey,
                                    NGX_HTTP_IDEM_BESIDE_LEN + size
                                    + NGX_INT64_LEN + 5,

@@ -102,8 +102,11 @@ end
 local function readable_settled(key, v, fold)
     local f, state = readable(v)
     if f and state == 'i' then
-        v = settled(key, v, fold)
-        f, state = readable(v)
+        local c = settled(key, v, fold)
+        if c ~= v then
+            v = c
+            f, state = readable(v)
+        end
     end
     return f, state, v
 end
@@ -139,8 +142,10 @@ local function holds(rk, op)
     local f = type(v) == 'string' and string.sub(v, 4, 35) == op
               and layout2(v)
     if f and string.sub(v, 2, 2) == 'i' then
-        v = settled(rk, v)
-        f = layout2(v)
+        local c = settled(rk, v)
+        if c ~= v then
+            v, f = c, layout2(c)
+        end
     end
     if not f then
         return nil

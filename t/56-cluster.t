@@ -216,15 +216,7 @@ subtest 'idempotency_redis_wait 1 through the cluster' => sub {
         is($t->answer($r), '201', "master $m: the claim and its completion reached a replica");
         is($t->effects(key => $k), 1, "master $m: one effect");
         my ($shard) = grep { $_->{master} == $m } @{ $t->cluster_shards };
-        my $name = $t->record_name($k);
-        my (undef, $v) = $t->redis_at_multi($shard->{replicas}[0], [ 'READONLY' ], [ 'GET', $name ]);
-        my $rec = $t->decode_record($v) // {};
-        # the completion beside its claim (docs/states.md) is the record
-        if (($rec->{state} // '') eq 'in_progress' && $rec->{owner}) {
-            (undef, $v) = $t->redis_at_multi($shard->{replicas}[0], [ 'READONLY' ],
-                                             [ 'GET', "$name:c:$rec->{owner}" ]);
-            $rec = $t->decode_record($v) // {};
-        }
+        my $rec = $t->record_at($t->record_name($k), at => $shard->{replicas}[0], readonly => 1) // {};
         is($rec->{state}, 'completed', "master $m: the completed record is on its replica");
     }
 };

@@ -958,17 +958,26 @@ sub record {
     return $self->record_at($self->record_name($key, $scope), %o);
 }
 
-# The same, of the record key $name.
+# The same, of the record key $name; at => PORT reads it on another node
+# (a Cluster replica: readonly => 1 sends READONLY first), as redis_at_multi.
 sub record_at {
     my ($self, $name, %o) = @_;
-    my $type = $self->redis('TYPE', $name);
+    local $self->{redis_port} = $o{at} // $self->{redis_port};
+    local $self->{redis_auth} = $o{at} ? undef : $self->{redis_auth};
+    my $multi = sub {
+        my @r = $self->redis_multi(($o{readonly} ? ['READONLY'] : ()), @_);
+        shift @r if $o{readonly};
+        return @r;
+    };
+    my ($type) = $multi->([ 'TYPE', $name ]);
+    $type //= '';
     if ($type eq 'string') {
-        my ($v, $pttl) = $self->redis_multi([ 'GET', $name ], [ 'PTTL', $name ]);
+        my ($v, $pttl) = $multi->([ 'GET', $name ], [ 'PTTL', $name ]);
         my $r = $self->decode_record($v) // return { corrupt => $v };
         $r->{pttl} = $pttl;
         if (!$o{raw} && $r->{state} eq 'in_progress' && $r->{owner}) {
             my $done = "$name:c:$r->{owner}";
-            my ($c, $cttl) = $self->redis_multi([ 'GET', $done ], [ 'PTTL', $done ]);
+            my ($c, $cttl) = $multi->([ 'GET', $done ], [ 'PTTL', $done ]);
             my $cr = $self->decode_record($c);
             if ($cr && $cr->{state} eq 'completed') {
                 @$cr{qw(pttl beside)} = ($cttl, 1);
@@ -978,7 +987,7 @@ sub record_at {
         return $r;
     }
     return undef unless $type eq 'hash';
-    my $h = $self->redis('HGETALL', $name);
+    my ($h) = $multi->([ 'HGETALL', $name ]);
     return undef unless ref $h eq 'ARRAY' && @$h;
     return { @$h };
 }
