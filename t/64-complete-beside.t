@@ -163,6 +163,21 @@ $t->is_problem($lu, 409, 'outcome-unknown', key => $kl, state => 'unknown',
 is($t->redis('GET', $ldone), 'x', 'the lapse leaves "x" for a late completion');
 is($t->effects(key => $kl), 1, 'one effect, nothing executed again');
 
+# ---- a value beside the claim that is no mark of ours: the completion
+# replaces it and counts (the record still names its owner); the owner logs
+# the answer it did not expect
+my ($zreq, $zbg, $zdone) = in_flight('/orders', 'beside-foreign', 1);
+my $kz = $zreq->[1];
+is($t->redis('SET', $zdone, 'zz', 'PX', 60000), 'OK', 'a foreign value beside the claim');
+my $z1 = $zbg->result(25);
+is($z1 && $z1->{status}, 201, 'its client gets the upstream\'s answer');
+ok($t->wait_for(sub { $t->error_log =~ /idempotency: unexpected reply to the complete script/ }, 5),
+   'the owner logs the unexpected answer');
+my $z2 = $t->http(POST => '/orders', @$zreq);
+is($z2->{headers}{'idempotent-replayed'}, 'true', 'the retry replays the completion');
+is($z2->{content}, $z1 && $z1->{content}, '... with its body');
+is($t->effects(key => $kz), 1, 'one effect');
+
 # ---- records written by complete.lua (the setting off, or an older version):
 # a second nginx with the setting off shares the Redis and the upstream, as
 # hosts mid-way through the upgrade docs/directives.md describes
