@@ -2,6 +2,8 @@
 # bench/floorclient.pl: the Redis side of N first writes, without nginx,
 # for bench/floor.  Usage:
 #   floorclient.pl PORT VARIANT N CONNS DEPTH PREFIX CLAIM VALUE TTL [SHA]
+# Keys are named as the module names a record, idem:{<32 hex>}:r, the hex
+# made of PREFIX (a number: one per run), the connection and a counter.
 # CONNS connections (one process each, as nginx workers keep one pipelined
 # connection each); on each, DEPTH claims are written in one go and their
 # answers read, then the DEPTH completions the same way, until N first
@@ -17,6 +19,9 @@ die "usage: floorclient.pl PORT VARIANT N CONNS DEPTH PREFIX CLAIM VALUE TTL [SH
     unless defined $ttl;
 die "floorclient: unknown variant $variant\n" unless $variant =~ /^(claim|cas|script|beside)$/;
 die "floorclient: script needs its SHA\n" if $variant eq 'script' && !$sha;
+for ($n, $conns, $depth, $prefix) {
+    die "floorclient: N, CONNS, DEPTH and PREFIX are positive integers\n" unless /^[1-9][0-9]*\z/;
+}
 
 my $token = substr($claim, 99, 32);
 
@@ -61,21 +66,31 @@ sub recorded {
     return !defined $a;
 }
 
+# a batch in as few writes as the socket takes, as a worker's pipelined
+# connection sends it (print would cut it in 8 KiB pieces)
+sub send_all {
+    my ($fh, $data) = @_;
+    while (length $data) {
+        my $n = syswrite($fh, $data);
+        die "floorclient: write: $!\n" unless defined $n;
+        substr($data, 0, $n, '');
+    }
+}
+
 sub client {
     my ($c, $count) = @_;
     my $fh = IO::Socket::INET->new(PeerAddr => "127.0.0.1:$port")
         or die "floorclient: connect: $!\n";
-    $fh->autoflush(1);
     for (my $i = 0; $i < $count; $i += $depth) {
         my $m = $count - $i < $depth ? $count - $i : $depth;
-        my @keys = map { "idem:{$prefix:$c:" . ($i + $_) . '}' } 0 .. $m - 1;
-        print $fh join '', map { resp('SET', $_, $claim, 'NX', 'PX', $ttl, 'GET') } @keys;
+        my @keys = map { sprintf('idem:{%08x%08x%016x}:r', $prefix, $c, $i + $_) } 0 .. $m - 1;
+        send_all($fh, join '', map { resp('SET', $_, $claim, 'NX', 'PX', $ttl, 'GET') } @keys);
         for (@keys) {
             my $a = answer($fh);
             die "floorclient: $_ was not free\n" if defined $a;
         }
         next if $variant eq 'claim';
-        print $fh join '', map { completion($_) } @keys;
+        send_all($fh, join '', map { completion($_) } @keys);
         for (@keys) {
             recorded(answer($fh)) or die "floorclient: the completion of $_ was not recorded\n";
         }
