@@ -1032,7 +1032,7 @@ sub _conf_text {
         'fp=$idempotency_fingerprint op=$idempotency_operation_id rt=$request_time');
     $log_format =~ s/'/\\'/g;
     # IDEM_COMPLETE_BESIDE=on runs a suite with the completion beside its
-    # claim everywhere (make test-beside); a test that sets it does so below
+    # claim everywhere (make test-asan); a test that sets it does so below
     # the http level
     my $beside = ($ENV{IDEM_COMPLETE_BESIDE} // '') =~ /^(on|off)$/
         ? "    idempotency_complete_beside $1;\n" : '';
