@@ -139,18 +139,14 @@ end
 -- a marker, no record).
 local function holds(rk, op)
     local v = redis.pcall('GET', rk)
-    local f = type(v) == 'string' and string.sub(v, 4, 35) == op
-              and layout2(v)
-    if f and string.sub(v, 2, 2) == 'i' then
-        local c = settled(rk, v)
-        if c ~= v then
-            v, f = c, layout2(c)
-        end
+    if type(v) ~= 'string' or string.sub(v, 4, 35) ~= op then
+        return nil
     end
+    local f, s
+    f, s, v = readable_settled(rk, v)
     if not f then
         return nil
     end
-    local s = string.sub(v, 2, 2)
     if s == 'i' then
         local left = lease_left(rk, f)
         if left > 0 then
