@@ -142,6 +142,21 @@ redis_cpu_us() {   # Redis's CPU so far, in microseconds
     rcli INFO cpu | info_cpu_us
 }
 
+redis_reads() {   # Redis's socket reads so far (INFO stats total_reads_processed)
+    rcli INFO stats | tr -d '\r' | sed -n 's/^total_reads_processed://p'
+}
+
+# the owner token of the records layout2_value builds
+BENCH_TOKEN=0123456789abcdef0123456789abcdef
+
+# layout2_value STATE N CHAR: a record of layout 2 (docs/states.md) as the
+# scripts read its head: '2', STATE, no waiter, an operation id, a
+# fingerprint, BENCH_TOKEN as its owner, then N bytes of CHAR
+layout2_value() {
+    printf '2%s0%032d%064d%s' "$1" 7 9 "$BENCH_TOKEN"
+    printf "%$2s" '' | tr ' ' "$3"
+}
+
 worker_cpu_us() {   # worker_cpu_us PID: its user + system time so far, in microseconds
     awk -v t="$(( 1000000 / $(getconf CLK_TCK) ))" '{ print ($14 + $15) * t }' "/proc/$1/stat"
 }
