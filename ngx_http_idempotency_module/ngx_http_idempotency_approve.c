@@ -11,6 +11,8 @@
  * it approved; the caller's next attempt claims it.
  */
 
+#include <ngx_config.h>
+#include <ngx_core.h>
 #include <cjson/cJSON.h>
 
 #include "ngx_http_idempotency.h"

@@ -13,6 +13,8 @@
  * their turn, on top of it.
  */
 
+#include <ngx_config.h>
+#include <ngx_core.h>
 #include <openssl/evp.h>
 
 #include "ngx_http_idempotency.h"

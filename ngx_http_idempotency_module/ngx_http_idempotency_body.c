@@ -5,6 +5,8 @@
  * worker's other requests and its Redis link do not wait for it.
  */
 
+#include <ngx_config.h>
+#include <ngx_core.h>
 #include <openssl/evp.h>
 
 #include "ngx_http_idempotency.h"

@@ -21,6 +21,8 @@
  * do, and is called again with the entries of that.
  */
 
+#include <ngx_config.h>
+#include <ngx_core.h>
 #include <openssl/rand.h>
 
 #include "ngx_http_idempotency.h"

@@ -12,6 +12,8 @@
  * "released"), appended only when the claim is still theirs.
  */
 
+#include <ngx_config.h>
+#include <ngx_core.h>
 #include "ngx_http_idempotency.h"
 
 

@@ -7,6 +7,8 @@
  * claim; docs/confirmation.md describes the flow.
  */
 
+#include <ngx_config.h>
+#include <ngx_core.h>
 #include <cjson/cJSON.h>
 
 #include "ngx_http_idempotency.h"

@@ -4,6 +4,8 @@
  * with the request's pool, which is where an unfinished claim is closed.
  */
 
+#include <ngx_config.h>
+#include <ngx_core.h>
 #include "ngx_http_idempotency.h"
 
 

@@ -4,6 +4,8 @@
  * ends decides how the record is closed (_close.c).
  */
 
+#include <ngx_config.h>
+#include <ngx_core.h>
 #include "ngx_http_idempotency.h"
 
 

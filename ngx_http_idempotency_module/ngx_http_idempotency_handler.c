@@ -5,6 +5,8 @@
  * (the body, a thread, Redis) resumes the phases, which come back here.
  */
 
+#include <ngx_config.h>
+#include <ngx_core.h>
 #include "ngx_http_idempotency.h"
 
 

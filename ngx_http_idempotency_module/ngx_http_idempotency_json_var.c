@@ -6,6 +6,8 @@
  * variables are read, and the tree lives as long as the request's pool.
  */
 
+#include <ngx_config.h>
+#include <ngx_core.h>
 #include "ngx_http_idempotency.h"
 
 #include <cjson/cJSON.h>

@@ -7,6 +7,8 @@
  * flat array and a scrape never allocates in it.
  */
 
+#include <ngx_config.h>
+#include <ngx_core.h>
 #include <time.h>
 
 #include "ngx_http_idempotency_metrics.h"

@@ -4,6 +4,8 @@
  * start and exit).  docs/architecture.md maps the other files.
  */
 
+#include <ngx_config.h>
+#include <ngx_core.h>
 #include "ngx_http_idempotency.h"
 #include "ngx_http_idempotency_sentinel.h"
 #include "ngx_http_idempotency_cluster.h"

@@ -10,6 +10,8 @@
  * with the entry (redis-scripts/audit.lua).
  */
 
+#include <ngx_config.h>
+#include <ngx_core.h>
 #include "ngx_http_idempotency.h"
 
 

@@ -3,6 +3,8 @@
  * application/problem+json answers (RFC 9457), all from one table.
  */
 
+#include <ngx_config.h>
+#include <ngx_core.h>
 #include "ngx_http_idempotency.h"
 
 

@@ -5,6 +5,8 @@
  * endpoints name records the same way.
  */
 
+#include <ngx_config.h>
+#include <ngx_core.h>
 #include "ngx_http_idempotency.h"
 
 

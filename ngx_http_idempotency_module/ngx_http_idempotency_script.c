@@ -3,6 +3,8 @@
  * computed once per configuration.
  */
 
+#include <ngx_config.h>
+#include <ngx_core.h>
 #include <openssl/evp.h>
 
 #include "ngx_http_idempotency_script.h"

@@ -3,6 +3,8 @@
  * with the request, and which key, fingerprint and operation it used.
  */
 
+#include <ngx_config.h>
+#include <ngx_core.h>
 #include "ngx_http_idempotency.h"
 
 

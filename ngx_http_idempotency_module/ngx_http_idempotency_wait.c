@@ -4,6 +4,8 @@
  * to lapse, or for its own time to run out, and then claims again.
  */
 
+#include <ngx_config.h>
+#include <ngx_core.h>
 #include "ngx_http_idempotency.h"
 
 
