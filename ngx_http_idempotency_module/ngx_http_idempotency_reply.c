@@ -8,140 +8,12 @@
 #include "ngx_http_idempotency.h"
 
 
-#define NGX_HTTP_IDEM_PROBLEM_TYPE  "urn:ngx-idempotency:problem:"
-
-
 /*
- * The module's answers, indexed by ngx_http_idem_problem_e.  status 0 is
- * the location's idempotency_conflict_status.  docs/directives.md lists
- * them for clients; keep the two in step.
+ * The table is the core's (idem_answer.c); the enum is its index.  A value
+ * added to ngx_http_idem_problem_e past the table's end fails here.
  */
-typedef struct {
-    const char  *slug;
-    const char  *title;
-    ngx_uint_t   status;
-    unsigned     retry_after:1;
-    unsigned     stored:1;       /* carries response_status and location */
-    unsigned     upstream:1;     /* status and Retry-After are the upstream's
-                                    answer to the attempt waited on */
-    const char  *detail;
-} ngx_http_idem_problem_t;
-
-
-static ngx_http_idem_problem_t  ngx_http_idem_problems[] = {
-
-    { "key-missing", "Idempotency key required",
-      NGX_HTTP_BAD_REQUEST, 0, 0, 0,
-      "this endpoint requires an idempotency key header" },
-
-    { "key-malformed", "Malformed idempotency key",
-      NGX_HTTP_BAD_REQUEST, 0, 0, 0,
-      "the idempotency key header is malformed" },
-
-    { "fingerprint-mismatch", "Idempotency key reused for another request",
-      0, 0, 0, 0,
-      "this idempotency key was used for a different request; "
-      "use a new key for a new request" },
-
-    { "in-progress", "Request with this idempotency key is in progress",
-      NGX_HTTP_CONFLICT, 1, 0, 0,
-      "a request with this idempotency key is being processed; "
-      "retry later with the same key" },
-
-    { "outcome-unknown", "Outcome of the original request is unknown",
-      NGX_HTTP_CONFLICT, 0, 0, 0,
-      "the original request may or may not have been executed; "
-      "it is not retried automatically: check the operation's "
-      "status before acting" },
-
-    { "response-not-stored", "Original response was too large to store",
-      NGX_HTTP_CONFLICT, 0, 1, 0,
-      "the request was executed, but its response was larger "
-      "than idempotency_store_max and cannot be replayed" },
-
-    { "store-unavailable", "Idempotency store unavailable",
-      NGX_HTTP_SERVICE_UNAVAILABLE, 1, 0, 0,
-      "the idempotency store cannot be reached; nothing was "
-      "done, retry with the same key" },
-
-    { "store-error", "Idempotency store returned an unexpected record",
-      NGX_HTTP_INTERNAL_SERVER_ERROR, 0, 0, 0,
-      "the idempotency store holds a record this module cannot "
-      "read; nothing was executed" },
-
-    { "store-not-replicated", "Idempotency store not replicated in time",
-      NGX_HTTP_SERVICE_UNAVAILABLE, 1, 0, 0,
-      "the idempotency store did not copy the claim to enough replicas "
-      "in time; nothing was executed, retry with the same key" },
-
-    { "not-found", "No record for this idempotency key",
-      NGX_HTTP_NOT_FOUND, 0, 0, 0,
-      "no request with this idempotency key is known in this scope" },
-
-    { "not-resolvable", "Record is not unknown",
-      NGX_HTTP_CONFLICT, 0, 0, 0,
-      "only a record whose outcome is unknown, or whose "
-      "owner's lease lapsed, can be resolved" },
-
-    { "bad-admin-request", "Unknown admin action",
-      NGX_HTTP_BAD_REQUEST, 0, 0, 0,
-      "use ?action=release, or ?action=complete&status=NNN, each "
-      "parameter once" },
-
-    { "retry-later", "The upstream asked to retry later",
-      0, 1, 0, 1,
-      "the attempt this request waited for was answered by the upstream "
-      "with a status meaning \"not done, try later\" and was not "
-      "recorded; retry with the same key after Retry-After" },
-
-    { "confirmation-required", "Confirmation required",
-      428, 0, 0, 0,
-      "this request needs an approval bound to its idempotency key and "
-      "fingerprint; nothing was executed: send the same request again "
-      "with an Idempotency-Confirmation header (see proposal)" },
-
-    { "confirmation-invalid", "Confirmation refused",
-      428, 0, 0, 0,
-      "the Idempotency-Confirmation header is not a valid approval of this "
-      "request (see reason); nothing was executed" },
-
-    { "confirmation-expired", "Confirmation expired",
-      428, 0, 0, 0,
-      "the approval of this request has expired; nothing was executed: "
-      "ask for a new approval" },
-
-    { "bad-approval-request", "Malformed approval",
-      NGX_HTTP_BAD_REQUEST, 0, 0, 0,
-      "send a JSON object with operation_id (32 hex), fingerprint (64 hex), "
-      "approved_by (1 to 256 bytes) and expires_in (seconds)" },
-
-    { "approval-mismatch", "Approval of another request",
-      NGX_HTTP_CONFLICT, 0, 0, 0,
-      "the fingerprint is not the proposal's: what was approved is not "
-      "the request that waits; nothing was approved" },
-
-    { "not-approvable", "Operation is not awaiting confirmation",
-      NGX_HTTP_CONFLICT, 0, 0, 0,
-      "only an operation awaiting confirmation (or approved, to renew the "
-      "approval) can be approved; this one has run or is running" },
-
-    { "lock-held", "Another operation holds the lock",
-      NGX_HTTP_CONFLICT, 1, 0, 0,
-      "another operation holds this request's lock (idempotency_lock); "
-      "nothing was executed: retry with the same key after Retry-After" },
-
-    { "body-unreadable", "Request body could not be read",
-      NGX_HTTP_BAD_REQUEST, 0, 0, 0,
-      "this endpoint decides by members of the JSON body (its business "
-      "identity, lock or confirmation), and the body could not be read as "
-      "the upstream would read it (not canonical JSON, such as duplicate "
-      "member names, or larger than 1 MiB); nothing was executed" }
-};
-
-
 typedef char  ngx_http_idem_problems_complete_t[
-    sizeof(ngx_http_idem_problems) / sizeof(ngx_http_idem_problems[0])
-    == NGX_HTTP_IDEM_NPROBLEMS ? 1 : -1];
+    (int) NGX_HTTP_IDEM_NPROBLEMS == (int) IDEM_ANS_N ? 1 : -1];
 
 
 static ngx_table_elt_t *
@@ -308,7 +180,7 @@ ngx_http_idem_retry_header(ngx_http_request_t *r, ngx_int_t seconds)
 /* the members of a problem after type, title, status and detail */
 static u_char *
 ngx_http_idem_problem_members(u_char *p, u_char *end,
-    ngx_http_idem_ctx_t *ctx, ngx_http_idem_problem_t *pt,
+    ngx_http_idem_ctx_t *ctx, const idem_answer_t *pt,
     ngx_str_t *location)
 {
     p = ngx_slprintf(p, end, ",\"idempotency_key\":");
@@ -350,11 +222,12 @@ ngx_http_idem_send_problem(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
     u_char                   *body, *p, *end;
     ngx_str_t                *location;
     ngx_uint_t                status;
-    ngx_http_idem_problem_t  *pt;
+    const idem_answer_t      *pt;
 
-    pt = &ngx_http_idem_problems[problem];
+    pt = &idem_answers[problem];
     status = pt->upstream ? ctx->stored_status
-             : pt->status ? pt->status : ctx->conf->conflict_status;
+             : pt->status ? (ngx_uint_t) pt->status
+             : ctx->conf->conflict_status;
     detail = detail ? detail : pt->detail;
     location = pt->stored ? ngx_http_idem_stored_location(r, ctx) : NULL;
 
@@ -369,7 +242,7 @@ ngx_http_idem_send_problem(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
     end = body + len;
 
     p = ngx_slprintf(body, end,
-                     "{\"type\":\"" NGX_HTTP_IDEM_PROBLEM_TYPE "%s\","
+                     "{\"type\":\"" IDEM_PROBLEM_TYPE_PREFIX "%s\","
                      "\"title\":\"%s\",\"status\":%ui,\"detail\":",
                      pt->slug, pt->title, status);
     p = ngx_http_idem_json_str(p, end, (u_char *) detail, ngx_strlen(detail));
