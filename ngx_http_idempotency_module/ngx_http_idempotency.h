@@ -528,6 +528,8 @@ ngx_int_t ngx_http_idem_send_problem(ngx_http_request_t *r,
     const char *detail);
 ngx_int_t ngx_http_idem_send_json(ngx_http_request_t *r, ngx_uint_t status,
     u_char *body, size_t len);
+ngx_int_t ngx_http_idem_send_not_allowed(ngx_http_request_t *r,
+    const char *allow);
 u_char *ngx_http_idem_json_str(u_char *p, u_char *end, u_char *s,
     size_t len);
 

@@ -571,7 +571,7 @@ ngx_http_idem_approve_handler(ngx_http_request_t *r)
     ngx_http_idem_ctx_t  *ctx;
 
     if (!(r->method & NGX_HTTP_POST)) {
-        return NGX_HTTP_NOT_ALLOWED;
+        return ngx_http_idem_send_not_allowed(r, "POST");
     }
 
     ctx = ngx_http_idem_create_ctx(r);

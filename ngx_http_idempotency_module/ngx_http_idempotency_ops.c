@@ -442,7 +442,7 @@ ngx_http_idem_status_handler(ngx_http_request_t *r)
     ngx_http_idem_ctx_t  *ctx;
 
     if (!(r->method & (NGX_HTTP_GET|NGX_HTTP_HEAD))) {
-        return NGX_HTTP_NOT_ALLOWED;
+        return ngx_http_idem_send_not_allowed(r, "GET, HEAD");
     }
 
     if (ngx_http_idem_ops_ctx(r, &ctx, &rc) != NGX_OK) {
@@ -579,7 +579,7 @@ ngx_http_idem_admin_handler(ngx_http_request_t *r)
     ngx_http_idem_ctx_t  *ctx;
 
     if (!(r->method & NGX_HTTP_POST)) {
-        return NGX_HTTP_NOT_ALLOWED;
+        return ngx_http_idem_send_not_allowed(r, "POST");
     }
 
     if (ngx_http_idem_ops_ctx(r, &ctx, &rc) != NGX_OK) {
@@ -606,7 +606,7 @@ ngx_http_idem_metrics_handler(ngx_http_request_t *r)
     ngx_http_idem_main_conf_t  *mcf;
 
     if (!(r->method & (NGX_HTTP_GET|NGX_HTTP_HEAD))) {
-        return NGX_HTTP_NOT_ALLOWED;
+        return ngx_http_idem_send_not_allowed(r, "GET, HEAD");
     }
 
     rc = ngx_http_discard_request_body(r);

@@ -263,6 +263,44 @@ ngx_http_idem_send_problem(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
 }
 
 
+/*
+ * The 405 of the module's own endpoints (status, admin, approve, metrics):
+ * a problem like their other answers, where nginx's own would be an HTML
+ * page.  Called before the endpoint made its context: the answer is of no
+ * key and no record, so a zeroed context that the filters never see (it
+ * is not the request's module context) is all the problem needs.
+ */
+ngx_int_t
+ngx_http_idem_send_not_allowed(ngx_http_request_t *r, const char *allow)
+{
+    ngx_int_t             rc;
+    ngx_http_idem_ctx_t  *ctx;
+
+    rc = ngx_http_discard_request_body(r);
+    if (rc != NGX_OK) {
+        return rc;
+    }
+
+    ctx = ngx_pcalloc(r->pool, sizeof(ngx_http_idem_ctx_t));
+    if (ctx == NULL) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    ctx->conf = ngx_http_get_module_loc_conf(r, ngx_http_idempotency_module);
+
+    if (ngx_http_idem_add_header(r, "Allow", 5, (u_char *) allow,
+                                 ngx_strlen(allow))
+        == NULL)
+    {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    return ngx_http_idem_send_problem(r, ctx,
+                                      NGX_HTTP_IDEM_P_METHOD_NOT_ALLOWED,
+                                      NULL);
+}
+
+
 /* status and content type are the caller's when it set one */
 ngx_int_t
 ngx_http_idem_send_json(ngx_http_request_t *r, ngx_uint_t status,
