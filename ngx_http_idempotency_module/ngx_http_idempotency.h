@@ -532,12 +532,12 @@ ngx_int_t ngx_http_idem_send_not_allowed(ngx_http_request_t *r,
     const char *allow);
 u_char *ngx_http_idem_json_str(u_char *p, u_char *end, u_char *s,
     size_t len);
+u_char *ngx_http_idem_json_time(u_char *p, u_char *end, long long ms);
 
 /* ngx_http_idempotency_ops.c: the status and admin endpoints */
 ngx_int_t ngx_http_idem_status_handler(ngx_http_request_t *r);
 ngx_int_t ngx_http_idem_admin_handler(ngx_http_request_t *r);
 ngx_int_t ngx_http_idem_metrics_handler(ngx_http_request_t *r);
-u_char *ngx_http_idem_json_time(u_char *p, u_char *end, long long ms);
 
 /* ngx_http_idempotency_approve.c: idempotency_approve */
 ngx_int_t ngx_http_idem_approve_handler(ngx_http_request_t *r);

@@ -30,25 +30,6 @@ typedef struct {
 } ngx_http_idem_ops_out_t;
 
 
-/* ms since the epoch (at most IDEM_TIME_MS_MAX) as RFC 3339 UTC; -1: null */
-u_char *
-ngx_http_idem_json_time(u_char *p, u_char *end, long long ms)
-{
-    ngx_tm_t  tm;
-
-    if (ms < 0) {
-        return ngx_slprintf(p, end, "null");
-    }
-
-    ngx_gmtime((time_t) (ms / 1000), &tm);
-
-    return ngx_slprintf(p, end, "\"%4d-%02d-%02dT%02d:%02d:%02d.%03dZ\"",
-                        tm.ngx_tm_year, tm.ngx_tm_mon, tm.ngx_tm_mday,
-                        tm.ngx_tm_hour, tm.ngx_tm_min, tm.ngx_tm_sec,
-                        (int) (ms % 1000));
-}
-
-
 static ngx_http_idem_ops_rc_e
 ngx_http_idem_status_body(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
     idem_status_t *st, ngx_http_idem_ops_out_t *out)
