@@ -28,6 +28,8 @@ static void ngx_http_idem_waiters_wake(ngx_http_idem_redis_t *rd,
 static void ngx_http_idem_redis_reply(redisAsyncContext *ac, void *r,
     void *privdata);
 static void ngx_http_idem_resend(ngx_http_idem_redis_t *rd);
+static void ngx_http_idem_held_release(ngx_http_idem_redis_t *rd,
+    ngx_uint_t located);
 
 
 /*
@@ -522,8 +524,11 @@ ngx_http_idem_link_connect(ngx_http_idem_link_t *lk)
     /*
      * Every loss of a located server asks where the master is now (in a
      * Cluster: where the subscriber goes); a node's link has its address.
+     * Until the answer, a Sentinel's commands wait for it (a Cluster's are
+     * routed by slot instead).
      */
     if (rd->locate && lk->gen == rd->gen && !lk->node) {
+        rd->locating = (rd->route == NULL);
         rd->locate(rd);
         return;
     }
@@ -847,6 +852,8 @@ ngx_http_idem_redis_located(ngx_http_idem_redis_t *rd, ngx_str_t *host,
         return;
     }
 
+    rd->locating = 0;
+
     if (host == NULL) {
         if (rd->cmd.redis && rd->cmd.io.ac == NULL) {
             ngx_http_idem_link_schedule(&rd->cmd);
@@ -856,6 +863,7 @@ ngx_http_idem_redis_located(ngx_http_idem_redis_t *rd, ngx_str_t *host,
             ngx_http_idem_link_schedule(&rd->sub);
         }
 
+        ngx_http_idem_held_release(rd, 0);
         return;
     }
 
@@ -881,6 +889,9 @@ ngx_http_idem_redis_located(ngx_http_idem_redis_t *rd, ngx_str_t *host,
     if (rd->route) {
         ngx_http_idem_resend(rd);
     }
+
+    /* onto the link now connecting, behind its set-up commands */
+    ngx_http_idem_held_release(rd, 1);
 }
 
 
@@ -899,6 +910,7 @@ ngx_http_idem_redis_init_process(ngx_cycle_t *cycle, ngx_array_t *servers,
         rd->scripts = scripts;
         ngx_queue_init(&rd->waiters);
         ngx_queue_init(&rd->resend);
+        ngx_queue_init(&rd->held);
 
         /* a Cluster's command links are its nodes' */
         if (rd->route == NULL) {
@@ -929,6 +941,7 @@ ngx_http_idem_redis_exit_process(ngx_array_t *servers)
 
         ngx_http_idem_link_close(&rd->cmd);
         ngx_http_idem_link_close(&rd->sub);
+        ngx_http_idem_held_release(rd, 0);
 
         if (rd->resend_n) {
             ngx_log_error(NGX_LOG_WARN, rd->log, 0,
@@ -1208,6 +1221,7 @@ ngx_http_idem_cmd_copy(ngx_http_idem_cmd_t *cmd)
     ngx_memzero(&copy->timer, sizeof(ngx_event_t));
     copy->told = 0;
     copy->resent = 0;
+    copy->held = 0;
     copy->handler = NULL;
     copy->data = NULL;
     copy->link = cmd->pinned ? cmd->link : NULL;
@@ -1581,6 +1595,108 @@ ngx_http_idem_cmd_put(ngx_http_idem_link_t *lk, ngx_http_idem_cmd_t *cmd)
 }
 
 
+/*
+ * A command that waited for locate and will not get its answer: its
+ * sender was told NGX_OK, so the handler is the one to know.
+ */
+static void
+ngx_http_idem_held_fail(ngx_http_idem_cmd_t *cmd)
+{
+    if (cmd->timer.timer_set) {
+        ngx_del_timer(&cmd->timer);
+    }
+
+    if (!cmd->told && cmd->handler) {
+        cmd->told = 1;
+        cmd->handler(cmd, NULL);
+    }
+
+    ngx_free(cmd);
+}
+
+
+static void
+ngx_http_idem_held_timeout(ngx_event_t *ev)
+{
+    ngx_http_idem_cmd_t    *cmd = ev->data;
+    ngx_http_idem_redis_t  *rd = cmd->redis;
+
+    ngx_log_error(NGX_LOG_ERR, rd->log, 0,
+                  "idempotency: redis %V: no master named within "
+                  "connect_timeout + timeout", &rd->name);
+    ngx_http_idem_metrics_redis_error(NGX_HTTP_IDEM_RERR_CONNECT);
+
+    ngx_queue_remove(&cmd->queue);
+    ngx_http_idem_held_fail(cmd);
+}
+
+
+/*
+ * Sentinel: while a worker asks where its master is (at its start, which
+ * every reload is for its new workers, and after losing the master) there
+ * is no link to write on.  A command waits for the answer, as it would
+ * wait for a link still connecting, but no longer than asking a sentinel
+ * may take: a connect and a command.  A durable one is kept for the next
+ * link as always.
+ */
+static ngx_int_t
+ngx_http_idem_cmd_hold(ngx_http_idem_cmd_t *cmd)
+{
+    ngx_http_idem_redis_t  *rd = cmd->redis;
+
+    if (!rd->locating || rd->exiting || cmd->durable || cmd->pinned) {
+        return NGX_DECLINED;
+    }
+
+    cmd->held = 1;
+    ngx_queue_insert_tail(&rd->held, &cmd->queue);
+
+    ngx_http_idem_event_init(&cmd->timer, ngx_http_idem_held_timeout, cmd,
+                             rd->log, 0);
+    ngx_add_timer(&cmd->timer, rd->connect_timeout + rd->timeout);
+
+    return NGX_OK;
+}
+
+
+/*
+ * locate answered: the commands that waited are sent (located), or told
+ * that there is no master; a handler that sends again meets the new state.
+ */
+static void
+ngx_http_idem_held_release(ngx_http_idem_redis_t *rd, ngx_uint_t located)
+{
+    ngx_queue_t           queue, *q;
+    ngx_http_idem_cmd_t  *cmd;
+
+    if (rd->held.next == NULL || ngx_queue_empty(&rd->held)) {
+        return;
+    }
+
+    ngx_queue_init(&queue);
+    ngx_queue_add(&queue, &rd->held);
+    ngx_queue_init(&rd->held);
+
+    while (!ngx_queue_empty(&queue)) {
+        q = ngx_queue_head(&queue);
+        ngx_queue_remove(q);
+
+        cmd = ngx_queue_data(q, ngx_http_idem_cmd_t, queue);
+
+        if (cmd->timer.timer_set) {
+            ngx_del_timer(&cmd->timer);
+        }
+
+        if (located && !rd->exiting) {
+            (void) ngx_http_idem_cmd_send(cmd, cmd->handler, cmd->data);
+
+        } else {
+            ngx_http_idem_held_fail(cmd);
+        }
+    }
+}
+
+
 ngx_int_t
 ngx_http_idem_cmd_send(ngx_http_idem_cmd_t *cmd,
     ngx_http_idem_reply_pt handler, void *data)
@@ -1600,11 +1716,15 @@ ngx_http_idem_cmd_send(ngx_http_idem_cmd_t *cmd,
 
     if (lk == NULL || ngx_http_idem_cmd_put(lk, cmd) != REDIS_OK) {
         /* not written: no callback will ever come for this one */
+        if (ngx_http_idem_cmd_hold(cmd) == NGX_OK) {
+            return NGX_OK;
+        }
+
         if (ngx_http_idem_resend_later(cmd, lk) == NGX_OK) {
             return NGX_AGAIN;
         }
 
-        if (cmd->resent && !cmd->told && cmd->handler) {
+        if ((cmd->resent || cmd->held) && !cmd->told && cmd->handler) {
             /* its sender is long gone: the handler is the one to know */
             cmd->told = 1;
             cmd->handler(cmd, NULL);

@@ -144,12 +144,14 @@ struct ngx_http_idem_redis_s {
     ngx_http_idem_link_t         sub;
     ngx_queue_t                  waiters;       /* ngx_http_idem_waiter_t */
     ngx_queue_t                  resend;        /* ngx_http_idem_cmd_t */
+    ngx_queue_t                  held;          /* ngx_http_idem_cmd_t */
     ngx_http_idem_cmd_t         *timing_out;
     ngx_http_idem_link_t        *replying;      /* whose reply is handled */
     ngx_uint_t                   resend_n;
     size_t                       resend_size;
     ngx_uint_t                   gen;           /* answers of locate */
     u_char                       addr[NGX_SOCKADDR_STRLEN + 1];
+    unsigned                     locating:1;    /* locate not answered */
     unsigned                     exiting:1;
 };
 
@@ -199,6 +201,7 @@ struct ngx_http_idem_cmd_s {
     unsigned                     eval:1;    /* resent as EVAL (NOSCRIPT) */
     unsigned                     told:1;    /* the handler has run */
     unsigned                     resent:1;  /* from the resend queue */
+    unsigned                     held:1;    /* waited for locate */
     unsigned                     pinned:1;  /* goes on "link" only */
     unsigned                     asking:1;  /* ASK: after ASKING */
 };
@@ -248,7 +251,9 @@ void ngx_http_idem_redis_exit_process(ngx_array_t *servers);
 /*
  * The answer to locate: the master's numeric address, or host NULL when
  * nobody could say (the links try again after their backoff).  A new
- * address drops the links to the old one.
+ * address drops the links to the old one.  Commands sent while a Sentinel
+ * topology had no link and was being asked waited for this answer: they go
+ * to the master named, or are answered NULL when there is none.
  */
 void ngx_http_idem_redis_located(ngx_http_idem_redis_t *rd, ngx_str_t *host,
     ngx_int_t port);
@@ -319,9 +324,12 @@ ngx_str_t ngx_http_idem_cmd_key(ngx_http_idem_cmd_t *cmd);
 
 /*
  * NGX_OK: the handler will be called once (or, with handler NULL, the
- * command is just sent).  NGX_AGAIN: a durable command that could not be
- * written now is kept and sent once Redis is back; its handler is called
- * then.  NGX_ERROR: nothing was sent and the command is freed.
+ * command is just sent).  A command that finds no link while a Sentinel
+ * topology asks where its master is waits for the answer, at most
+ * connect_timeout + timeout, and is NGX_OK too.  NGX_AGAIN: a durable
+ * command that could not be written now is kept and sent once Redis is
+ * back; its handler is called then.  NGX_ERROR: nothing was sent and the
+ * command is freed.
  */
 ngx_int_t ngx_http_idem_cmd_send(ngx_http_idem_cmd_t *cmd,
     ngx_http_idem_reply_pt handler, void *data);

@@ -110,7 +110,15 @@ ngx_http_idem_sn_on_connect(const redisAsyncContext *ac, int status)
 
     if (status == REDIS_OK) {
         if (!lk->subscriber) {
-            /* connected: from now on the command timeout */
+            /*
+             * connected: from now on the command timeout; deleted first,
+             * or nginx keeps a timer that moves by less than 300 ms
+             * (NGX_TIMER_LAZY_DELAY), and the answer had connect_timeout
+             */
+            if (lk->timer.timer_set) {
+                ngx_del_timer(&lk->timer);
+            }
+
             ngx_add_timer(&lk->timer, lk->sn->redis->timeout);
         }
 
