@@ -41,7 +41,8 @@ $(BUILD)/unit/test_call_policy: UNIT_EXTRA = tools/call_policy.c
 $(BUILD)/unit/test_call_policy: tools/call_policy.c tools/call_policy.h
 $(ASAN_BUILD)/unit/test_call_policy: UNIT_EXTRA = tools/call_policy.c
 TOOLS     := $(BUILD)/idempotency-fingerprint $(BUILD)/idempotency-call \
-             $(BUILD)/idempotency-approve $(BUILD)/idempotency-audit
+             $(BUILD)/idempotency-approve $(BUILD)/idempotency-audit \
+             $(BUILD)/idempotency-mcp
 
 .PHONY: all module unit tools test demo deb clean
 
@@ -113,6 +114,17 @@ $(BUILD)/idempotency-call: tools/idempotency-call.c $(CALL_SRCS) $(CALL_HDRS) $(
 	@mkdir -p $(BUILD)
 	$(CC) $(CFLAGS) $(CPPFLAGS) -I$(MODDIR) -Itools $(CURL_CFLAGS) -o $@ $< \
 	    $(CALL_SRCS) $(MODDIR)/idem_text.c $(LDFLAGS) $(CURL_LIBS) -lcjson -lcrypto
+
+# the MCP server: the same call files, plus JSON-RPC over stdio (mcp_rpc),
+# its configuration (mcp_config) and its tools (mcp_tools, mcp_request)
+MCP_SRCS := tools/mcp_rpc.c tools/mcp_config.c tools/mcp_tools.c tools/mcp_request.c
+MCP_HDRS := tools/mcp_rpc.h tools/mcp_config.h tools/mcp_tools.h
+$(BUILD)/idempotency-mcp: tools/idempotency-mcp.c $(MCP_SRCS) $(MCP_HDRS) $(CALL_SRCS) $(CALL_HDRS) \
+                          $(MODDIR)/idem_text.c $(MODDIR)/idem_text.h
+	@mkdir -p $(BUILD)
+	$(CC) $(CFLAGS) $(CPPFLAGS) -pthread -I$(MODDIR) -Itools $(CURL_CFLAGS) -o $@ $< \
+	    $(MCP_SRCS) $(CALL_SRCS) $(MODDIR)/idem_text.c $(LDFLAGS) -pthread $(CURL_LIBS) \
+	    -lcjson -lcrypto
 
 test: all
 	$(PROVE) t/
