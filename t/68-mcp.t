@@ -147,6 +147,16 @@ sub server_with {
     unlike($err, qr/\Q$secret\E/, '... and not the secret');
 }
 
+# ---- an operation begun by idempotency-call (x-shared), finished by the MCP
+#      server; one begun by the MCP server (x-shared2) finished by idempotency-call
+sub call_tool {
+    my ($op, $body) = @_;
+    my $out = `$ROOT/build/idempotency-call --op $op --state-dir $SD -H 'Authorization: $TOKEN' -H 'Content-Type: application/json' --status-url $BASE/idempotency/status -X POST $BASE/tickets -d '$body' 2>&1`;
+    return eval { JSON::PP->new->decode($out) } // { raw => $out };
+}
+my $shared1 = call_tool('x-shared', '{"title":"shared"}');
+is($shared1->{outcome}, 'created', 'idempotency-call begins x-shared');
+
 # ---- the SDK client's scenarios
 my %env = (MCP_BIN => $BIN, MCP_CONFIG => "$P/mcp.json", MCP_STATE_DIR => $SD,
     MCP_EFFECTS => "$P/effects.log", MCP_BASE => $BASE, MCP_APPROVE => "$ROOT/build/idempotency-approve",
@@ -318,6 +328,24 @@ is($R->{versions}{'2024-01-01'}, '2025-11-25', 'an unsupported version: the newe
         ok((grep { ($_->{id} // '') eq 1001 + $i && $_->{result} } @got), '... and ping still answered');
     }
     is(($R->{malformedExit} // {})->{code}, 0, 'the server ends cleanly at the end of stdin');
+}
+
+# cancelled, and the other program's operations
+{
+    ok(($R->{cancelFirst}{rpcError} // {})->{message}, 'a cancelled call: the client stopped waiting');
+    is($R->{cancelPing}, '{}', 'ping answered after the cancel');
+    like($R->{cancelKey} // '', qr/^[0-9a-f]{32}$/, 'the key is kept');
+    is(key_of($R->{cancelAgain}), $R->{cancelKey}, 'the same call again: the same key');
+    is(outcome($R->{cancelAgain}), 'replayed', '... and the one execution\'s answer');
+    is($t->effects(key => $R->{cancelKey}), 1, 'cancelled: effect 1');
+
+    is(outcome($R->{sharedMcp}), 'replayed', 'begun by idempotency-call, finished by idempotency-mcp: replayed');
+    is(key_of($R->{sharedMcp}), $shared1->{key}, '... with its key');
+    is($t->effects(key => $shared1->{key}), 1, '... effect 1');
+    is(outcome($R->{sharedMcp2}), 'created', 'idempotency-mcp begins x-shared2');
+    my $again = call_tool('x-shared2', '{"title":"shared2"}');
+    is($again->{outcome}, 'replayed', '... idempotency-call finishes it: replayed');
+    is($t->effects(key => key_of($R->{sharedMcp2})), 1, '... effect 1');
 }
 
 # the credential: in no result, no stderr line, no state file

@@ -233,7 +233,27 @@ async function malformed() {
     report.malformedExit = await new Promise((r) => p.on('exit', (code, sig) => r({ code, sig })));
 }
 
-const steps = { versions, basics, concurrency, conflicts, confirmation, waits, killed, refusals, malformed };
+// notifications/cancelled (the SDK sends it on abort) stops the wait; the key
+// stays, and the same call later gets the one execution's answer
+async function cancelled(c) {
+    const args = { operation: 't-cancel', path: '/tickets', body: { title: 'x' }, headers: { 'X-Delay': '3' } };
+    const ac = new AbortController();
+    const p = req(c, args, { signal: ac.signal });
+    await until(() => effectsFor(keyOf('t-cancel')) === 1, 10000);
+    ac.abort('the user changed their mind');
+    report.cancelFirst = await p;
+    report.cancelPing = JSON.stringify(await c.ping());
+    report.cancelKey = keyOf('t-cancel');
+    report.cancelAgain = await req(c, args);
+}
+
+// an operation begun by idempotency-call is finished here, and the other way
+async function shared(c) {
+    report.sharedMcp = await req(c, { operation: 'x-shared', path: '/tickets', body: { title: 'shared' } });
+    report.sharedMcp2 = await req(c, { operation: 'x-shared2', path: '/tickets', body: { title: 'shared2' } });
+}
+
+const steps = { versions, basics, cancelled, shared, concurrency, conflicts, confirmation, waits, killed, refusals, malformed };
 
 async function main() {
     const only = (E.MCP_STEPS || Object.keys(steps).join(',')).split(',');
