@@ -18,7 +18,7 @@ CORE_SRCS := $(MODDIR)/idem_text.c $(MODDIR)/idem_number.c \
              $(MODDIR)/idem_record.c $(MODDIR)/idem_reply.c \
              $(MODDIR)/idem_pointer.c $(MODDIR)/idem_jws.c \
              $(MODDIR)/idem_json.c $(MODDIR)/idem_slot.c \
-             $(MODDIR)/idem_audit.c
+             $(MODDIR)/idem_audit.c $(MODDIR)/idem_answer.c
 CORE_HDRS := $(wildcard $(MODDIR)/idem_*.h)
 NGX_SRCS  := $(wildcard $(MODDIR)/ngx_http_idempotency*.c) \
              $(wildcard $(MODDIR)/ngx_http_idempotency*.h)
