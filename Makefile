@@ -103,11 +103,14 @@ $(BUILD)/idempotency-audit: tools/idempotency-audit.c $(AUDIT_CORE) $(CORE_HDRS)
 	$(CC) $(CFLAGS) $(CPPFLAGS) -I$(MODDIR) -o $@ $< $(AUDIT_CORE) $(LDFLAGS) \
 	    -lhiredis $(CORE_LIBS)
 
-# libcurl (libcurl4-openssl-dev) for HTTP; of the core only the text layer.
+# libcurl (libcurl4-openssl-dev) for HTTP; of the core the text layer and
+# the answer table (the retry rule classifies from it).
 # CALL_SRCS are shared with idempotency-mcp: the state files, one HTTP
 # attempt, the retry rule and its loop (docs/agents.md).
-CALL_SRCS := tools/call_state.c tools/call_http.c tools/call_policy.c tools/call_run.c
-CALL_HDRS := $(CALL_SRCS:.c=.h)
+CALL_SRCS := tools/call_state.c tools/call_http.c tools/call_policy.c tools/call_run.c \
+             $(MODDIR)/idem_answer.c
+CALL_HDRS := tools/call_state.h tools/call_http.h tools/call_policy.h tools/call_run.h \
+             $(MODDIR)/idem_answer.h
 CURL_CFLAGS = $(shell pkg-config --cflags libcurl)
 CURL_LIBS = $(shell pkg-config --libs libcurl)
 $(BUILD)/idempotency-call: tools/idempotency-call.c $(CALL_SRCS) $(CALL_HDRS) $(MODDIR)/idem_text.c $(MODDIR)/idem_text.h

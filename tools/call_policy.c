@@ -1,11 +1,13 @@
 /*
  * The retry rule (call_policy.h).  A problem answer's action comes from
- * its type; a plain answer's from its status and the module's marks.
+ * the core's answer table; a plain answer's from its status and the
+ * module's marks.
  */
 
 #include <stddef.h>
 #include <string.h>
 
+#include "idem_answer.h"
 #include "call_policy.h"
 
 
@@ -32,56 +34,52 @@ call_outcome_done(call_outcome_e o)
 }
 
 
-typedef struct {
-    const char      *slug;
-    call_act_e       act;
-    call_outcome_e   out;
-} policy_row_t;
-
-
 /*
- * The module's answer types whose meaning for a client is not "final":
- * the documented client action of each (docs/directives.md, "Problem
- * types"; docs/agents.md, "The retry rule").  Every other type is final.
+ * A problem answer: the client's action is the core's answer table's
+ * (idem_answer.c, the one the module answers from); the outcome names
+ * which "not yet" or which "stop" it is.
  */
-static const policy_row_t  policy_rows[] = {
-    { "in-progress",            CALL_ACT_WAIT,  CALL_OUT_IN_PROGRESS },
-    { "lock-held",              CALL_ACT_WAIT,  CALL_OUT_LOCK_HELD },
-    { "store-unavailable",      CALL_ACT_WAIT,  CALL_OUT_UNAVAILABLE },
-    { "store-not-replicated",   CALL_ACT_WAIT,  CALL_OUT_UNAVAILABLE },
-    { "retry-later",            CALL_ACT_WAIT,  CALL_OUT_UNAVAILABLE },
-    { "audit-unavailable",      CALL_ACT_WAIT,  CALL_OUT_UNAVAILABLE },
-    { "fingerprint-mismatch",   CALL_ACT_FINAL, CALL_OUT_CONFLICT },
-    { "identity-held-elsewhere", CALL_ACT_FINAL, CALL_OUT_CONFLICT },
-    { "outcome-unknown",        CALL_ACT_FINAL, CALL_OUT_UNKNOWN },
-    { "confirmation-required",  CALL_ACT_FINAL, CALL_OUT_CONFIRM },
-    { "confirmation-invalid",   CALL_ACT_FINAL, CALL_OUT_CONFIRM },
-    { "confirmation-declined",  CALL_ACT_FINAL, CALL_OUT_DECLINED },
-    /* done earlier; only the body was too large to keep */
-    { "response-not-stored",    CALL_ACT_FINAL, CALL_OUT_REPLAYED },
-    { NULL, CALL_ACT_FINAL, CALL_OUT_REJECTED }
-};
-
-
 static call_act_e
 policy_problem(const call_answer_t *a, call_outcome_e *out)
 {
-    const policy_row_t  *p;
+    const idem_answer_t  *ans = idem_answer_find(a->slug, strlen(a->slug));
+    const idem_answer_t  *row = idem_answers;
 
-    for (p = policy_rows; p->slug != NULL; p++) {
-        if (strcmp(p->slug, a->slug) == 0) {
-            break;
-        }
+    if (ans == NULL) {
+        /* a type of a newer module: final, a person decides a 428 */
+        *out = (a->status == 428) ? CALL_OUT_CONFIRM : CALL_OUT_REJECTED;
+        return CALL_ACT_FINAL;
     }
 
-    *out = p->out;
+    switch (ans->action) {
 
-    if (p->slug == NULL && a->status == 428) {
-        /* a confirmation answer of a newer module: a person decides */
+    case IDEM_ACT_RETRY_AFTER:
+    case IDEM_ACT_WAIT_RETRY:
+        *out = (ans == &row[IDEM_ANS_IN_PROGRESS]) ? CALL_OUT_IN_PROGRESS
+               : (ans == &row[IDEM_ANS_LOCK_HELD]) ? CALL_OUT_LOCK_HELD
+               : CALL_OUT_UNAVAILABLE;
+        return CALL_ACT_WAIT;
+
+    case IDEM_ACT_ASK_PERSON:
         *out = CALL_OUT_CONFIRM;
+        return CALL_ACT_FINAL;
+
+    case IDEM_ACT_OPERATOR:
+        *out = (ans == &row[IDEM_ANS_UNKNOWN]) ? CALL_OUT_UNKNOWN
+                                               : CALL_OUT_REJECTED;
+        return CALL_ACT_FINAL;
+
+    default:
+        break;
     }
 
-    return p->act;
+    *out = (ans == &row[IDEM_ANS_MISMATCH]
+            || ans == &row[IDEM_ANS_IDENTITY_ELSEWHERE]) ? CALL_OUT_CONFLICT
+           /* done earlier; only the body was too large to keep */
+           : (ans == &row[IDEM_ANS_NOT_STORED]) ? CALL_OUT_REPLAYED
+           : (ans == &row[IDEM_ANS_CONFIRM_DECLINED]) ? CALL_OUT_DECLINED
+           : CALL_OUT_REJECTED;
+    return CALL_ACT_FINAL;
 }
 
 

@@ -1,8 +1,9 @@
 /*
  * The retry rule of docs/agents.md as a pure function: what one answer
  * means for the call (done, wait then resend, ask then resend) and which
- * outcome it is.  No I/O, no libcurl: t/unit/test_call_policy.c checks it
- * against docs/agents.md's table.
+ * outcome it is, from the core's answer table (idem_answer.h).  No I/O, no
+ * libcurl: t/unit/test_call_policy.c checks it against docs/agents.md's
+ * table.
  */
 
 #ifndef CALL_POLICY_H

@@ -12,6 +12,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "idem_answer.h"
 #include "idem_text.h"
 #include "call_state.h"
 #include "call_http.h"
@@ -356,8 +357,10 @@ res_response(call_resp_t *r)
 static void
 res_next_step(cJSON *o, call_run_t *run, req_t *rq)
 {
-    char         s[768];
-    const char  *id = run->operation_id[0] ? run->operation_id : "(unknown)";
+    char                  s[768];
+    const char           *id = run->operation_id[0] ? run->operation_id
+                                                    : "(unknown)";
+    const idem_answer_t  *ans;
 
     switch (run->outcome) {
     case CALL_OUT_CREATED:
@@ -389,6 +392,15 @@ res_next_step(cJSON *o, call_run_t *run, req_t *rq)
                  " retry it; a different intended action needs a new"
                  " operation name."); break;
     case CALL_OUT_REJECTED:
+        ans = (run->resp.problem != NULL)
+              ? idem_answer_find(run->resp.slug, strlen(run->resp.slug))
+              : NULL;
+        if (ans != NULL) {
+            /* the gateway's own answer: the answer table's words for it */
+            snprintf(s, sizeof(s), "Stop (the gateway's %s): %s.", ans->slug,
+                     ans->action_text);
+            break;
+        }
         snprintf(s, sizeof(s), "Stop: the API gave its final answer %ld (see"
                  " response.body). Calling again only repeats it; a corrected"
                  " request is a new action with a new operation name.",

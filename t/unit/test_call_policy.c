@@ -1,8 +1,9 @@
 /*
  * The retry rule of idempotency-call and idempotency-mcp (tools/
- * call_policy.c) against the table in docs/agents.md, read from the file
- * itself: a row the code does not follow, or a documented outcome the code
- * does not name, fails here.  argv[1] is t/data/jcs; the docs are found
+ * call_policy.c, driven by the core's answer table) against the table in
+ * docs/agents.md, read from the file itself: a row the code does not
+ * follow, a documented outcome the code does not name, or a type of the
+ * answer table without a row, fails here.  argv[1] is t/data/jcs; the docs are found
  * from there.
  */
 
@@ -11,7 +12,11 @@
 #include <string.h>
 
 #include "tap.h"
+#include "idem_answer.h"
 #include "call_policy.h"
+
+
+static char  documented[4096];  /* " slug slug ... " of the table's rows */
 
 
 static const char *
@@ -36,6 +41,8 @@ parse_answer(const char *cell, call_answer_t *a, char *slug, size_t n)
 
     if (sscanf(cell, "problem:%63[a-z-]", slug) == 1) {
         a->slug = slug;
+        strncat(documented, slug, sizeof(documented) - strlen(documented) - 2);
+        strcat(documented, " ");
         a->status = 409;
         return 0;
     }
@@ -91,6 +98,8 @@ main(int argc, char **argv)
     FILE  *f;
     int    in = 0, rows = 0;
 
+    documented[0] = ' ';
+
     snprintf(path, sizeof(path), "%s/../../../docs/agents.md",
              argc > 1 ? argv[1] : "t/data/jcs");
 
@@ -115,6 +124,15 @@ main(int argc, char **argv)
 
     fclose(f);
     ok(rows >= 30, "the table has its rows (%d)", rows);
+
+    /* every type of the module's answer table has its row */
+    for (size_t i = 0; i < idem_answers_n; i++) {
+        char  w[80];
+
+        snprintf(w, sizeof(w), " %s ", idem_answers[i].slug);
+        ok(strstr(documented, w) != NULL, "%s (%s): a row in docs/agents.md",
+           idem_answers[i].slug, idem_action_name(idem_answers[i].action));
+    }
 
     /* the outcome names the results use: unique, none missing */
     ok(strcmp(call_outcome_name(CALL_OUT_REFUSED), "refused") == 0,
