@@ -170,7 +170,8 @@ resp_progress_cb(void *data, curl_off_t dt, curl_off_t dn, curl_off_t ut,
 {
     call_resp_t  *r = data;
 
-    return (r->cancel != NULL && *r->cancel) ? 1 : 0;
+    return (r->cancel != NULL && __atomic_load_n(r->cancel, __ATOMIC_RELAXED))
+           ? 1 : 0;
 }
 
 

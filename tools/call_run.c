@@ -51,7 +51,8 @@ time_left(call_run_t *run)
 static int
 cancelled(call_run_t *run)
 {
-    return run->cancel != NULL && *run->cancel;
+    /* set by another thread (idempotency-mcp's reader) */
+    return run->cancel != NULL && __atomic_load_n(run->cancel, __ATOMIC_RELAXED);
 }
 
 

@@ -53,6 +53,7 @@ main(int argc, char **argv)
 
     if (mcp_config_load(argv[2], &cf, err, sizeof(err)) != 0) {
         mcp_log("%s", err);
+        mcp_config_free(&cf);
         return 78;
     }
 
@@ -71,5 +72,6 @@ main(int argc, char **argv)
     mcp_serve(&srv, STDIN_FILENO);
 
     curl_global_cleanup();
+    mcp_config_free(&cf);
     return 0;
 }

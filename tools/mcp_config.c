@@ -18,6 +18,9 @@
 #include "mcp_config.h"
 
 
+static char  *cf_default_methods[] = { "POST", "PUT", "PATCH", "DELETE" };
+
+
 typedef struct {
     const char  *file;
     char        *err;
@@ -278,7 +281,6 @@ cf_target(cf_ctx_t *cx, cJSON *o, mcp_target_t *t)
     static const char  *names[] = { "base_url", "headers", "methods", "paths",
                                     "status_url", "max_time", "deadline",
                                     NULL };
-    static char        *dflt[] = { "POST", "PUT", "PATCH", "DELETE" };
     char                w[300], sub[400], *s;
     cJSON              *v;
 
@@ -311,7 +313,7 @@ cf_target(cf_ctx_t *cx, cJSON *o, mcp_target_t *t)
     v = cJSON_GetObjectItemCaseSensitive(o, "methods");
     snprintf(sub, sizeof(sub), "%s.methods", w);
     if (v == NULL) {
-        t->methods = dflt;
+        t->methods = cf_default_methods;
         t->nmethods = 4;
     } else if (cf_strings(cx, v, sub, &t->methods, &t->nmethods) != 0) {
         return -1;
@@ -371,13 +373,15 @@ cf_doc(cf_ctx_t *cx, cJSON *doc, mcp_config_t *cf)
         return cf_fail(cx, "out of memory");
     }
 
+    /* all of them, so that mcp_config_free frees a half-read one too */
+    cf->ntargets = cJSON_GetArraySize(v);
+
     cJSON_ArrayForEach(m, v) {
         if (cf_target(cx, m, &cf->targets[i++]) != 0) {
             return -1;
         }
     }
 
-    cf->ntargets = i;
     return 0;
 }
 
@@ -434,4 +438,47 @@ mcp_config_target(const mcp_config_t *cf, const char *name)
     }
 
     return NULL;
+}
+
+
+static void
+cf_free_strings(char **v, int n)
+{
+    int  i;
+
+    for (i = 0; v != NULL && i < n; i++) {
+        free(v[i]);
+    }
+
+    free(v);
+}
+
+
+/* the secrets are wiped before their memory goes back */
+void
+mcp_config_free(mcp_config_t *cf)
+{
+    struct curl_slist  *h;
+    mcp_target_t       *t;
+    int                 i;
+
+    for (i = 0; cf->targets != NULL && i < cf->ntargets; i++) {
+        t = &cf->targets[i];
+        for (h = t->headers; h != NULL; h = h->next) {
+            memset(h->data, 0, strlen(h->data));
+        }
+        curl_slist_free_all(t->headers);
+        cf_free_strings(t->header_names, t->nheaders);
+        cf_free_strings(t->paths, t->npaths);
+        if (t->methods != NULL && t->methods[0] != cf_default_methods[0]) {
+            cf_free_strings(t->methods, t->nmethods);
+        }
+        free(t->name);
+        free(t->base_url);
+        free(t->status_url);
+    }
+
+    free(cf->targets);
+    free(cf->state_dir);
+    memset(cf, 0, sizeof(mcp_config_t));
 }

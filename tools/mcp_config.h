@@ -37,6 +37,7 @@ typedef struct {
 /* 0, or -1 with a message naming the member in err */
 int mcp_config_load(const char *path, mcp_config_t *cf, char *err,
     size_t errlen);
+void mcp_config_free(mcp_config_t *cf);
 const mcp_target_t *mcp_config_target(const mcp_config_t *cf,
     const char *name);
 

@@ -257,7 +257,7 @@ rpc_cancelled(mcp_server_t *s, cJSON *params)
 
     for (c = s->calls; rid != NULL && c != NULL; c = c->next) {
         if (cJSON_Compare(c->id, rid, 1)) {
-            c->cancel = 1;
+            __atomic_store_n(&c->cancel, 1, __ATOMIC_RELAXED);
             c->unanswered = 1;
             mcp_log("call cancelled by the client; its key is kept");
         }
@@ -392,7 +392,7 @@ serve_end(mcp_server_t *s)
     pthread_mutex_lock(&s->calls_lock);
 
     for (c = s->calls; c != NULL; c = c->next) {
-        c->cancel = 1;
+        __atomic_store_n(&c->cancel, 1, __ATOMIC_RELAXED);
     }
 
     while (s->calls != NULL) {
