@@ -154,6 +154,7 @@ calls_remove(mcp_server_t *s, mcp_call_t *c)
     for (p = &s->calls; *p != NULL; p = &(*p)->next) {
         if (*p == c) {
             *p = c->next;
+            s->ncalls--;
             break;
         }
     }
@@ -199,6 +200,7 @@ rpc_tools_call(mcp_server_t *s, const cJSON *id, cJSON *params)
     mcp_call_t      *c;
     pthread_t        th;
     pthread_attr_t   attr;
+    int              busy;
 
     if (!cJSON_IsString(name) || (args != NULL && !cJSON_IsObject(args))) {
         rpc_error(s, id, RPC_INVALID_PARAMS, "tools/call: params.name must be"
@@ -209,6 +211,16 @@ rpc_tools_call(mcp_server_t *s, const cJSON *id, cJSON *params)
     if (!mcp_tools_known(name->valuestring)) {
         rpc_error(s, id, RPC_INVALID_PARAMS, "tools/call: unknown tool \"%.64s\"",
                   name->valuestring);
+        return;
+    }
+
+    pthread_mutex_lock(&s->calls_lock);
+    busy = (s->ncalls >= MCP_CALLS_MAX);
+    pthread_mutex_unlock(&s->calls_lock);
+
+    if (busy) {
+        rpc_error(s, id, -32603, "%d calls in flight already: call again"
+                  " when one has ended", MCP_CALLS_MAX);
         return;
     }
 
@@ -226,6 +238,7 @@ rpc_tools_call(mcp_server_t *s, const cJSON *id, cJSON *params)
     pthread_mutex_lock(&s->calls_lock);
     c->next = s->calls;
     s->calls = c;
+    s->ncalls++;
 
     pthread_attr_init(&attr);
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);

@@ -14,7 +14,8 @@
 
 #include "mcp_config.h"
 
-#define MCP_LINE_MAX  (4 * 1024 * 1024)
+#define MCP_LINE_MAX   (4 * 1024 * 1024)
+#define MCP_CALLS_MAX  256     /* calls in flight: a thread each */
 
 
 typedef struct mcp_call_s  mcp_call_t;
@@ -36,6 +37,7 @@ typedef struct {
     pthread_mutex_t      calls_lock;
     pthread_cond_t       calls_done;
     mcp_call_t          *calls;
+    int                  ncalls;
     int                  initialized;
 } mcp_server_t;
 
