@@ -229,6 +229,14 @@ is($R->{versions}{'2024-01-01'}, '2025-11-25', 'an unsupported version: the newe
     is($t->effects(key => key_of($R->{lost1})), 1, 'lost response: effect 1');
 }
 
+# a body that is not text
+{
+    my $b = sc($R->{binary})->{response} // {};
+    is(outcome($R->{binary}), 'created', 'a binary answer: created');
+    ok($b->{binary} && !defined $b->{body}, '... its body is not given as text');
+    is($b->{body_bytes}, 70000, '... only its size');
+}
+
 # operation_status, list_operations
 {
     is(sc($R->{status})->{state}, 'completed', 'operation_status: completed');

@@ -313,7 +313,7 @@ static cJSON *
 res_response(call_resp_t *r)
 {
     cJSON   *o = cJSON_CreateObject(), *h, *b = NULL;
-    size_t   n = r->len;
+    size_t   n = r->len, k;
     char    *cut;
 
     cJSON_AddNumberToObject(o, "status", (double) r->status);
@@ -340,9 +340,21 @@ res_response(call_resp_t *r)
 
     if (b == NULL) {
         n = (n > MCP_BODY_MAX) ? MCP_BODY_MAX : n;
-        while (n > 0 && !idem_utf8_valid(r->body, n)) {
-            n--;    /* a cut inside a character, or bytes that are not text */
+        k = n;
+        while (k > 0 && k + 3 >= n && !idem_utf8_valid(r->body, k)) {
+            k--;    /* a cut inside a character */
         }
+        if (n > 0 && (!idem_utf8_valid(r->body, k)
+                      || memchr(r->body, '\0', k) != NULL))
+        {
+            /* bytes that are not text: the model gets their size only */
+            cJSON_AddNullToObject(o, "body");
+            cJSON_AddBoolToObject(o, "binary", 1);
+            cJSON_AddNumberToObject(o, "body_bytes", (double) r->len);
+            cJSON_AddBoolToObject(o, "truncated", 0);
+            return o;
+        }
+        n = k;
         cut = strndup(r->body ? r->body : "", n);
         b = cJSON_CreateString(cut ? cut : "");
         free(cut);

@@ -95,6 +95,8 @@ async function basics(c) {
         headers: { 'X-Delay': '3' } });
     report.lost2 = await req(c, { operation: 't-lost', path: '/tickets', body: { title: 'slow' },
         headers: { 'X-Delay': '3' } });
+    report.binary = await req(c, { operation: 't-binary', path: '/tickets', body: { title: 'b' },
+        headers: { 'X-Body-Size': '70000' } });
     report.status = await call(c, 'operation_status', { operation: 't-created', target: 'api' });
     report.list = await call(c, 'list_operations', {});
 }
