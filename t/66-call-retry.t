@@ -153,7 +153,7 @@ sub show { my $c = shift; "rc=$c->{rc}\nstdout: $c->{stdout}\nstderr: $c->{err}"
     Idem::Test::_spew("$SD/rl.json", JSON::PP->new->encode({ v => 1, op => 'rl', key => $k,
         method => 'POST', url => "$BASE/wait/x", body_sha256 => Digest::SHA::sha256_hex($body) }));
     my $bg = $t->http_bg(POST => '/wait/x', key => $k, json => $body, timeout => 20,
-        headers => [ Authorization => $AUTH, 'X-Delay' => 1.5, 'X-Status' => 503 ]);
+        headers => [ Authorization => $AUTH, 'X-Delay' => 3, 'X-Status' => 503 ]);
     ok($t->wait_for(sub { $t->effects(key => $k) == 1 }, 5), 'an attempt of key K is executing');
     my $c = call('rl', path => '/wait/x', data => $body);
     my $j = $c->{json};
