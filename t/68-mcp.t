@@ -188,6 +188,11 @@ is($R->{versions}{'2025-11-25'}, '2025-11-25', 'initialize 2025-11-25: answered 
 is($R->{versions}{'2025-06-18'}, '2025-06-18', 'initialize 2025-06-18: answered with it');
 is($R->{versions}{'2025-03-26'}, '2025-03-26', 'initialize 2025-03-26: answered with it');
 is($R->{versions}{'2024-01-01'}, '2025-11-25', 'an unsupported version: the newest');
+for my $v (qw(2025-11-25 2025-06-18 2025-03-26)) {
+    my $r = $R->{versionsClient}{$v} // {};
+    is($r->{answered}, $v, "the SDK Client initialized with $v: answered $v");
+    is($r->{tools}, 'idempotent_request,list_operations,operation_status', "... and tools/list works under it");
+}
 
 # tools/list
 {

@@ -86,6 +86,36 @@ async function versions() {
     }
 }
 
+// the SDK's Client itself, its initialize rewritten to each version: the
+// Client accepts the answer and works (tools/list) under that version
+async function versionsClient() {
+    report.versionsClient = {};
+    for (const v of ['2025-11-25', '2025-06-18', '2025-03-26']) {
+        const t = transport();
+        let initId;
+        let answered;
+        const send = t.send.bind(t);
+        t.send = (m, o) => {
+            if (m.method === 'initialize') { initId = m.id; m.params.protocolVersion = v; }
+            return send(m, o);
+        };
+        const start = t.start.bind(t);
+        t.start = () => {
+            const onmessage = t.onmessage;
+            t.onmessage = (m) => {
+                if (m.id === initId && m.result) answered = m.result.protocolVersion;
+                onmessage(m);
+            };
+            return start();
+        };
+        const c = new Client({ name: `idem-test-${v}`, version: '1.0' });
+        await c.connect(t);
+        const tools = (await c.listTools()).tools.map((x) => x.name).sort().join(',');
+        report.versionsClient[v] = { answered, tools };
+        await c.close();
+    }
+}
+
 async function basics(c) {
     report.tools = (await c.listTools()).tools;
     report.serverVersion = c.getServerVersion();
@@ -255,14 +285,14 @@ async function shared(c) {
     report.sharedMcp2 = await req(c, { operation: 'x-shared2', path: '/tickets', body: { title: 'shared2' } });
 }
 
-const steps = { versions, basics, cancelled, shared, concurrency, conflicts, confirmation, waits, killed, refusals, malformed };
+const steps = { versions, versionsClient, basics, cancelled, shared, concurrency, conflicts, confirmation, waits, killed, refusals, malformed };
 
 async function main() {
     const only = (E.MCP_STEPS || Object.keys(steps).join(',')).split(',');
     const { c } = await connect();
     for (const s of only) {
         try {
-            await (['versions', 'killed', 'malformed'].includes(s) ? steps[s]() : steps[s](c));
+            await (['versions', 'versionsClient', 'killed', 'malformed'].includes(s) ? steps[s]() : steps[s](c));
         } catch (e) {
             report[`error_${s}`] = String(e && e.stack || e);
         }
