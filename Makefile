@@ -35,8 +35,14 @@ TEST_HDRS := t/unit/jcs_tree.h t/unit/mem_sink.h t/unit/tap.h
 
 # the cross-check with a second parser (Debian's libjansson-dev)
 $(BUILD)/unit/test_jansson: UNIT_LIBS += -ljansson
+
+# the retry rule of the tools (tools/call_policy.c) against docs/agents.md
+$(BUILD)/unit/test_call_policy: UNIT_EXTRA = tools/call_policy.c
+$(BUILD)/unit/test_call_policy: tools/call_policy.c tools/call_policy.h
+$(ASAN_BUILD)/unit/test_call_policy: UNIT_EXTRA = tools/call_policy.c
 TOOLS     := $(BUILD)/idempotency-fingerprint $(BUILD)/idempotency-call \
-             $(BUILD)/idempotency-approve $(BUILD)/idempotency-audit
+             $(BUILD)/idempotency-approve $(BUILD)/idempotency-audit \
+             $(BUILD)/idempotency-mcp
 
 .PHONY: all module unit tools test demo deb clean
 
@@ -65,8 +71,8 @@ unit: $(UNIT_BINS)
 
 $(BUILD)/unit/%: t/unit/%.c $(TEST_SRCS) $(TEST_HDRS) $(CORE_SRCS) $(CORE_HDRS)
 	@mkdir -p $(BUILD)/unit
-	$(CC) $(CFLAGS) -I$(MODDIR) -It/unit -o $@ $< $(TEST_SRCS) $(CORE_SRCS) \
-	    $(UNIT_LIBS)
+	$(CC) $(CFLAGS) -I$(MODDIR) -It/unit -Itools -o $@ $< $(UNIT_EXTRA) $(TEST_SRCS) \
+	    $(CORE_SRCS) $(UNIT_LIBS)
 
 tools: $(TOOLS)
 
@@ -97,11 +103,31 @@ $(BUILD)/idempotency-audit: tools/idempotency-audit.c $(AUDIT_CORE) $(CORE_HDRS)
 	$(CC) $(CFLAGS) $(CPPFLAGS) -I$(MODDIR) -o $@ $< $(AUDIT_CORE) $(LDFLAGS) \
 	    -lhiredis $(CORE_LIBS)
 
-# libcurl (libcurl4-openssl-dev) for HTTP; of the core only the text layer
-$(BUILD)/idempotency-call: tools/idempotency-call.c $(MODDIR)/idem_text.c $(MODDIR)/idem_text.h
+# libcurl (libcurl4-openssl-dev) for HTTP; of the core the text layer and
+# the answer table (the retry rule classifies from it).
+# CALL_SRCS are shared with idempotency-mcp: the state files, one HTTP
+# attempt, the retry rule and its loop (docs/agents.md).
+CALL_SRCS := tools/call_state.c tools/call_http.c tools/call_policy.c tools/call_run.c \
+             $(MODDIR)/idem_answer.c
+CALL_HDRS := tools/call_state.h tools/call_http.h tools/call_policy.h tools/call_run.h \
+             $(MODDIR)/idem_answer.h
+CURL_CFLAGS = $(shell pkg-config --cflags libcurl)
+CURL_LIBS = $(shell pkg-config --libs libcurl)
+$(BUILD)/idempotency-call: tools/idempotency-call.c $(CALL_SRCS) $(CALL_HDRS) $(MODDIR)/idem_text.c $(MODDIR)/idem_text.h
 	@mkdir -p $(BUILD)
-	$(CC) $(CFLAGS) $(CPPFLAGS) -I$(MODDIR) $(shell pkg-config --cflags libcurl) -o $@ $< \
-	    $(MODDIR)/idem_text.c $(LDFLAGS) $(shell pkg-config --libs libcurl) -lcjson -lcrypto
+	$(CC) $(CFLAGS) $(CPPFLAGS) -I$(MODDIR) -Itools $(CURL_CFLAGS) -o $@ $< \
+	    $(CALL_SRCS) $(MODDIR)/idem_text.c $(LDFLAGS) $(CURL_LIBS) -lcjson -lcrypto
+
+# the MCP server: the same call files, plus JSON-RPC over stdio (mcp_rpc),
+# its configuration (mcp_config) and its tools (mcp_tools, mcp_request)
+MCP_SRCS := tools/mcp_rpc.c tools/mcp_config.c tools/mcp_tools.c tools/mcp_request.c
+MCP_HDRS := tools/mcp_rpc.h tools/mcp_config.h tools/mcp_tools.h
+$(BUILD)/idempotency-mcp: tools/idempotency-mcp.c $(MCP_SRCS) $(MCP_HDRS) $(CALL_SRCS) $(CALL_HDRS) \
+                          $(MODDIR)/idem_text.c $(MODDIR)/idem_text.h
+	@mkdir -p $(BUILD)
+	$(CC) $(CFLAGS) $(CPPFLAGS) -pthread -I$(MODDIR) -Itools $(CURL_CFLAGS) -o $@ $< \
+	    $(MCP_SRCS) $(CALL_SRCS) $(MODDIR)/idem_text.c $(LDFLAGS) -pthread $(CURL_LIBS) \
+	    -lcjson -lcrypto
 
 test: all
 	$(PROVE) t/
@@ -184,8 +210,8 @@ $(ASAN_BUILD)/unit/test_jansson: UNIT_LIBS += -ljansson
 
 $(ASAN_BUILD)/unit/%: t/unit/%.c $(TEST_SRCS) $(TEST_HDRS) $(CORE_SRCS) $(CORE_HDRS)
 	@mkdir -p $(ASAN_BUILD)/unit
-	$(CC) $(CFLAGS) $(ASAN_CFLAGS) -I$(MODDIR) -It/unit -o $@ $< $(TEST_SRCS) \
-	    $(CORE_SRCS) $(UNIT_LIBS)
+	$(CC) $(CFLAGS) $(ASAN_CFLAGS) -I$(MODDIR) -It/unit -Itools -o $@ $< $(UNIT_EXTRA) \
+	    $(TEST_SRCS) $(CORE_SRCS) $(UNIT_LIBS)
 
 # unit and tools too: t/0*.t run build/unit/* and build/idempotency-fingerprint.
 # The suite runs here with idempotency_complete_beside on in every http{}
