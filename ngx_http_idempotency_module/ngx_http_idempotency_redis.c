@@ -12,6 +12,7 @@
 #include <ngx_event.h>
 
 #include "ngx_http_idempotency_redis.h"
+#include "ngx_http_idempotency_io.h"
 #include "ngx_http_idempotency_metrics.h"
 
 
@@ -30,166 +31,6 @@ static void ngx_http_idem_redis_reply(redisAsyncContext *ac, void *r,
 static void ngx_http_idem_resend(ngx_http_idem_redis_t *rd);
 static void ngx_http_idem_held_release(ngx_http_idem_redis_t *rd,
     ngx_uint_t located);
-
-
-/*
- * The event hooks hiredis calls, for every connection of the module:
- * level-triggered, so that a reply over 16 KiB (hiredis reads 16 KiB per
- * call) keeps the socket readable until it is all read.
- */
-
-static void
-ngx_http_idem_io_event(ngx_http_idem_io_t *io, ngx_uint_t write,
-    ngx_uint_t add)
-{
-    ngx_event_t  *ev;
-
-    if (io->conn == NULL) {
-        return;
-    }
-
-    ev = write ? io->conn->write : io->conn->read;
-
-    if (add && !ev->active) {
-        if (ngx_add_event(ev, write ? NGX_WRITE_EVENT : NGX_READ_EVENT,
-                          NGX_LEVEL_EVENT)
-            != NGX_OK && io->failed)
-        {
-            io->failed(io);
-        }
-
-    } else if (!add && ev->active) {
-        ngx_del_event(ev, write ? NGX_WRITE_EVENT : NGX_READ_EVENT, 0);
-    }
-}
-
-
-static void
-ngx_http_idem_io_add_read(void *privdata)
-{
-    ngx_http_idem_io_event(privdata, 0, 1);
-}
-
-
-static void
-ngx_http_idem_io_del_read(void *privdata)
-{
-    ngx_http_idem_io_event(privdata, 0, 0);
-}
-
-
-static void
-ngx_http_idem_io_add_write(void *privdata)
-{
-    ngx_http_idem_io_event(privdata, 1, 1);
-}
-
-
-static void
-ngx_http_idem_io_del_write(void *privdata)
-{
-    ngx_http_idem_io_event(privdata, 1, 0);
-}
-
-
-/*
- * hiredis closes the fd itself (redisFree), so the nginx connection is
- * only unhooked and returned, never closed: one fd, one close.
- */
-static void
-ngx_http_idem_io_cleanup(void *privdata)
-{
-    ngx_http_idem_io_t  *io = privdata;
-
-    ngx_connection_t  *c;
-
-    c = io->conn;
-
-    if (c) {
-        ngx_http_idem_io_event(io, 0, 0);
-        ngx_http_idem_io_event(io, 1, 0);
-
-        io->conn = NULL;
-
-        if (c->read->posted) {
-            ngx_delete_posted_event(c->read);
-        }
-
-        if (c->write->posted) {
-            ngx_delete_posted_event(c->write);
-        }
-
-        ngx_free_connection(c);
-        c->fd = (ngx_socket_t) -1;
-    }
-
-    if (io->freed) {
-        io->freed(io);
-    }
-}
-
-
-static void
-ngx_http_idem_io_read_handler(ngx_event_t *ev)
-{
-    ngx_connection_t    *c = ev->data;
-    ngx_http_idem_io_t  *io = c->data;
-
-    if (io->ac) {
-        redisAsyncHandleRead(io->ac);
-    }
-}
-
-
-static void
-ngx_http_idem_io_write_handler(ngx_event_t *ev)
-{
-    ngx_connection_t    *c = ev->data;
-    ngx_http_idem_io_t  *io = c->data;
-
-    if (io->ac) {
-        redisAsyncHandleWrite(io->ac);
-    }
-}
-
-
-ngx_int_t
-ngx_http_idem_io_attach(ngx_http_idem_io_t *io, redisAsyncContext *ac,
-    ngx_log_t *log)
-{
-    ngx_connection_t  *c;
-
-    c = ngx_get_connection(ac->c.fd, log);
-    if (c == NULL) {
-        return NGX_ERROR;
-    }
-
-    c->data = io;
-    c->read->handler = ngx_http_idem_io_read_handler;
-    c->write->handler = ngx_http_idem_io_write_handler;
-    c->read->log = log;
-    c->write->log = log;
-
-    ac->ev.data = io;
-    ac->ev.addRead = ngx_http_idem_io_add_read;
-    ac->ev.delRead = ngx_http_idem_io_del_read;
-    ac->ev.addWrite = ngx_http_idem_io_add_write;
-    ac->ev.delWrite = ngx_http_idem_io_del_write;
-    ac->ev.cleanup = ngx_http_idem_io_cleanup;
-
-    io->ac = ac;
-    io->conn = c;
-
-    return NGX_OK;
-}
-
-
-/* the first writable event tells hiredis that the connect finished */
-void
-ngx_http_idem_io_connect(ngx_http_idem_io_t *io)
-{
-    ngx_http_idem_io_add_write(io);
-}
 
 
 static const char *
@@ -482,17 +323,15 @@ ngx_http_idem_link_failed(ngx_http_idem_io_t *io)
 static ngx_int_t
 ngx_http_idem_link_attach(ngx_http_idem_link_t *lk, redisAsyncContext *ac)
 {
-    if (ngx_http_idem_io_attach(&lk->io, ac, lk->redis->log) != NGX_OK) {
+    if (ngx_http_idem_io_attach(&lk->io, ac, lk->redis->log, lk,
+                                ngx_http_idem_link_on_connect,
+                                ngx_http_idem_link_on_disconnect)
+        != NGX_OK)
+    {
         return NGX_ERROR;
     }
 
-    lk->io.data = lk;
     lk->io.failed = ngx_http_idem_link_failed;
-    lk->io.freed = NULL;
-    ac->data = lk;
-
-    redisAsyncSetConnectCallback(ac, ngx_http_idem_link_on_connect);
-    redisAsyncSetDisconnectCallback(ac, ngx_http_idem_link_on_disconnect);
 
     return NGX_OK;
 }

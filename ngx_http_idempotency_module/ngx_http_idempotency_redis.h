@@ -21,6 +21,7 @@
 #include "idem_record.h"
 #include "idem_reply.h"
 #include "idem_slot.h"
+#include "ngx_http_idempotency_io.h"
 #include "ngx_http_idempotency_script.h"
 
 
@@ -29,28 +30,6 @@ typedef enum {
     NGX_HTTP_IDEM_REDIS_CONNECTING,   /* TCP, AUTH, SELECT, SCRIPT LOAD */
     NGX_HTTP_IDEM_REDIS_READY
 } ngx_http_idem_redis_state_e;
-
-
-/*
- * A hiredis context inside nginx's event loop, as every connection of the
- * module has it (the transport's links, the sentinel connections): its fd
- * wrapped in an nginx connection, level-triggered events so that replies
- * over 16 KiB keep flowing, and one close of the fd, hiredis's own.  The
- * owner keeps ac->data for itself; "freed" is told when hiredis frees the
- * context (its cleanup hook, before the disconnect callback), "failed"
- * when an event could not be added.
- */
-typedef struct ngx_http_idem_io_s  ngx_http_idem_io_t;
-
-typedef void (*ngx_http_idem_io_pt)(ngx_http_idem_io_t *io);
-
-struct ngx_http_idem_io_s {
-    redisAsyncContext           *ac;
-    ngx_connection_t            *conn;
-    ngx_http_idem_io_pt          failed;        /* may be NULL */
-    ngx_http_idem_io_pt          freed;         /* may be NULL */
-    void                        *data;
-};
 
 
 /* a seed of a topology (a sentinel, a cluster node), resolved by nginx -t */
@@ -234,15 +213,6 @@ struct ngx_http_idem_replicas_s {
     unsigned                     linked:1;
 };
 
-
-/*
- * ac becomes io's: its events are nginx's from now on.  Then
- * ngx_http_idem_io_connect() waits for the connect to finish (the first
- * writable event).
- */
-ngx_int_t ngx_http_idem_io_attach(ngx_http_idem_io_t *io,
-    redisAsyncContext *ac, ngx_log_t *log);
-void ngx_http_idem_io_connect(ngx_http_idem_io_t *io);
 
 ngx_int_t ngx_http_idem_redis_init_process(ngx_cycle_t *cycle,
     ngx_array_t *servers, ngx_http_idem_script_t *scripts);
