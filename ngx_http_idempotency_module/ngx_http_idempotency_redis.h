@@ -277,6 +277,10 @@ void ngx_http_idem_cmd_sibling(ngx_http_idem_cmd_t *cmd, const u_char *sub,
 ngx_int_t ngx_http_idem_announce(ngx_http_idem_redis_t *rd,
     const u_char *key, ngx_log_t *log);
 
+/* words (static text) then nargs arguments set by name, on one link */
+ngx_http_idem_cmd_t *ngx_http_idem_cmd_pinned(ngx_http_idem_link_t *lk,
+    ngx_str_t *words, ngx_uint_t n, ngx_uint_t nargs, size_t size);
+
 /* a command of no key (CLUSTER SLOTS), sent on one link: not routed */
 ngx_http_idem_cmd_t *ngx_http_idem_cmd_on_link(ngx_http_idem_link_t *lk,
     ngx_str_t *words, ngx_uint_t n);
@@ -310,7 +314,7 @@ ngx_int_t ngx_http_idem_waiter_add(ngx_http_idem_redis_t *rd,
 void ngx_http_idem_waiter_remove(ngx_http_idem_waiter_t *w);
 
 /*
- * Called from the handler of a write's reply: WAIT for that write (and
+ * _replicas.c.  Called from the handler of a write's reply: WAIT for that write (and
  * every earlier one of the connection) to reach the replicas; w's handler
  * is called once.  NGX_ERROR: not possible on this connection, nothing
  * will be called.

@@ -34,8 +34,9 @@ sub external_functions {
 
 sub c_files { map { glob("$root/$_/*.c") } @_ }
 
-# the transport: _redis.c and the files split from it (the hiredis adapter)
-my @transport = qw(redis io);
+# the transport: _redis.c and the files split from it (the hiredis adapter,
+# WAIT)
+my @transport = qw(redis io replicas);
 my $transport = join '|', @transport;
 
 subtest 'the transport knows nothing of requests' => sub {
