@@ -4,8 +4,10 @@
  * must reach Redis even across a lost connection, and the subscriber that
  * wakes waiters when a record they wait for changes.
  *
- * It knows Redis, the scripts it loads and record keys; it knows nothing of
- * HTTP requests.  Whoever sends a command gets its reply through the
+ * Its files: _redis.c (links, sending, replies), _command.c (a command's
+ * arguments, a reply's parts), _waiters.c, _replicas.c (WAIT), _io.c (the
+ * hiredis adapter).  It knows Redis, the scripts it loads and record keys;
+ * it knows nothing of HTTP requests.  Whoever sends a command gets its reply through the
  * command's handler; whoever waits registers an ngx_http_idem_waiter_t.
  */
 
@@ -308,10 +310,16 @@ ngx_str_t ngx_http_idem_cmd_key(ngx_http_idem_cmd_t *cmd);
 ngx_int_t ngx_http_idem_cmd_send(ngx_http_idem_cmd_t *cmd,
     ngx_http_idem_reply_pt handler, void *data);
 
-/* NGX_DECLINED when nobody would hear about the record: no subscription */
+/*
+ * _waiters.c.  NGX_DECLINED when nobody would hear about the record: no
+ * subscription.
+ */
 ngx_int_t ngx_http_idem_waiter_add(ngx_http_idem_redis_t *rd,
     ngx_http_idem_waiter_t *w);
 void ngx_http_idem_waiter_remove(ngx_http_idem_waiter_t *w);
+
+/* the subscriber heard of key's record; key NULL wakes every waiter */
+void ngx_http_idem_waiters_wake(ngx_http_idem_redis_t *rd, const u_char *key);
 
 /*
  * _replicas.c.  Called from the handler of a write's reply: WAIT for that write (and

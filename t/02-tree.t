@@ -35,8 +35,8 @@ sub external_functions {
 sub c_files { map { glob("$root/$_/*.c") } @_ }
 
 # the transport: _redis.c and the files split from it (the hiredis adapter,
-# WAIT)
-my @transport = qw(redis io replicas);
+# WAIT, the waiters, building commands and reading replies)
+my @transport = qw(redis io replicas waiters command);
 my $transport = join '|', @transport;
 
 subtest 'the transport knows nothing of requests' => sub {
