@@ -2,7 +2,9 @@
  * The one adapter between hiredis' asynchronous API and nginx's event
  * loop, for every hiredis connection of the module (the transport's links,
  * the sentinel connections): the fd as an nginx connection, the event
- * hooks hiredis calls, and hiredis's own close of the fd.
+ * hooks hiredis calls, and hiredis's own close of the fd; and what those
+ * connections share: the reconnect backoff, the check of an address that
+ * connects without a name lookup.
  */
 
 #include <ngx_config.h>
@@ -178,4 +180,45 @@ void
 ngx_http_idem_io_connect(ngx_http_idem_io_t *io)
 {
     ngx_http_idem_io_add_write(io);
+}
+
+
+ngx_msec_t
+ngx_http_idem_backoff_step(ngx_msec_t backoff)
+{
+    return backoff ? ngx_min(backoff * 2, NGX_HTTP_IDEM_BACKOFF_MAX)
+                   : NGX_HTTP_IDEM_BACKOFF_MIN;
+}
+
+
+/* jitter, so that the workers of a host do not reconnect in step */
+ngx_msec_t
+ngx_http_idem_backoff_jitter(ngx_msec_t backoff)
+{
+    return backoff - (ngx_msec_t) ngx_random() % (backoff / 4 + 1);
+}
+
+
+ngx_uint_t
+ngx_http_idem_numeric_host(ngx_str_t *host)
+{
+#if (NGX_HAVE_INET6)
+    u_char  addr[16];
+#endif
+
+    if (host->len == 0) {
+        return 0;
+    }
+
+    if (ngx_inet_addr(host->data, host->len) != INADDR_NONE) {
+        return 1;
+    }
+
+#if (NGX_HAVE_INET6)
+    if (ngx_inet6_addr(host->data, host->len, addr) == NGX_OK) {
+        return 1;
+    }
+#endif
+
+    return 0;
 }

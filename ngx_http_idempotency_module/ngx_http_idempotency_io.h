@@ -47,4 +47,14 @@ ngx_int_t ngx_http_idem_io_attach(ngx_http_idem_io_t *io,
     redisConnectCallback *on_connect, redisDisconnectCallback *on_disconnect);
 void ngx_http_idem_io_connect(ngx_http_idem_io_t *io);
 
+/* an IPv4 or IPv6 address: connecting to a name would block in getaddrinfo */
+ngx_uint_t ngx_http_idem_numeric_host(ngx_str_t *host);
+
+/* the reconnect backoff: 100 ms doubling up to 2 s, less up to a quarter */
+#define NGX_HTTP_IDEM_BACKOFF_MIN  100
+#define NGX_HTTP_IDEM_BACKOFF_MAX  2000
+
+ngx_msec_t ngx_http_idem_backoff_step(ngx_msec_t backoff);
+ngx_msec_t ngx_http_idem_backoff_jitter(ngx_msec_t backoff);
+
 #endif /* NGX_HTTP_IDEMPOTENCY_IO_H */

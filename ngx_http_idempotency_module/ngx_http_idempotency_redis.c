@@ -16,10 +16,6 @@
 #include "ngx_http_idempotency_metrics.h"
 
 
-#define NGX_HTTP_IDEM_BACKOFF_MIN  100
-#define NGX_HTTP_IDEM_BACKOFF_MAX  2000
-
-
 static void ngx_http_idem_link_schedule(ngx_http_idem_link_t *lk);
 static void ngx_http_idem_link_recycle_later(ngx_http_idem_link_t *lk);
 static void ngx_http_idem_link_init(ngx_http_idem_link_t *lk,
@@ -405,22 +401,6 @@ ngx_http_idem_link_connect(ngx_http_idem_link_t *lk)
     ngx_http_idem_link_handshake_send(lk);
 
     ngx_http_idem_io_connect(&lk->io);
-}
-
-
-ngx_msec_t
-ngx_http_idem_backoff_step(ngx_msec_t backoff)
-{
-    return backoff ? ngx_min(backoff * 2, NGX_HTTP_IDEM_BACKOFF_MAX)
-                   : NGX_HTTP_IDEM_BACKOFF_MIN;
-}
-
-
-/* jitter, so that the workers of a host do not reconnect in step */
-ngx_msec_t
-ngx_http_idem_backoff_jitter(ngx_msec_t backoff)
-{
-    return backoff - (ngx_msec_t) ngx_random() % (backoff / 4 + 1);
 }
 
 
@@ -1449,29 +1429,4 @@ ngx_http_idem_redis_reply(redisAsyncContext *ac, void *r, void *privdata)
     }
 
     ngx_free(cmd);
-}
-
-
-ngx_uint_t
-ngx_http_idem_numeric_host(ngx_str_t *host)
-{
-#if (NGX_HAVE_INET6)
-    u_char  addr[16];
-#endif
-
-    if (host->len == 0) {
-        return 0;
-    }
-
-    if (ngx_inet_addr(host->data, host->len) != INADDR_NONE) {
-        return 1;
-    }
-
-#if (NGX_HAVE_INET6)
-    if (ngx_inet6_addr(host->data, host->len, addr) == NGX_OK) {
-        return 1;
-    }
-#endif
-
-    return 0;
 }

@@ -240,13 +240,6 @@ void ngx_http_idem_link_open(ngx_http_idem_link_t *lk,
 void ngx_http_idem_link_stop(ngx_http_idem_link_t *lk);
 void ngx_http_idem_link_close(ngx_http_idem_link_t *lk);
 
-/* an IPv4 or IPv6 address: connecting to a name would block in getaddrinfo */
-ngx_uint_t ngx_http_idem_numeric_host(ngx_str_t *host);
-
-/* the reconnect backoff: 100 ms doubling up to 2 s, less up to a quarter */
-ngx_msec_t ngx_http_idem_backoff_step(ngx_msec_t backoff);
-ngx_msec_t ngx_http_idem_backoff_jitter(ngx_msec_t backoff);
-
 /*
  * A script command, EVALSHA <sha1> 1 <key> followed by the script's
  * arguments, or a native one, <name> <key> followed by nargs arguments;
