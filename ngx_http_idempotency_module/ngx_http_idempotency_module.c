@@ -722,7 +722,8 @@ ngx_http_idem_check_content(ngx_conf_t *cf, ngx_http_idem_loc_conf_t *conf)
 static char *
 ngx_http_idem_check_cluster(ngx_conf_t *cf, ngx_http_idem_loc_conf_t *conf)
 {
-    if (!conf->enable || conf->redis == NULL || conf->redis->route == NULL
+    if (!conf->enable || conf->redis == NULL
+        || conf->redis->topology != NGX_HTTP_IDEM_TOPO_CLUSTER
         || (conf->unique == NULL && conf->lock == NULL))
     {
         return NGX_CONF_OK;
@@ -1392,11 +1393,17 @@ ngx_http_idem_redis_same(ngx_http_idem_redis_t *a, ngx_http_idem_redis_t *b)
 static const char *
 ngx_http_idem_topology(ngx_http_idem_redis_t *rd)
 {
-    if (rd->route) {
-        return "idempotency_redis_cluster";
-    }
+    switch (rd->topology) {
 
-    return rd->locate ? "idempotency_redis_sentinel" : "idempotency_redis";
+    case NGX_HTTP_IDEM_TOPO_CLUSTER:
+        return "idempotency_redis_cluster";
+
+    case NGX_HTTP_IDEM_TOPO_SENTINEL:
+        return "idempotency_redis_sentinel";
+
+    default:
+        return "idempotency_redis";
+    }
 }
 
 
@@ -1684,6 +1691,7 @@ ngx_http_idem_redis_sentinel(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     }
 
     sn->master = value[1];
+    rd->topology = NGX_HTTP_IDEM_TOPO_SENTINEL;
     rd->locate = ngx_http_idem_sentinel_locate;
     rd->locate_data = sn;
 
@@ -1739,7 +1747,7 @@ ngx_http_idem_cluster_known(ngx_http_idem_main_conf_t *mcf,
     a = ca->seeds.elts;
 
     for (i = 0; i < mcf->servers.nelts; i++) {
-        if (servers[i]->route == NULL
+        if (servers[i]->topology != NGX_HTTP_IDEM_TOPO_CLUSTER
             || !ngx_http_idem_redis_same(servers[i], rd))
         {
             continue;
@@ -1791,6 +1799,7 @@ ngx_http_idem_redis_cluster(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
         return NGX_CONF_ERROR;
     }
 
+    rd->topology = NGX_HTTP_IDEM_TOPO_CLUSTER;
     rd->locate = ngx_http_idem_cluster_locate;
     rd->route = ngx_http_idem_cluster_route;
     rd->redirect = ngx_http_idem_cluster_redirect;

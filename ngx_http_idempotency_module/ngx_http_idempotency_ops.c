@@ -432,7 +432,7 @@ ngx_http_idem_status_handler(ngx_http_request_t *r)
 
     n = 0;
 
-    if (ctx->conf->redis->route == NULL) {
+    if (ctx->conf->redis->topology != NGX_HTTP_IDEM_TOPO_CLUSTER) {
         idem_sibling_key((const char *) ctx->rkey, IDEM_HOLDS_SUFFIX,
                          (char *) hkey);
         keys[n++] = hkey;

@@ -280,7 +280,7 @@ ngx_http_idem_link_handshake_send(ngx_http_idem_link_t *lk)
     }
 
     /* a Cluster's nodes redirect what is not theirs: no ROLE there */
-    if (rd->locate && rd->route == NULL) {
+    if (rd->topology == NGX_HTTP_IDEM_TOPO_SENTINEL) {
         ngx_http_idem_link_setup(lk, ngx_http_idem_link_role, "ROLE", "ROLE");
     }
 
@@ -360,8 +360,8 @@ ngx_http_idem_link_connect(ngx_http_idem_link_t *lk)
      * Until the answer, a Sentinel's commands wait for it (a Cluster's are
      * routed by slot instead).
      */
-    if (rd->locate && lk->gen == rd->gen && !lk->node) {
-        rd->locating = (rd->route == NULL);
+    if (rd->topology != NGX_HTTP_IDEM_TOPO_SINGLE && lk->gen == rd->gen && !lk->node) {
+        rd->locating = (rd->topology == NGX_HTTP_IDEM_TOPO_SENTINEL);
         rd->locate(rd);
         return;
     }
@@ -690,7 +690,8 @@ ngx_http_idem_redis_located(ngx_http_idem_redis_t *rd, ngx_str_t *host,
     if (moved) {
         ngx_log_error(NGX_LOG_NOTICE, rd->log, 0,
                       "idempotency: redis %V: %s at %V:%i", &rd->name,
-                      rd->route ? "subscriber" : "master", host, port);
+                      rd->topology == NGX_HTTP_IDEM_TOPO_CLUSTER ? "subscriber" : "master",
+                      host, port);
     }
 
     rd->host.len = ngx_min(host->len, NGX_SOCKADDR_STRLEN);
@@ -703,7 +704,7 @@ ngx_http_idem_redis_located(ngx_http_idem_redis_t *rd, ngx_str_t *host,
     ngx_http_idem_link_follow(&rd->sub, moved);
 
     /* a Cluster's new slot map: what waited for a node may go now */
-    if (rd->route) {
+    if (rd->topology == NGX_HTTP_IDEM_TOPO_CLUSTER) {
         ngx_http_idem_resend(rd);
     }
 
@@ -730,7 +731,7 @@ ngx_http_idem_redis_init_process(ngx_cycle_t *cycle, ngx_array_t *servers,
         ngx_queue_init(&rd->held);
 
         /* a Cluster's command links are its nodes' */
-        if (rd->route == NULL) {
+        if (rd->topology != NGX_HTTP_IDEM_TOPO_CLUSTER) {
             ngx_http_idem_link_init(&rd->cmd, rd, 0);
         }
 
@@ -813,7 +814,7 @@ ngx_http_idem_cmd_route(ngx_http_idem_cmd_t *cmd)
         return cmd->link;
     }
 
-    if (rd->route == NULL) {
+    if (rd->topology != NGX_HTTP_IDEM_TOPO_CLUSTER) {
         return &rd->cmd;
     }
 
@@ -1255,7 +1256,7 @@ ngx_http_idem_cmd_unwritable(ngx_http_idem_cmd_t *cmd, redisReply *reply)
 {
     ngx_http_idem_redis_t  *rd = cmd->redis;
 
-    if (reply == NULL || rd->locate == NULL || rd->route
+    if (reply == NULL || rd->topology != NGX_HTTP_IDEM_TOPO_SENTINEL
         || reply->type != REDIS_REPLY_ERROR
         || (ngx_strncmp(reply->str, "READONLY", 8) != 0
             && ngx_strncmp(reply->str, "NOREPLICAS", 10) != 0))
@@ -1291,7 +1292,7 @@ ngx_http_idem_cmd_redirect(ngx_http_idem_cmd_t *cmd,
     ngx_http_idem_link_t   *lk;
     ngx_http_idem_redis_t  *rd = cmd->redis;
 
-    if (rd->redirect == NULL || reply == NULL || cmd->told || cmd->pinned
+    if (rd->topology != NGX_HTTP_IDEM_TOPO_CLUSTER || reply == NULL || cmd->told || cmd->pinned
         || reply->type != REDIS_REPLY_ERROR
         || !idem_redirect(reply->str, reply->len, &to))
     {
@@ -1356,7 +1357,7 @@ ngx_http_idem_cmd_unserved(ngx_http_idem_cmd_t *cmd, redisReply *reply)
         ngx_string("NOREPLICAS"), ngx_string("READONLY")
     };
 
-    if (rd->route == NULL || reply == NULL
+    if (rd->topology != NGX_HTTP_IDEM_TOPO_CLUSTER || reply == NULL
         || reply->type != REDIS_REPLY_ERROR)
     {
         return 0;

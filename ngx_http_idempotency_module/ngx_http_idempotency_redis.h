@@ -76,6 +76,14 @@ typedef struct {
 } ngx_http_idem_link_t;
 
 
+/* which directive configured the server: what finds its address and nodes */
+typedef enum {
+    NGX_HTTP_IDEM_TOPO_SINGLE = 0,      /* idempotency_redis: one address */
+    NGX_HTTP_IDEM_TOPO_SENTINEL,        /* the master the sentinels name */
+    NGX_HTTP_IDEM_TOPO_CLUSTER          /* the node of each key's slot */
+} ngx_http_idem_topology_e;
+
+
 /*
  * Where the server is, when a topology (Sentinel) decides it: called when
  * a link would connect to an address it has already used, and answered,
@@ -113,9 +121,10 @@ struct ngx_http_idem_redis_s {
     ngx_uint_t                   subscribe;     /* some location waits */
     ngx_array_t                 *waits;         /* WAIT settings: msec[2] */
     ngx_msec_t                   waits_sum;     /* of their timeouts */
-    ngx_http_idem_locate_pt      locate;        /* NULL: a fixed address */
+    ngx_http_idem_topology_e     topology;      /* what sets the hooks */
+    ngx_http_idem_locate_pt      locate;        /* Sentinel, Cluster */
     void                        *locate_data;
-    ngx_http_idem_route_pt       route;         /* NULL: not a Cluster */
+    ngx_http_idem_route_pt       route;         /* Cluster */
     ngx_http_idem_redirect_pt    redirect;
 
     ngx_http_idem_script_t      *scripts;

@@ -555,7 +555,7 @@ ngx_http_idem_sentinel_init_process(ngx_cycle_t *cycle, ngx_array_t *servers)
     rds = servers->elts;
 
     for (i = 0; i < servers->nelts; i++) {
-        if (rds[i]->locate != ngx_http_idem_sentinel_locate) {
+        if (rds[i]->topology != NGX_HTTP_IDEM_TOPO_SENTINEL) {
             continue;
         }
 
@@ -612,7 +612,7 @@ ngx_http_idem_sentinel_exit_process(ngx_array_t *servers)
     rds = servers->elts;
 
     for (i = 0; i < servers->nelts; i++) {
-        if (rds[i]->locate != ngx_http_idem_sentinel_locate) {
+        if (rds[i]->topology != NGX_HTTP_IDEM_TOPO_SENTINEL) {
             continue;
         }
 
