@@ -96,6 +96,13 @@ subtest 'no call cycle between the glue files' => sub {
     is("@into", "", "only the registration (_module.c) calls into the request flow (_handler.c)");
 };
 
+subtest 'config builds every glue file' => sub {
+    my $config = slurp("$root/config");
+    my @missing = grep { $config !~ /\$IDEM_SRC\/\Q$_\E\b/ }
+                  map { basename($_) } glob("$mod/ngx_http_idempotency*.[ch]");
+    is("@missing", '', 'each ngx_http_idempotency*.c and .h is named in config');
+};
+
 subtest 'no function over 80 lines outside fuzz/' => sub {
     my @files = c_files('ngx_http_idempotency_module', 'tools', 't/unit', 'bench');
     ok(@files > 20, 'found the C sources');
