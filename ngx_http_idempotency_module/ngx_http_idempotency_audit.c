@@ -384,7 +384,9 @@ ngx_http_idem_audit_merge(ngx_conf_t *cf, ngx_http_idem_loc_conf_t *prev,
     }
 
     /* a script changes a record and appends to the stream in one step */
-    if (conf->redis->route && (conf->enable || conf->ops)) {
+    if (conf->redis->topology == NGX_HTTP_IDEM_TOPO_CLUSTER
+        && (conf->enable || conf->ops))
+    {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                            "\"idempotency_audit\" cannot be used with "
                            "\"idempotency_redis_cluster\": its stream is in "

@@ -648,7 +648,7 @@ ngx_http_idem_cl_next(ngx_array_t *servers, ngx_uint_t *i)
     ngx_http_idem_redis_t  **rds = servers->elts;
 
     while (*i < servers->nelts) {
-        if (rds[(*i)++]->route == ngx_http_idem_cluster_route) {
+        if (rds[(*i)++]->topology == NGX_HTTP_IDEM_TOPO_CLUSTER) {
             return rds[*i - 1]->locate_data;
         }
     }

@@ -8,11 +8,15 @@
  * admin script that makes it; the entry names the record's operation,
  * which only the script knows: it says which first, and is called again
  * with the entry (redis-scripts/audit.lua).
+ *
+ * The directives of these endpoints (idempotency_status, _admin, _metrics)
+ * and of the counters the metrics endpoint shows are parsed here too.
  */
 
 #include <ngx_config.h>
 #include <ngx_core.h>
 #include "ngx_http_idempotency.h"
+#include "ngx_http_idempotency_ops.h"
 
 
 /* what a reply says, before anything is sent */
@@ -432,7 +436,7 @@ ngx_http_idem_status_handler(ngx_http_request_t *r)
 
     n = 0;
 
-    if (ctx->conf->redis->route == NULL) {
+    if (ctx->conf->redis->topology != NGX_HTTP_IDEM_TOPO_CLUSTER) {
         idem_sibling_key((const char *) ctx->rkey, IDEM_HOLDS_SUFFIX,
                          (char *) hkey);
         keys[n++] = hkey;
@@ -609,4 +613,177 @@ ngx_http_idem_metrics_handler(ngx_http_request_t *r)
                 "text/plain; version=0.0.4; charset=utf-8");
 
     return ngx_http_idem_send_json(r, NGX_HTTP_OK, text.data, text.len);
+}
+
+
+/* the directives of these endpoints, and of the counters they show */
+
+/*
+ * The module's content handler for this location.  A directive of another
+ * module that comes later (proxy_pass, return...) would replace it without
+ * a word, so the merge checks that it is still the location's handler.
+ */
+static char *
+ngx_http_idem_set_content(ngx_conf_t *cf, ngx_http_handler_pt handler)
+{
+    ngx_http_idem_loc_conf_t  *lcf;
+    ngx_http_core_loc_conf_t  *clcf;
+
+    clcf = ngx_http_conf_get_module_loc_conf(cf, ngx_http_core_module);
+
+    if (clcf->handler) {
+        return NGX_CONF_ERROR;
+    }
+
+    clcf->handler = handler;
+
+    lcf = ngx_http_conf_get_module_loc_conf(cf, ngx_http_idempotency_module);
+    lcf->content = handler;
+
+    return NGX_CONF_OK;
+}
+
+
+char *
+ngx_http_idem_ops_location(ngx_conf_t *cf, ngx_http_handler_pt handler)
+{
+    ngx_http_idem_main_conf_t  *mcf;
+
+    if (ngx_http_idem_set_content(cf, handler) != NGX_CONF_OK) {
+        return "is duplicate: the location already has a content handler";
+    }
+
+    mcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_idempotency_module);
+    mcf->used = 1;
+
+    return NGX_CONF_OK;
+}
+
+
+char *
+ngx_http_idem_status(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_http_idem_loc_conf_t  *lcf = conf;
+
+    lcf->ops = 1;
+
+    return ngx_http_idem_ops_location(cf, ngx_http_idem_status_handler);
+}
+
+
+char *
+ngx_http_idem_admin(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_http_idem_loc_conf_t  *lcf = conf;
+
+    ngx_str_t  *value;
+
+    value = cf->args->elts;
+
+    if (ngx_strcasecmp(value[1].data, (u_char *) "off") == 0) {
+        return NGX_CONF_OK;
+    }
+
+    if (ngx_strcasecmp(value[1].data, (u_char *) "on") != 0) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "invalid value \"%V\" in \"%V\" directive, "
+                           "it must be \"on\" or \"off\"",
+                           &value[1], &cmd->name);
+        return NGX_CONF_ERROR;
+    }
+
+    lcf->ops = 1;
+
+    return ngx_http_idem_ops_location(cf, ngx_http_idem_admin_handler);
+}
+
+
+char *
+ngx_http_idem_metrics_conf(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_http_idem_main_conf_t  *mcf;
+
+    mcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_idempotency_module);
+
+    if (mcf->metrics_zone == NULL) {
+        return "needs \"idempotency_metrics_zone\" before it in http{}";
+    }
+
+    if (ngx_http_idem_set_content(cf, ngx_http_idem_metrics_handler)
+        != NGX_CONF_OK)
+    {
+        return "is duplicate: the location already has a content handler";
+    }
+
+    return NGX_CONF_OK;
+}
+
+
+char *
+ngx_http_idem_metrics_zone_conf(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf)
+{
+    ngx_http_idem_main_conf_t *mcf = conf;
+
+    ssize_t     size;
+    ngx_str_t  *value;
+
+    if (mcf->metrics_zone) {
+        return "is duplicate";
+    }
+
+    value = cf->args->elts;
+
+    size = ngx_parse_size(&value[2]);
+
+    if (value[1].len == 0 || size == NGX_ERROR
+        || size < (ssize_t) (8 * ngx_pagesize))
+    {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"%V\": a zone name and a size of at least "
+                           "%uzk, not \"%V %V\"", &cmd->name,
+                           8 * ngx_pagesize / 1024, &value[1], &value[2]);
+        return NGX_CONF_ERROR;
+    }
+
+    mcf->metrics_zone = ngx_http_idem_metrics_zone(cf, &value[1], size,
+                                                   &mcf->metrics_labels,
+                                                   &ngx_http_idempotency_module);
+    if (mcf->metrics_zone == NULL) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"%V\": zone \"%V\" is already in use",
+                           &cmd->name, &value[1]);
+        return NGX_CONF_ERROR;
+    }
+
+    return NGX_CONF_OK;
+}
+
+
+char *
+ngx_http_idem_metrics_label(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_http_idem_loc_conf_t  *lcf = conf;
+
+    ngx_str_t                  *value;
+    ngx_http_idem_main_conf_t  *mcf;
+
+    if (lcf->metrics_label != NGX_CONF_UNSET_UINT) {
+        return "is duplicate";
+    }
+
+    value = cf->args->elts;
+    mcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_idempotency_module);
+
+    if (ngx_http_idem_metrics_label_add(cf, &mcf->metrics_labels, &value[1],
+                                        &lcf->metrics_label)
+        != NGX_OK)
+    {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"%V\": invalid label \"%V\": 1 to 64 of "
+                           "A-Z a-z 0-9 _ - . : /", &cmd->name, &value[1]);
+        return NGX_CONF_ERROR;
+    }
+
+    return NGX_CONF_OK;
 }

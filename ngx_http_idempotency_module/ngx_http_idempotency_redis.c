@@ -12,184 +12,19 @@
 #include <ngx_event.h>
 
 #include "ngx_http_idempotency_redis.h"
+#include "ngx_http_idempotency_io.h"
 #include "ngx_http_idempotency_metrics.h"
-
-
-#define NGX_HTTP_IDEM_BACKOFF_MIN  100
-#define NGX_HTTP_IDEM_BACKOFF_MAX  2000
 
 
 static void ngx_http_idem_link_schedule(ngx_http_idem_link_t *lk);
 static void ngx_http_idem_link_recycle_later(ngx_http_idem_link_t *lk);
 static void ngx_http_idem_link_init(ngx_http_idem_link_t *lk,
     ngx_http_idem_redis_t *rd, ngx_uint_t subscriber);
-static void ngx_http_idem_waiters_wake(ngx_http_idem_redis_t *rd,
-    const u_char *key);
 static void ngx_http_idem_redis_reply(redisAsyncContext *ac, void *r,
     void *privdata);
 static void ngx_http_idem_resend(ngx_http_idem_redis_t *rd);
 static void ngx_http_idem_held_release(ngx_http_idem_redis_t *rd,
     ngx_uint_t located);
-
-
-/*
- * The event hooks hiredis calls, for every connection of the module:
- * level-triggered, so that a reply over 16 KiB (hiredis reads 16 KiB per
- * call) keeps the socket readable until it is all read.
- */
-
-static void
-ngx_http_idem_io_event(ngx_http_idem_io_t *io, ngx_uint_t write,
-    ngx_uint_t add)
-{
-    ngx_event_t  *ev;
-
-    if (io->conn == NULL) {
-        return;
-    }
-
-    ev = write ? io->conn->write : io->conn->read;
-
-    if (add && !ev->active) {
-        if (ngx_add_event(ev, write ? NGX_WRITE_EVENT : NGX_READ_EVENT,
-                          NGX_LEVEL_EVENT)
-            != NGX_OK && io->failed)
-        {
-            io->failed(io);
-        }
-
-    } else if (!add && ev->active) {
-        ngx_del_event(ev, write ? NGX_WRITE_EVENT : NGX_READ_EVENT, 0);
-    }
-}
-
-
-static void
-ngx_http_idem_io_add_read(void *privdata)
-{
-    ngx_http_idem_io_event(privdata, 0, 1);
-}
-
-
-static void
-ngx_http_idem_io_del_read(void *privdata)
-{
-    ngx_http_idem_io_event(privdata, 0, 0);
-}
-
-
-static void
-ngx_http_idem_io_add_write(void *privdata)
-{
-    ngx_http_idem_io_event(privdata, 1, 1);
-}
-
-
-static void
-ngx_http_idem_io_del_write(void *privdata)
-{
-    ngx_http_idem_io_event(privdata, 1, 0);
-}
-
-
-/*
- * hiredis closes the fd itself (redisFree), so the nginx connection is
- * only unhooked and returned, never closed: one fd, one close.
- */
-static void
-ngx_http_idem_io_cleanup(void *privdata)
-{
-    ngx_http_idem_io_t  *io = privdata;
-
-    ngx_connection_t  *c;
-
-    c = io->conn;
-
-    if (c) {
-        ngx_http_idem_io_event(io, 0, 0);
-        ngx_http_idem_io_event(io, 1, 0);
-
-        io->conn = NULL;
-
-        if (c->read->posted) {
-            ngx_delete_posted_event(c->read);
-        }
-
-        if (c->write->posted) {
-            ngx_delete_posted_event(c->write);
-        }
-
-        ngx_free_connection(c);
-        c->fd = (ngx_socket_t) -1;
-    }
-
-    if (io->freed) {
-        io->freed(io);
-    }
-}
-
-
-static void
-ngx_http_idem_io_read_handler(ngx_event_t *ev)
-{
-    ngx_connection_t    *c = ev->data;
-    ngx_http_idem_io_t  *io = c->data;
-
-    if (io->ac) {
-        redisAsyncHandleRead(io->ac);
-    }
-}
-
-
-static void
-ngx_http_idem_io_write_handler(ngx_event_t *ev)
-{
-    ngx_connection_t    *c = ev->data;
-    ngx_http_idem_io_t  *io = c->data;
-
-    if (io->ac) {
-        redisAsyncHandleWrite(io->ac);
-    }
-}
-
-
-ngx_int_t
-ngx_http_idem_io_attach(ngx_http_idem_io_t *io, redisAsyncContext *ac,
-    ngx_log_t *log)
-{
-    ngx_connection_t  *c;
-
-    c = ngx_get_connection(ac->c.fd, log);
-    if (c == NULL) {
-        return NGX_ERROR;
-    }
-
-    c->data = io;
-    c->read->handler = ngx_http_idem_io_read_handler;
-    c->write->handler = ngx_http_idem_io_write_handler;
-    c->read->log = log;
-    c->write->log = log;
-
-    ac->ev.data = io;
-    ac->ev.addRead = ngx_http_idem_io_add_read;
-    ac->ev.delRead = ngx_http_idem_io_del_read;
-    ac->ev.addWrite = ngx_http_idem_io_add_write;
-    ac->ev.delWrite = ngx_http_idem_io_del_write;
-    ac->ev.cleanup = ngx_http_idem_io_cleanup;
-
-    io->ac = ac;
-    io->conn = c;
-
-    return NGX_OK;
-}
-
-
-/* the first writable event tells hiredis that the connect finished */
-void
-ngx_http_idem_io_connect(ngx_http_idem_io_t *io)
-{
-    ngx_http_idem_io_add_write(io);
-}
 
 
 static const char *
@@ -445,7 +280,7 @@ ngx_http_idem_link_handshake_send(ngx_http_idem_link_t *lk)
     }
 
     /* a Cluster's nodes redirect what is not theirs: no ROLE there */
-    if (rd->locate && rd->route == NULL) {
+    if (rd->topology == NGX_HTTP_IDEM_TOPO_SENTINEL) {
         ngx_http_idem_link_setup(lk, ngx_http_idem_link_role, "ROLE", "ROLE");
     }
 
@@ -482,17 +317,15 @@ ngx_http_idem_link_failed(ngx_http_idem_io_t *io)
 static ngx_int_t
 ngx_http_idem_link_attach(ngx_http_idem_link_t *lk, redisAsyncContext *ac)
 {
-    if (ngx_http_idem_io_attach(&lk->io, ac, lk->redis->log) != NGX_OK) {
+    if (ngx_http_idem_io_attach(&lk->io, ac, lk->redis->log, lk,
+                                ngx_http_idem_link_on_connect,
+                                ngx_http_idem_link_on_disconnect)
+        != NGX_OK)
+    {
         return NGX_ERROR;
     }
 
-    lk->io.data = lk;
     lk->io.failed = ngx_http_idem_link_failed;
-    lk->io.freed = NULL;
-    ac->data = lk;
-
-    redisAsyncSetConnectCallback(ac, ngx_http_idem_link_on_connect);
-    redisAsyncSetDisconnectCallback(ac, ngx_http_idem_link_on_disconnect);
 
     return NGX_OK;
 }
@@ -527,8 +360,8 @@ ngx_http_idem_link_connect(ngx_http_idem_link_t *lk)
      * Until the answer, a Sentinel's commands wait for it (a Cluster's are
      * routed by slot instead).
      */
-    if (rd->locate && lk->gen == rd->gen && !lk->node) {
-        rd->locating = (rd->route == NULL);
+    if (rd->topology != NGX_HTTP_IDEM_TOPO_SINGLE && lk->gen == rd->gen && !lk->node) {
+        rd->locating = (rd->topology == NGX_HTTP_IDEM_TOPO_SENTINEL);
         rd->locate(rd);
         return;
     }
@@ -568,22 +401,6 @@ ngx_http_idem_link_connect(ngx_http_idem_link_t *lk)
     ngx_http_idem_link_handshake_send(lk);
 
     ngx_http_idem_io_connect(&lk->io);
-}
-
-
-ngx_msec_t
-ngx_http_idem_backoff_step(ngx_msec_t backoff)
-{
-    return backoff ? ngx_min(backoff * 2, NGX_HTTP_IDEM_BACKOFF_MAX)
-                   : NGX_HTTP_IDEM_BACKOFF_MIN;
-}
-
-
-/* jitter, so that the workers of a host do not reconnect in step */
-ngx_msec_t
-ngx_http_idem_backoff_jitter(ngx_msec_t backoff)
-{
-    return backoff - (ngx_msec_t) ngx_random() % (backoff / 4 + 1);
 }
 
 
@@ -873,7 +690,8 @@ ngx_http_idem_redis_located(ngx_http_idem_redis_t *rd, ngx_str_t *host,
     if (moved) {
         ngx_log_error(NGX_LOG_NOTICE, rd->log, 0,
                       "idempotency: redis %V: %s at %V:%i", &rd->name,
-                      rd->route ? "subscriber" : "master", host, port);
+                      rd->topology == NGX_HTTP_IDEM_TOPO_CLUSTER ? "subscriber" : "master",
+                      host, port);
     }
 
     rd->host.len = ngx_min(host->len, NGX_SOCKADDR_STRLEN);
@@ -886,7 +704,7 @@ ngx_http_idem_redis_located(ngx_http_idem_redis_t *rd, ngx_str_t *host,
     ngx_http_idem_link_follow(&rd->sub, moved);
 
     /* a Cluster's new slot map: what waited for a node may go now */
-    if (rd->route) {
+    if (rd->topology == NGX_HTTP_IDEM_TOPO_CLUSTER) {
         ngx_http_idem_resend(rd);
     }
 
@@ -913,7 +731,7 @@ ngx_http_idem_redis_init_process(ngx_cycle_t *cycle, ngx_array_t *servers,
         ngx_queue_init(&rd->held);
 
         /* a Cluster's command links are its nodes' */
-        if (rd->route == NULL) {
+        if (rd->topology != NGX_HTTP_IDEM_TOPO_CLUSTER) {
             ngx_http_idem_link_init(&rd->cmd, rd, 0);
         }
 
@@ -959,202 +777,6 @@ ngx_http_idem_redis_exit_process(ngx_array_t *servers)
 }
 
 
-/* waiters */
-
-ngx_int_t
-ngx_http_idem_waiter_add(ngx_http_idem_redis_t *rd, ngx_http_idem_waiter_t *w)
-{
-    if (!rd->sub.subscribed) {
-        return NGX_DECLINED;
-    }
-
-    ngx_queue_insert_tail(&rd->waiters, &w->queue);
-    w->linked = 1;
-
-    return NGX_OK;
-}
-
-
-void
-ngx_http_idem_waiter_remove(ngx_http_idem_waiter_t *w)
-{
-    if (w->linked) {
-        ngx_queue_remove(&w->queue);
-        w->linked = 0;
-    }
-}
-
-
-/* key NULL wakes every waiter */
-static void
-ngx_http_idem_waiters_wake(ngx_http_idem_redis_t *rd, const u_char *key)
-{
-    ngx_queue_t             *q, *next;
-    ngx_http_idem_waiter_t  *w;
-
-    for (q = ngx_queue_head(&rd->waiters);
-         q != ngx_queue_sentinel(&rd->waiters);
-         q = next)
-    {
-        /* a woken waiter may finish, and leave the queue, at once */
-        next = ngx_queue_next(q);
-        w = ngx_queue_data(q, ngx_http_idem_waiter_t, queue);
-
-        if (key == NULL
-            || ngx_memcmp(w->key, key, IDEM_RECORD_KEY_LEN) == 0)
-        {
-            w->wake(w);
-        }
-    }
-}
-
-
-/*
- * Commands: a script, EVALSHA <sha1> 1 <key> <args...> (resent as EVAL on
- * NOSCRIPT), or a native command, <name> <key> <args...>.  Either way the
- * arguments after the key are set by name: index 0 is the first one.
- */
-
-static ngx_http_idem_cmd_t *
-ngx_http_idem_cmd_alloc(ngx_http_idem_redis_t *rd, ngx_uint_t argc,
-    const u_char *key, size_t size, ngx_log_t *log)
-{
-    ngx_http_idem_cmd_t  *cmd;
-
-    size += key ? IDEM_RECORD_KEY_LEN : 0;
-
-    cmd = ngx_alloc(sizeof(ngx_http_idem_cmd_t)
-                    + argc * (sizeof(char *) + sizeof(size_t)) + size, log);
-    if (cmd == NULL) {
-        return NULL;
-    }
-
-    ngx_memzero(cmd, sizeof(ngx_http_idem_cmd_t));
-
-    cmd->size = size;
-    cmd->redis = rd;
-    cmd->argc = argc;
-    cmd->argv = (const char **) (cmd + 1);
-    cmd->argvlen = (size_t *) (cmd->argv + argc);
-    cmd->pos = (u_char *) (cmd->argvlen + argc);
-
-    ngx_memzero(cmd->argv, argc * sizeof(char *));
-    ngx_memzero(cmd->argvlen, argc * sizeof(size_t));
-
-    if (key) {
-        cmd->key = cmd->pos;
-        cmd->pos = ngx_cpymem(cmd->pos, key, IDEM_RECORD_KEY_LEN);
-    }
-
-    return cmd;
-}
-
-
-ngx_http_idem_cmd_t *
-ngx_http_idem_cmd_create(ngx_http_idem_redis_t *rd,
-    ngx_http_idem_script_e script, const u_char *key, size_t size,
-    ngx_log_t *log)
-{
-    return ngx_http_idem_cmd_create_keys(rd, script, key, NULL, 0, size,
-                                         log);
-}
-
-
-/*
- * A script of the record key and n more keys (at most 4: the unique key,
- * the lock key and the key naming the lock of idempotency_unique and
- * idempotency_lock, the audit stream): they are the script's KEYS[2..n+1].
- */
-ngx_http_idem_cmd_t *
-ngx_http_idem_cmd_create_keys(ngx_http_idem_redis_t *rd,
-    ngx_http_idem_script_e script, const u_char *key, u_char **keys,
-    ngx_uint_t n, size_t size, ngx_log_t *log)
-{
-    return ngx_http_idem_cmd_create_more(rd, script, key, keys, n, 0, size,
-                                         log);
-}
-
-
-/* the same with "more" arguments after the script's named ones */
-ngx_http_idem_cmd_t *
-ngx_http_idem_cmd_create_more(ngx_http_idem_redis_t *rd,
-    ngx_http_idem_script_e script, const u_char *key, u_char **keys,
-    ngx_uint_t n, ngx_uint_t more, size_t size, ngx_log_t *log)
-{
-    ngx_uint_t            i;
-    ngx_http_idem_cmd_t  *cmd;
-
-    static const char    *numkeys[] = { "1", "2", "3", "4", "5" };
-
-    if (n >= sizeof(numkeys) / sizeof(numkeys[0])) {
-        return NULL;
-    }
-
-    for (i = 0; i < n; i++) {
-        size += ngx_strlen(keys[i]);
-    }
-
-    cmd = ngx_http_idem_cmd_alloc(rd, 4 + n + rd->scripts[script].nargs + more,
-                                  key, size, log);
-    if (cmd == NULL) {
-        return NULL;
-    }
-
-    cmd->script = script;
-    cmd->arg0 = 4 + n;
-
-    cmd->argv[0] = "EVALSHA";
-    cmd->argvlen[0] = sizeof("EVALSHA") - 1;
-    cmd->argv[1] = (const char *) rd->scripts[script].sha1;
-    cmd->argvlen[1] = NGX_HTTP_IDEM_SHA1_HEX;
-    cmd->argv[2] = numkeys[n];
-    cmd->argvlen[2] = 1;
-    cmd->argv[3] = (const char *) cmd->key;
-    cmd->argvlen[3] = IDEM_RECORD_KEY_LEN;
-
-    for (i = 0; i < n; i++) {
-        cmd->argv[4 + i] = (const char *) cmd->pos;
-        cmd->argvlen[4 + i] = ngx_strlen(keys[i]);
-        cmd->pos = ngx_cpymem(cmd->pos, keys[i], cmd->argvlen[4 + i]);
-    }
-
-    return cmd;
-}
-
-
-ngx_http_idem_cmd_t *
-ngx_http_idem_cmd_native(ngx_http_idem_redis_t *rd, ngx_str_t *name,
-    ngx_uint_t nargs, const u_char *key, size_t size, ngx_log_t *log)
-{
-    ngx_http_idem_cmd_t  *cmd;
-
-    cmd = ngx_http_idem_cmd_alloc(rd, 2 + nargs, key, size, log);
-    if (cmd == NULL) {
-        return NULL;
-    }
-
-    cmd->script = NGX_HTTP_IDEM_NSCRIPTS;
-    cmd->arg0 = 2;
-
-    cmd->argv[0] = (const char *) name->data;
-    cmd->argvlen[0] = name->len;
-    cmd->argv[1] = (const char *) cmd->key;
-    cmd->argvlen[1] = IDEM_RECORD_KEY_LEN;
-
-    return cmd;
-}
-
-
-void
-ngx_http_idem_cmd_sibling(ngx_http_idem_cmd_t *cmd, const u_char *sub,
-    size_t sublen)
-{
-    /* the key is the block's first bytes: the sibling's name goes on */
-    cmd->pos = ngx_cpymem(cmd->pos, sub, sublen);
-    cmd->argvlen[1] = IDEM_RECORD_KEY_LEN + sublen;
-}
-
-
 ngx_int_t
 ngx_http_idem_announce(ngx_http_idem_redis_t *rd, const u_char *key,
     ngx_log_t *log)
@@ -1179,175 +801,6 @@ ngx_http_idem_announce(ngx_http_idem_redis_t *rd, const u_char *key,
 
 
 /*
- * A copy of a command to send again (its handler changes it first): the
- * same arguments, in a block of its own.
- */
-ngx_http_idem_cmd_t *
-ngx_http_idem_cmd_copy(ngx_http_idem_cmd_t *cmd)
-{
-    u_char               *old, *end;
-    size_t                n;
-    ngx_uint_t            i;
-    ngx_http_idem_cmd_t  *copy;
-
-    n = sizeof(ngx_http_idem_cmd_t)
-        + cmd->argc * (sizeof(char *) + sizeof(size_t)) + cmd->size;
-
-    copy = ngx_alloc(n, cmd->redis->log);
-    if (copy == NULL) {
-        return NULL;
-    }
-
-    ngx_memcpy(copy, cmd, n);
-
-    old = (u_char *) cmd;
-    end = old + n;
-
-    copy->argv = (const char **) (copy + 1);
-    copy->argvlen = (size_t *) (copy->argv + copy->argc);
-
-    /* the arguments in the block move with it; "EVALSHA" and the like not */
-    for (i = 0; i < copy->argc; i++) {
-        if ((u_char *) copy->argv[i] >= old && (u_char *) copy->argv[i] < end) {
-            copy->argv[i] = (const char *) copy
-                            + ((u_char *) copy->argv[i] - old);
-        }
-    }
-
-    copy->pos = (u_char *) copy + (cmd->pos - old);
-    copy->key = cmd->key ? (u_char *) copy + (cmd->key - old) : NULL;
-
-    /* sent afresh: routed again, never redirected yet */
-    ngx_memzero(&copy->timer, sizeof(ngx_event_t));
-    copy->told = 0;
-    copy->resent = 0;
-    copy->held = 0;
-    copy->handler = NULL;
-    copy->data = NULL;
-    copy->link = cmd->pinned ? cmd->link : NULL;
-    copy->redirects = 0;
-    copy->asking = 0;
-
-    return copy;
-}
-
-
-/* words (static text) then nargs arguments set by name, on one link */
-static ngx_http_idem_cmd_t *
-ngx_http_idem_cmd_pinned(ngx_http_idem_link_t *lk, ngx_str_t *words,
-    ngx_uint_t n, ngx_uint_t nargs, size_t size)
-{
-    ngx_uint_t            i;
-    ngx_http_idem_cmd_t  *cmd;
-
-    cmd = ngx_http_idem_cmd_alloc(lk->redis, n + nargs, NULL, size,
-                                  lk->redis->log);
-    if (cmd == NULL) {
-        return NULL;
-    }
-
-    cmd->script = NGX_HTTP_IDEM_NSCRIPTS;
-    cmd->arg0 = n;
-    cmd->link = lk;
-    cmd->pinned = 1;
-
-    for (i = 0; i < n; i++) {
-        cmd->argv[i] = (const char *) words[i].data;
-        cmd->argvlen[i] = words[i].len;
-    }
-
-    return cmd;
-}
-
-
-ngx_http_idem_cmd_t *
-ngx_http_idem_cmd_on_link(ngx_http_idem_link_t *lk, ngx_str_t *words,
-    ngx_uint_t n)
-{
-    return ngx_http_idem_cmd_pinned(lk, words, n, 0, 0);
-}
-
-
-/* room for the argument named arg (an NGX_HTTP_IDEM_<SCRIPT>_<NAME>) */
-u_char *
-ngx_http_idem_cmd_reserve(ngx_http_idem_cmd_t *cmd, ngx_uint_t arg, size_t len)
-{
-    u_char  *p;
-
-    p = cmd->pos;
-    cmd->argv[cmd->arg0 + arg] = (const char *) p;
-    cmd->argvlen[cmd->arg0 + arg] = len;
-    cmd->pos += len;
-
-    return p;
-}
-
-
-void
-ngx_http_idem_cmd_set(ngx_http_idem_cmd_t *cmd, ngx_uint_t arg,
-    const void *data, size_t len)
-{
-    ngx_memcpy(ngx_http_idem_cmd_reserve(cmd, arg, len), data, len);
-}
-
-
-/* a decimal argument; the command's size counted NGX_INT64_LEN for it */
-void
-ngx_http_idem_cmd_set_num(ngx_http_idem_cmd_t *cmd, ngx_uint_t arg,
-    int64_t n)
-{
-    u_char  *p;
-
-    p = cmd->pos;
-    cmd->pos = ngx_sprintf(p, "%L", n);
-    cmd->argv[cmd->arg0 + arg] = (const char *) p;
-    cmd->argvlen[cmd->arg0 + arg] = cmd->pos - p;
-}
-
-
-/* an argument the caller writes at the returned place, then ends with _end */
-u_char *
-ngx_http_idem_cmd_start(ngx_http_idem_cmd_t *cmd, ngx_uint_t arg)
-{
-    cmd->argv[cmd->arg0 + arg] = (const char *) cmd->pos;
-
-    return cmd->pos;
-}
-
-
-void
-ngx_http_idem_cmd_end(ngx_http_idem_cmd_t *cmd, ngx_uint_t arg, u_char *end)
-{
-    cmd->argvlen[cmd->arg0 + arg] = end - cmd->pos;
-    cmd->pos = end;
-}
-
-
-ngx_str_t
-ngx_http_idem_cmd_get(ngx_http_idem_cmd_t *cmd, ngx_uint_t arg)
-{
-    ngx_str_t  s;
-
-    s.data = (u_char *) cmd->argv[cmd->arg0 + arg];
-    s.len = cmd->argvlen[cmd->arg0 + arg];
-
-    return s;
-}
-
-
-ngx_str_t
-ngx_http_idem_cmd_key(ngx_http_idem_cmd_t *cmd)
-{
-    ngx_str_t  s;
-
-    s.data = cmd->key;
-    s.len = IDEM_RECORD_KEY_LEN;
-
-    return s;
-}
-
-
-/*
  * Where a command goes: the server's link, or in a Cluster the link of
  * the node that serves its key's slot (none while nobody can say); a
  * pinned command (WAIT, CLUSTER SLOTS) goes on its own link only.
@@ -1361,7 +814,7 @@ ngx_http_idem_cmd_route(ngx_http_idem_cmd_t *cmd)
         return cmd->link;
     }
 
-    if (rd->route == NULL) {
+    if (rd->topology != NGX_HTTP_IDEM_TOPO_CLUSTER) {
         return &rd->cmd;
     }
 
@@ -1803,7 +1256,7 @@ ngx_http_idem_cmd_unwritable(ngx_http_idem_cmd_t *cmd, redisReply *reply)
 {
     ngx_http_idem_redis_t  *rd = cmd->redis;
 
-    if (reply == NULL || rd->locate == NULL || rd->route
+    if (reply == NULL || rd->topology != NGX_HTTP_IDEM_TOPO_SENTINEL
         || reply->type != REDIS_REPLY_ERROR
         || (ngx_strncmp(reply->str, "READONLY", 8) != 0
             && ngx_strncmp(reply->str, "NOREPLICAS", 10) != 0))
@@ -1839,7 +1292,7 @@ ngx_http_idem_cmd_redirect(ngx_http_idem_cmd_t *cmd,
     ngx_http_idem_link_t   *lk;
     ngx_http_idem_redis_t  *rd = cmd->redis;
 
-    if (rd->redirect == NULL || reply == NULL || cmd->told || cmd->pinned
+    if (rd->topology != NGX_HTTP_IDEM_TOPO_CLUSTER || reply == NULL || cmd->told || cmd->pinned
         || reply->type != REDIS_REPLY_ERROR
         || !idem_redirect(reply->str, reply->len, &to))
     {
@@ -1904,7 +1357,7 @@ ngx_http_idem_cmd_unserved(ngx_http_idem_cmd_t *cmd, redisReply *reply)
         ngx_string("NOREPLICAS"), ngx_string("READONLY")
     };
 
-    if (rd->route == NULL || reply == NULL
+    if (rd->topology != NGX_HTTP_IDEM_TOPO_CLUSTER || reply == NULL
         || reply->type != REDIS_REPLY_ERROR)
     {
         return 0;
@@ -1977,226 +1430,4 @@ ngx_http_idem_redis_reply(redisAsyncContext *ac, void *r, void *privdata)
     }
 
     ngx_free(cmd);
-}
-
-
-ngx_uint_t
-ngx_http_idem_numeric_host(ngx_str_t *host)
-{
-#if (NGX_HAVE_INET6)
-    u_char  addr[16];
-#endif
-
-    if (host->len == 0) {
-        return 0;
-    }
-
-    if (ngx_inet_addr(host->data, host->len) != INADDR_NONE) {
-        return 1;
-    }
-
-#if (NGX_HAVE_INET6)
-    if (ngx_inet6_addr(host->data, host->len, addr) == NGX_OK) {
-        return 1;
-    }
-#endif
-
-    return 0;
-}
-
-
-/* reply helpers */
-
-ngx_int_t
-ngx_http_idem_reply_str(redisReply *e, ngx_str_t *s)
-{
-    if (e->type != REDIS_REPLY_STRING && e->type != REDIS_REPLY_STATUS) {
-        return NGX_ERROR;
-    }
-
-    s->data = (u_char *) e->str;
-    s->len = e->len;
-
-    return NGX_OK;
-}
-
-
-/*
- * An error reply that is about the data under the module's key (our own
- * script's complaint, or a foreign value), not about reaching Redis:
- * store-error rather than store-unavailable.
- */
-ngx_uint_t
-ngx_http_idem_reply_corrupt(redisReply *reply)
-{
-    return reply->type == REDIS_REPLY_ERROR
-           && (ngx_strstr(reply->str, "IDEMCORRUPT")
-               || ngx_strstr(reply->str, "WRONGTYPE"));
-}
-
-
-/*
- * The elements of an array reply as the pure-C decoders take them: the
- * first max of them in el, the reply's element count returned.
- */
-size_t
-ngx_http_idem_reply_elements(redisReply *reply, idem_rv_t *el, size_t max)
-{
-    size_t       i, n;
-    redisReply  *e;
-
-    n = ngx_min(reply->elements, max);
-
-    for (i = 0; i < n; i++) {
-        e = reply->element[i];
-        el[i].is_str = (e->type == REDIS_REPLY_STRING
-                        || e->type == REDIS_REPLY_STATUS);
-        el[i].data = el[i].is_str ? e->str : NULL;
-        el[i].len = el[i].is_str ? e->len : 0;
-    }
-
-    return reply->elements;
-}
-
-
-/*
- * WAIT blocks the connection in Redis until the replicas have every write
- * sent on it before, so a WAIT in flight serves every write whose reply
- * came before WAIT's: Redis ran those writes first.  Writes answered while
- * one is in flight join the last one sent, when it has their replica count
- * and timeout, instead of queueing a WAIT each, which would hold the
- * connection up to "timeout" per WAIT when a replica is gone.
- */
-typedef struct {
-    ngx_queue_t                  waiters;   /* ngx_http_idem_replicas_t */
-    ngx_http_idem_link_t        *link;
-    ngx_uint_t                   replicas;
-    ngx_msec_t                   timeout;
-} ngx_http_idem_wait_t;
-
-
-static ngx_str_t  ngx_http_idem_wait_cmd = ngx_string("WAIT");
-
-static void
-ngx_http_idem_replicas_done(ngx_http_idem_cmd_t *cmd, redisReply *reply)
-{
-    ngx_int_t                  acked;
-    ngx_queue_t               *q;
-    ngx_http_idem_wait_t      *wt;
-    ngx_http_idem_redis_t     *rd;
-    ngx_http_idem_replicas_t  *w;
-
-    rd = cmd->redis;
-    wt = cmd->data;
-
-    if (wt->link->wait_last == wt) {
-        wt->link->wait_last = NULL;
-    }
-
-    acked = (reply && reply->type == REDIS_REPLY_INTEGER)
-            ? (ngx_int_t) reply->integer : -1;
-
-    if (reply && reply->type == REDIS_REPLY_ERROR) {
-        ngx_log_error(NGX_LOG_ERR, rd->log, 0,
-                      "idempotency: redis %V: WAIT failed: %*s",
-                      &rd->name, (size_t) reply->len, reply->str);
-    }
-
-    /* a handler may write and wait again: that is another WAIT's */
-    while (!ngx_queue_empty(&wt->waiters)) {
-        q = ngx_queue_head(&wt->waiters);
-        ngx_queue_remove(q);
-        w = ngx_queue_data(q, ngx_http_idem_replicas_t, queue);
-        w->linked = 0;
-        w->handler(w, acked);
-    }
-
-    ngx_free(wt);
-}
-
-
-static ngx_http_idem_wait_t *
-ngx_http_idem_replicas_send(ngx_http_idem_link_t *lk, ngx_uint_t replicas,
-    ngx_msec_t timeout)
-{
-    ngx_http_idem_cmd_t    *cmd;
-    ngx_http_idem_wait_t   *wt;
-    ngx_http_idem_redis_t  *rd = lk->redis;
-
-    wt = ngx_alloc(sizeof(ngx_http_idem_wait_t), rd->log);
-    if (wt == NULL) {
-        return NULL;
-    }
-
-    cmd = ngx_http_idem_cmd_pinned(lk, &ngx_http_idem_wait_cmd, 1, 2,
-                                   2 * NGX_INT64_LEN);
-    if (cmd == NULL) {
-        ngx_free(wt);
-        return NULL;
-    }
-
-    ngx_queue_init(&wt->waiters);
-    wt->link = lk;
-    wt->replicas = replicas;
-    wt->timeout = timeout;
-
-    ngx_http_idem_cmd_set_num(cmd, 0, (int64_t) replicas);
-    ngx_http_idem_cmd_set_num(cmd, 1, (int64_t) timeout);
-
-    /* Redis answers WAIT at "timeout": only a silent Redis times out here */
-    cmd->timeout = timeout + rd->timeout;
-
-    if (ngx_http_idem_cmd_send(cmd, ngx_http_idem_replicas_done, wt)
-        != NGX_OK)
-    {
-        ngx_free(wt);
-        return NULL;
-    }
-
-    lk->wait_last = wt;
-
-    return wt;
-}
-
-
-ngx_int_t
-ngx_http_idem_replicas_wait(ngx_http_idem_redis_t *rd,
-    ngx_http_idem_replicas_t *w, ngx_uint_t replicas, ngx_msec_t timeout)
-{
-    ngx_http_idem_link_t  *lk;
-    ngx_http_idem_wait_t  *wt;
-
-    /*
-     * WAIT counts the writes of the connection it is sent on: it goes on
-     * the one whose reply is being handled, while that one is current.
-     */
-    lk = rd->replying;
-
-    if (lk == NULL || lk->state != NGX_HTTP_IDEM_REDIS_READY) {
-        return NGX_ERROR;
-    }
-
-    wt = lk->wait_last;
-
-    if (wt == NULL || wt->replicas != replicas || wt->timeout != timeout) {
-        wt = ngx_http_idem_replicas_send(lk, replicas, timeout);
-        if (wt == NULL) {
-            return NGX_ERROR;
-        }
-    }
-
-    ngx_queue_insert_tail(&wt->waiters, &w->queue);
-    w->linked = 1;
-
-    return NGX_OK;
-}
-
-
-void
-ngx_http_idem_replicas_cancel(ngx_http_idem_replicas_t *w)
-{
-    if (w->linked) {
-        ngx_queue_remove(&w->queue);
-        w->linked = 0;
-    }
 }

@@ -4,8 +4,10 @@
  * must reach Redis even across a lost connection, and the subscriber that
  * wakes waiters when a record they wait for changes.
  *
- * It knows Redis, the scripts it loads and record keys; it knows nothing of
- * HTTP requests.  Whoever sends a command gets its reply through the
+ * Its files: _redis.c (links, sending, replies), _command.c (a command's
+ * arguments, a reply's parts), _waiters.c, _replicas.c (WAIT), _io.c (the
+ * hiredis adapter).  It knows Redis, the scripts it loads and record keys;
+ * it knows nothing of HTTP requests.  Whoever sends a command gets its reply through the
  * command's handler; whoever waits registers an ngx_http_idem_waiter_t.
  */
 
@@ -21,6 +23,7 @@
 #include "idem_record.h"
 #include "idem_reply.h"
 #include "idem_slot.h"
+#include "ngx_http_idempotency_io.h"
 #include "ngx_http_idempotency_script.h"
 
 
@@ -29,28 +32,6 @@ typedef enum {
     NGX_HTTP_IDEM_REDIS_CONNECTING,   /* TCP, AUTH, SELECT, SCRIPT LOAD */
     NGX_HTTP_IDEM_REDIS_READY
 } ngx_http_idem_redis_state_e;
-
-
-/*
- * A hiredis context inside nginx's event loop, as every connection of the
- * module has it (the transport's links, the sentinel connections): its fd
- * wrapped in an nginx connection, level-triggered events so that replies
- * over 16 KiB keep flowing, and one close of the fd, hiredis's own.  The
- * owner keeps ac->data for itself; "freed" is told when hiredis frees the
- * context (its cleanup hook, before the disconnect callback), "failed"
- * when an event could not be added.
- */
-typedef struct ngx_http_idem_io_s  ngx_http_idem_io_t;
-
-typedef void (*ngx_http_idem_io_pt)(ngx_http_idem_io_t *io);
-
-struct ngx_http_idem_io_s {
-    redisAsyncContext           *ac;
-    ngx_connection_t            *conn;
-    ngx_http_idem_io_pt          failed;        /* may be NULL */
-    ngx_http_idem_io_pt          freed;         /* may be NULL */
-    void                        *data;
-};
 
 
 /* a seed of a topology (a sentinel, a cluster node), resolved by nginx -t */
@@ -95,6 +76,14 @@ typedef struct {
 } ngx_http_idem_link_t;
 
 
+/* which directive configured the server: what finds its address and nodes */
+typedef enum {
+    NGX_HTTP_IDEM_TOPO_SINGLE = 0,      /* idempotency_redis: one address */
+    NGX_HTTP_IDEM_TOPO_SENTINEL,        /* the master the sentinels name */
+    NGX_HTTP_IDEM_TOPO_CLUSTER          /* the node of each key's slot */
+} ngx_http_idem_topology_e;
+
+
 /*
  * Where the server is, when a topology (Sentinel) decides it: called when
  * a link would connect to an address it has already used, and answered,
@@ -132,9 +121,10 @@ struct ngx_http_idem_redis_s {
     ngx_uint_t                   subscribe;     /* some location waits */
     ngx_array_t                 *waits;         /* WAIT settings: msec[2] */
     ngx_msec_t                   waits_sum;     /* of their timeouts */
-    ngx_http_idem_locate_pt      locate;        /* NULL: a fixed address */
+    ngx_http_idem_topology_e     topology;      /* what sets the hooks */
+    ngx_http_idem_locate_pt      locate;        /* Sentinel, Cluster */
     void                        *locate_data;
-    ngx_http_idem_route_pt       route;         /* NULL: not a Cluster */
+    ngx_http_idem_route_pt       route;         /* Cluster */
     ngx_http_idem_redirect_pt    redirect;
 
     ngx_http_idem_script_t      *scripts;
@@ -235,15 +225,6 @@ struct ngx_http_idem_replicas_s {
 };
 
 
-/*
- * ac becomes io's: its events are nginx's from now on.  Then
- * ngx_http_idem_io_connect() waits for the connect to finish (the first
- * writable event).
- */
-ngx_int_t ngx_http_idem_io_attach(ngx_http_idem_io_t *io,
-    redisAsyncContext *ac, ngx_log_t *log);
-void ngx_http_idem_io_connect(ngx_http_idem_io_t *io);
-
 ngx_int_t ngx_http_idem_redis_init_process(ngx_cycle_t *cycle,
     ngx_array_t *servers, ngx_http_idem_script_t *scripts);
 void ngx_http_idem_redis_exit_process(ngx_array_t *servers);
@@ -267,13 +248,6 @@ void ngx_http_idem_link_open(ngx_http_idem_link_t *lk,
     ngx_http_idem_redis_t *rd, u_char *host, int port, const char *label);
 void ngx_http_idem_link_stop(ngx_http_idem_link_t *lk);
 void ngx_http_idem_link_close(ngx_http_idem_link_t *lk);
-
-/* an IPv4 or IPv6 address: connecting to a name would block in getaddrinfo */
-ngx_uint_t ngx_http_idem_numeric_host(ngx_str_t *host);
-
-/* the reconnect backoff: 100 ms doubling up to 2 s, less up to a quarter */
-ngx_msec_t ngx_http_idem_backoff_step(ngx_msec_t backoff);
-ngx_msec_t ngx_http_idem_backoff_jitter(ngx_msec_t backoff);
 
 /*
  * A script command, EVALSHA <sha1> 1 <key> followed by the script's
@@ -307,6 +281,10 @@ void ngx_http_idem_cmd_sibling(ngx_http_idem_cmd_t *cmd, const u_char *sub,
 ngx_int_t ngx_http_idem_announce(ngx_http_idem_redis_t *rd,
     const u_char *key, ngx_log_t *log);
 
+/* words (static text) then nargs arguments set by name, on one link */
+ngx_http_idem_cmd_t *ngx_http_idem_cmd_pinned(ngx_http_idem_link_t *lk,
+    ngx_str_t *words, ngx_uint_t n, ngx_uint_t nargs, size_t size);
+
 /* a command of no key (CLUSTER SLOTS), sent on one link: not routed */
 ngx_http_idem_cmd_t *ngx_http_idem_cmd_on_link(ngx_http_idem_link_t *lk,
     ngx_str_t *words, ngx_uint_t n);
@@ -334,13 +312,19 @@ ngx_str_t ngx_http_idem_cmd_key(ngx_http_idem_cmd_t *cmd);
 ngx_int_t ngx_http_idem_cmd_send(ngx_http_idem_cmd_t *cmd,
     ngx_http_idem_reply_pt handler, void *data);
 
-/* NGX_DECLINED when nobody would hear about the record: no subscription */
+/*
+ * _waiters.c.  NGX_DECLINED when nobody would hear about the record: no
+ * subscription.
+ */
 ngx_int_t ngx_http_idem_waiter_add(ngx_http_idem_redis_t *rd,
     ngx_http_idem_waiter_t *w);
 void ngx_http_idem_waiter_remove(ngx_http_idem_waiter_t *w);
 
+/* the subscriber heard of key's record; key NULL wakes every waiter */
+void ngx_http_idem_waiters_wake(ngx_http_idem_redis_t *rd, const u_char *key);
+
 /*
- * Called from the handler of a write's reply: WAIT for that write (and
+ * _replicas.c.  Called from the handler of a write's reply: WAIT for that write (and
  * every earlier one of the connection) to reach the replicas; w's handler
  * is called once.  NGX_ERROR: not possible on this connection, nothing
  * will be called.

@@ -13,6 +13,7 @@
 #include <ngx_event.h>
 
 #include "ngx_http_idempotency_sentinel.h"
+#include "ngx_http_idempotency_io.h"
 
 
 struct ngx_http_idem_sn_conn_s {
@@ -170,22 +171,20 @@ ngx_http_idem_sn_attach(ngx_http_idem_sn_link_t *lk, redisAsyncContext *ac)
         return NULL;
     }
 
-    if (ngx_http_idem_io_attach(&sc->io, ac, log) != NGX_OK) {
+    if (ngx_http_idem_io_attach(&sc->io, ac, log, sc,
+                                ngx_http_idem_sn_on_connect,
+                                ngx_http_idem_sn_on_disconnect)
+        != NGX_OK)
+    {
         ngx_free(sc);
         return NULL;
     }
 
     sc->lk = lk;
-    sc->io.data = sc;
     sc->io.freed = ngx_http_idem_sn_freed;
     sc->close.handler = ngx_http_idem_sn_close_handler;
     sc->close.data = sc;
     sc->close.log = log;
-
-    ac->data = sc;
-
-    redisAsyncSetConnectCallback(ac, ngx_http_idem_sn_on_connect);
-    redisAsyncSetDisconnectCallback(ac, ngx_http_idem_sn_on_disconnect);
 
     return sc;
 }
@@ -556,7 +555,7 @@ ngx_http_idem_sentinel_init_process(ngx_cycle_t *cycle, ngx_array_t *servers)
     rds = servers->elts;
 
     for (i = 0; i < servers->nelts; i++) {
-        if (rds[i]->locate != ngx_http_idem_sentinel_locate) {
+        if (rds[i]->topology != NGX_HTTP_IDEM_TOPO_SENTINEL) {
             continue;
         }
 
@@ -613,7 +612,7 @@ ngx_http_idem_sentinel_exit_process(ngx_array_t *servers)
     rds = servers->elts;
 
     for (i = 0; i < servers->nelts; i++) {
-        if (rds[i]->locate != ngx_http_idem_sentinel_locate) {
+        if (rds[i]->topology != NGX_HTTP_IDEM_TOPO_SENTINEL) {
             continue;
         }
 

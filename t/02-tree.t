@@ -1,7 +1,7 @@
 #!/usr/bin/perl
 # The shape of the source tree, as docs/architecture.md describes it:
-#   - the Redis transport includes no request-flow header and names no
-#     HTTP request type;
+#   - the Redis transport (_redis.c and the files split from it) includes
+#     no request-flow header and names no HTTP request type;
 #   - the calls between the nginx glue files form no cycle;
 #   - no C function outside fuzz/ is longer than 80 lines;
 #   - nothing in the tree points to a file outside the repository;
@@ -34,12 +34,18 @@ sub external_functions {
 
 sub c_files { map { glob("$root/$_/*.c") } @_ }
 
+# the transport: _redis.c and the files split from it (the hiredis adapter,
+# WAIT, the waiters, building commands and reading replies)
+my @transport = qw(redis io replicas waiters command);
+my $transport = join '|', @transport;
+
 subtest 'the transport knows nothing of requests' => sub {
-    for my $f ("$mod/ngx_http_idempotency_redis.c", "$mod/ngx_http_idempotency_redis.h") {
+    for my $f (map { ("$mod/ngx_http_idempotency_$_.c", "$mod/ngx_http_idempotency_$_.h") } @transport) {
+        next unless -f $f;
         my $text = slurp($f);
         my $name = basename($f);
         my @inc = $text =~ /^#include\s+"([^"]+)"/mg;
-        my @up  = grep { !/^(idem_[a-z_]+|ngx_http_idempotency_(redis|script|metrics))\.h$/ } @inc;
+        my @up  = grep { !/^(idem_[a-z_]+|ngx_http_idempotency_($transport|script|metrics))\.h$/ } @inc;
         is("@up", '', "$name includes no request-flow header");
         unlike($text, qr/\bngx_http_request_t\b|\bngx_http_idem_ctx_t\b/,
                "$name names no request or request context");
@@ -82,12 +88,19 @@ subtest 'no call cycle between the glue files' => sub {
     is(join(' -> ', @cycle), '', 'the calls between glue files are acyclic');
 
     # the counters of idempotency_metrics are below the transport: a leaf
-    my @up = grep { $_ ne 'ngx_http_idempotency_metrics' } sort keys %{ $edges{ngx_http_idempotency_redis} || {} };
-    is("@up", '', 'the transport calls no other glue file than the metrics counters')
-        or diag(join ' ', keys %{ $edges{ngx_http_idempotency_redis} });
+    my @up = grep { !/^ngx_http_idempotency_($transport|metrics)$/ }
+             sort map { keys %{ $edges{"ngx_http_idempotency_$_"} || {} } } @transport;
+    is("@up", '', 'the transport calls no other glue file than the metrics counters');
     ok(!$edges{ngx_http_idempotency_metrics}, 'the metrics counters call no other glue file');
     my @into = grep { $_ ne "ngx_http_idempotency_module" && $edges{$_}{ngx_http_idempotency_handler} } keys %edges;
     is("@into", "", "only the registration (_module.c) calls into the request flow (_handler.c)");
+};
+
+subtest 'config builds every glue file' => sub {
+    my $config = slurp("$root/config");
+    my @missing = grep { $config !~ /\$IDEM_SRC\/\Q$_\E\b/ }
+                  map { basename($_) } glob("$mod/ngx_http_idempotency*.[ch]");
+    is("@missing", '', 'each ngx_http_idempotency*.c and .h is named in config');
 };
 
 subtest 'no function over 80 lines outside fuzz/' => sub {

@@ -1,0 +1,29 @@
+/*
+ * The directives of the status, admin and metrics endpoints and of the
+ * counters (idempotency_metrics_zone, idempotency_metrics_label), for the
+ * command table of ngx_http_idempotency_module.c.
+ */
+
+#ifndef NGX_HTTP_IDEMPOTENCY_OPS_H
+#define NGX_HTTP_IDEMPOTENCY_OPS_H
+
+#include <ngx_config.h>
+#include <ngx_core.h>
+#include <ngx_http.h>
+
+
+/* a content handler that needs Redis like "idempotency on" does */
+char *ngx_http_idem_ops_location(ngx_conf_t *cf, ngx_http_handler_pt handler);
+
+char *ngx_http_idem_status(ngx_conf_t *cf, ngx_command_t *cmd, void *conf);
+char *ngx_http_idem_admin(ngx_conf_t *cf, ngx_command_t *cmd, void *conf);
+char *ngx_http_idem_metrics_conf(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+
+/* idempotency_metrics_zone name size */
+char *ngx_http_idem_metrics_zone_conf(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+char *ngx_http_idem_metrics_label(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+
+#endif /* NGX_HTTP_IDEMPOTENCY_OPS_H */
