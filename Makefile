@@ -41,7 +41,7 @@ $(BUILD)/unit/test_jansson: UNIT_LIBS += -ljansson
 TOOLS     := $(BUILD)/idempotency-fingerprint $(BUILD)/idempotency-call \
              $(BUILD)/idempotency-approve $(BUILD)/idempotency-audit
 
-.PHONY: all module unit tools test test-nginx demo deb clean
+.PHONY: all module unit tools test test-nginx demo deb clean FORCE
 
 all: module unit tools
 
@@ -142,7 +142,12 @@ $(NGINX_DIR)/auto/configure: $(NGINX_ARCHIVE)
 	@test -x $@ || { echo "$(NGINX_ARCHIVE) did not unpack into $(NGINX_DIR)"; exit 1; }
 	touch $@
 
-$(NGINX_DIR)/objs/Makefile: $(NGINX_DIR)/auto/configure Makefile config $(SCRIPTS) $(MODDIR)/idem_record.h
+# rewritten only when the flags change, so that an edit elsewhere in this
+# Makefile does not rebuild nginx
+$(NGINX_DIR)/configure.flags: $(NGINX_DIR)/auto/configure FORCE
+	@echo '$(NGINX_CONFIGURE)' | cmp -s - $@ || echo '$(NGINX_CONFIGURE)' > $@
+
+$(NGINX_DIR)/objs/Makefile: $(NGINX_DIR)/configure.flags config $(SCRIPTS) $(MODDIR)/idem_record.h
 	cd $(NGINX_DIR) && ./auto/configure $(NGINX_CONFIGURE) \
 	    --add-dynamic-module=$(CURDIR) --builddir=$(NGINX_DIR)/objs \
 	    > $(NGINX_DIR)/configure.log 2>&1 || { tail -20 $(NGINX_DIR)/configure.log; exit 1; }
