@@ -4,6 +4,9 @@
 #   make demo       build, start Redis + nginx + a demo upstream, show a replay
 #   make deb        the Debian packages (debian/), unsigned, in build/deb/,
 #                   then lintian (fails on errors only)
+#   make test-nginx NGINX_ARCHIVE=t/data/nginx/nginx-1.31.4.tar.gz
+#                   nginx and the module built from an nginx source archive
+#                   (build/nginx-<version>/), then the suite against them
 
 NGX_SRC   ?= /usr/share/nginx/src
 BUILD     := $(CURDIR)/build
@@ -44,7 +47,7 @@ TOOLS     := $(BUILD)/idempotency-fingerprint $(BUILD)/idempotency-call \
              $(BUILD)/idempotency-approve $(BUILD)/idempotency-audit \
              $(BUILD)/idempotency-mcp
 
-.PHONY: all module unit tools test demo deb clean
+.PHONY: all module unit tools test test-nginx demo deb clean FORCE
 
 all: module unit tools
 
@@ -129,11 +132,62 @@ $(BUILD)/idempotency-mcp: tools/idempotency-mcp.c $(MCP_SRCS) $(MCP_HDRS) $(CALL
 	    $(MCP_SRCS) $(CALL_SRCS) $(MODDIR)/idem_text.c $(LDFLAGS) -pthread $(CURL_LIBS) \
 	    -lcjson -lcrypto
 
+# Test files run in parallel: each has its own prefix and ports (t/lib).
+# The suite waits on nginx, Redis and the upstream more than it computes, so
+# a 2-core machine keeps 4 files busy: 3.5 min instead of 8.5 (docs/building.md).
+PROVE_JOBS ?= 4
+# the longest files (40-80 s each) start first, so that none of them is the
+# last to finish; then the rest in order
+TESTS_SLOW := $(filter $(wildcard t/*.t), t/56-cluster.t t/44-sentinel.t \
+              t/46-fingerprint-exclude.t t/41-redis-stall.t)
+TESTS      := $(TESTS_SLOW) $(filter-out $(TESTS_SLOW),$(sort $(wildcard t/*.t)))
+
 test: all
-	$(PROVE) t/
+	$(PROVE) -j$(PROVE_JOBS) --timer $(TESTS)
 
 demo: all
 	./demo/run
+
+# ---------------------------------------------------------------- nginx.org
+# The module built with nginx's own build (its gcc flags include -Werror)
+# from a source archive of nginx (git archive of a release tag, so
+# ./auto/configure), with the nginx binary, then the suite against both.
+# The flags beyond --with-compat are those the suite's configurations use:
+# thread_pool, listen ... http2, stub_status, and debug-level log lines
+# that some tests read (docs/building.md).
+NGINX_ARCHIVE ?= t/data/nginx/nginx-1.31.4.tar.gz
+NGINX_VERSION := $(patsubst nginx-%.tar.gz,%,$(notdir $(NGINX_ARCHIVE)))
+NGINX_DIR     := $(BUILD)/nginx-$(NGINX_VERSION)
+NGINX_CONFIGURE := --with-compat --with-threads --with-http_ssl_module \
+                   --with-http_v2_module --with-http_stub_status_module --with-debug
+
+$(NGINX_DIR)/auto/configure: $(NGINX_ARCHIVE)
+	rm -rf $(NGINX_DIR)
+	mkdir -p $(BUILD)
+	tar -C $(BUILD) -xzf $(NGINX_ARCHIVE)
+	@test -x $@ || { echo "$(NGINX_ARCHIVE) did not unpack into $(NGINX_DIR)"; exit 1; }
+	touch $@
+
+# rewritten only when the flags change, so that an edit elsewhere in this
+# Makefile does not rebuild nginx
+$(NGINX_DIR)/configure.flags: $(NGINX_DIR)/auto/configure FORCE
+	@echo '$(NGINX_CONFIGURE)' | cmp -s - $@ || echo '$(NGINX_CONFIGURE)' > $@
+
+$(NGINX_DIR)/objs/Makefile: $(NGINX_DIR)/configure.flags config $(SCRIPTS) $(MODDIR)/idem_record.h
+	cd $(NGINX_DIR) && ./auto/configure $(NGINX_CONFIGURE) \
+	    --add-dynamic-module=$(CURDIR) --builddir=$(NGINX_DIR)/objs \
+	    > $(NGINX_DIR)/configure.log 2>&1 || { tail -20 $(NGINX_DIR)/configure.log; exit 1; }
+	@grep -q -- '-Werror' $@ || { echo "nginx's build does not use -Werror"; exit 1; }
+
+# next to the binary's objs/, as build/ has it: t/lib reads objs/redis-scripts
+$(NGINX_DIR)/ngx_http_idempotency_module.so: $(NGINX_DIR)/objs/Makefile $(NGX_SRCS) $(CORE_SRCS) $(CORE_HDRS)
+	$(MAKE) -C $(NGINX_DIR) -f $(NGINX_DIR)/objs/Makefile binary modules
+	cp $(NGINX_DIR)/objs/ngx_http_idempotency_module.so $@.tmp && mv -f $@.tmp $@
+
+test-nginx: $(NGINX_DIR)/ngx_http_idempotency_module.so unit tools
+	$(NGINX_DIR)/objs/nginx -V
+	IDEM_NGINX=$(NGINX_DIR)/objs/nginx IDEM_MODULE=$(NGINX_DIR)/ngx_http_idempotency_module.so \
+	    $(PROVE) -j$(PROVE_JOBS) --timer $(TESTS)
 
 # dpkg-buildpackage writes its results next to the source tree, so it runs
 # on a copy in build/deb/src: the packages land in build/deb/, nothing
@@ -218,7 +272,7 @@ $(ASAN_BUILD)/unit/%: t/unit/%.c $(TEST_SRCS) $(TEST_HDRS) $(CORE_SRCS) $(CORE_H
 # (IDEM_COMPLETE_BESIDE, t/lib), so that the sanitizers watch its native
 # completion too, and CI runs the suite once with each setting.
 test-asan: $(ASAN_MODULE) $(ASAN_UNIT) unit tools
-	IDEM_MODULE=$(ASAN_MODULE) IDEM_SANITIZE=1 IDEM_COMPLETE_BESIDE=on $(PROVE) t/
+	IDEM_MODULE=$(ASAN_MODULE) IDEM_SANITIZE=1 IDEM_COMPLETE_BESIDE=on $(PROVE) -j$(PROVE_JOBS) --timer $(TESTS)
 	@for u in $(ASAN_UNIT); do \
 	    echo "== $$u (ASan+UBSan, leak detection on)"; \
 	    $(ASAN_RUN_ENV) $$u t/data/jcs > $$u.tap 2>&1 \

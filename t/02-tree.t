@@ -1,5 +1,9 @@
 #!/usr/bin/perl
 # The shape of the source tree, as docs/architecture.md describes it:
+#   - every glue .c includes <ngx_config.h> then <ngx_core.h> before any
+#     other header (nginx's rule: ngx_config.h sets _GNU_SOURCE and the
+#     platform's feature macros; a system header included before it fixes
+#     them otherwise, and nginx 1.25+ then stops at ngx_event_udp.h);
 #   - the Redis transport (_redis.c and the files split from it) includes
 #     no request-flow header and names no HTTP request type;
 #   - the calls between the nginx glue files form no cycle;
@@ -38,6 +42,16 @@ sub c_files { map { glob("$root/$_/*.c") } @_ }
 # WAIT, the waiters, building commands and reading replies)
 my @transport = qw(redis io replicas waiters command);
 my $transport = join '|', @transport;
+
+subtest 'nginx headers first in every glue file' => sub {
+    my @files = sort glob("$mod/ngx_http_idempotency*.c");
+    ok(@files > 10, 'found the glue files');
+    for my $f (@files) {
+        my @inc = slurp($f) =~ /^\s*#\s*include\s+([<"][^>"]+[>"])/mg;
+        is("@inc[0, 1]", '<ngx_config.h> <ngx_core.h>',
+           basename($f) . ': <ngx_config.h> then <ngx_core.h> before any other #include');
+    }
+};
 
 subtest 'the transport knows nothing of requests' => sub {
     for my $f (map { ("$mod/ngx_http_idempotency_$_.c", "$mod/ngx_http_idempotency_$_.h") } @transport) {

@@ -109,7 +109,11 @@ sub start_set {
         $t->start_redis_instance(name => "$name-$_",
             args => [ @SAFE, '--replicaof', '127.0.0.1', $m ])
     } 1 .. $n;
-    ok($t->wait_for(sub { !grep { !linked($_) } @r }, 15), "$name: $n replicas in sync");
+    # and online at the master (WAIT counts only those; a replica says
+    # "link up" a moment before the master puts it online)
+    ok($t->wait_for(sub { !grep({ !linked($_) } @r)
+                          && ($t->redis_at($m, 'WAIT', $n, 100) // '') eq $n }, 15),
+       "$name: $n replicas in sync");
     return ($m, @r);
 }
 

@@ -42,9 +42,15 @@ EOF
 my $rep = Idem::Test->new;
 sub start_replica {
     $rep->start_redis(args => [ '--replicaof', '127.0.0.1', $t->redis_port ]);
+    # connected_slaves counts a replica still syncing, and the replica says
+    # "link up" before the master has its first ACK and puts it online; WAIT
+    # counts only online replicas, so the first write could wait in vain on
+    # a loaded machine. WAIT on a fresh connection (nothing written) answers
+    # how many replicas are online.
     my $up = $t->wait_for(sub {
         ($rep->redis('INFO', 'replication') // '') =~ /master_link_status:up/
-            && ($t->redis('INFO', 'replication') // '') =~ /connected_slaves:1/;
+            && ($t->redis('INFO', 'replication') // '') =~ /connected_slaves:1/
+            && ($t->redis('WAIT', 1, 100) // '') eq '1';
     }, 20);
     die 'the replica did not sync' unless $up;
 }

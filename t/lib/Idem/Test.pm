@@ -135,13 +135,53 @@ sub _which {
     return undef;
 }
 
-sub free_port {
-    my $s = IO::Socket::INET->new(
-        LocalAddr => '127.0.0.1', LocalPort => 0, Proto => 'tcp', Listen => 1,
-    ) or die "free_port: $!";
-    my $p = $s->sockport;
+# Ports. Test files run in parallel (prove -j), and beside them the
+# machine's own connections: "bind port 0, close, hand the number on" is
+# racy twice over, since another test file's bind(0) or any connect()'s
+# ephemeral source port can take the number before our server binds it.
+# So ports come from below the kernel's ephemeral range (never handed out
+# implicitly), and each is reserved for the life of this test process by a
+# lock on a file named after it (flock: released by the kernel when the
+# process ends, however it ends); only a port that is also bindable right
+# now is taken.
+my %PORT_HELD;    # port => the locked file handle
+my $PORT_DIR = File::Spec->catdir(File::Spec->tmpdir, 'idem-test-ports');
+
+sub _port_range {
+    my ($lo, $hi) = (10000, 32767);
+    if (open my $fh, '<', '/proc/sys/net/ipv4/ip_local_port_range') {
+        my ($elo, $ehi) = split ' ', scalar <$fh>;
+        if ($elo && $elo - 1 - $lo >= 15000) { $hi = $elo - 1 }
+        elsif ($ehi && 65535 - $ehi >= 15000) { ($lo, $hi) = ($ehi + 1, 65535) }
+        else { die "free_port: no room outside the ephemeral range $elo-$ehi\n" }
+    }
+    return ($lo, $hi);
+}
+
+sub _claim_port {
+    my ($p) = @_;
+    return 0 if $PORT_HELD{$p};
+    unless (-d $PORT_DIR) { make_path($PORT_DIR); chmod 01777, $PORT_DIR }
+    open my $fh, '>>', "$PORT_DIR/$p" or return 0;
+    flock($fh, LOCK_EX | LOCK_NB) or return 0;
+    # the servers set SO_REUSEADDR too: a TIME_WAIT left on it is no obstacle
+    my $s = IO::Socket::INET->new(LocalAddr => '127.0.0.1', LocalPort => $p,
+                                  Proto => 'tcp', Listen => 1, ReuseAddr => 1)
+        or return 0;
     close $s;
-    return $p;
+    $PORT_HELD{$p} = $fh;
+    return 1;
+}
+
+# free_port(): a port nothing listens on, reserved for this test file (also
+# a "dead" address for a test that needs a refused connection).
+sub free_port {
+    my ($lo, $hi) = _port_range();
+    for (1 .. 2000) {
+        my $p = $lo + int(rand($hi - $lo + 1));
+        return $p if _claim_port($p);
+    }
+    die "free_port: no free port in $lo-$hi\n";
 }
 
 sub _port_open {
@@ -337,16 +377,14 @@ sub _start_instance {
 # prefix (masters first, as "redis-cli --cluster create" pairs them), slots
 # spread by redis-cli; waits until every node says cluster_state:ok.  The
 # nodes' ports, masters first; each is stopped by PID like any instance.
-# a free port P <= 55535 whose cluster bus port P + 10000 is free too
+# a free port P whose cluster bus port P + 10000 is free too, both reserved
 sub _cluster_port {
-    for (1 .. 200) {
-        my $p = 20000 + int(rand(35000));
-        my @s = map { IO::Socket::INET->new(LocalAddr => '127.0.0.1', LocalPort => $_,
-                                            Proto => 'tcp', Listen => 1, ReuseAddr => 1) }
-                ($p, $p + 10000);
-        my $ok = @s == 2 && $s[0] && $s[1];
-        $_ && close $_ for @s;
-        return $p if $ok;
+    my ($lo, $hi) = _port_range();
+    for (1 .. 2000) {
+        my $p = $lo + int(rand($hi - 10000 - $lo + 1));
+        next unless _claim_port($p);
+        return $p if _claim_port($p + 10000);
+        close delete $PORT_HELD{$p};
     }
     die "no free cluster port pair";
 }
