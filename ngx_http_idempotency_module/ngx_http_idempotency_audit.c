@@ -310,9 +310,12 @@ ngx_http_idem_audit_find(ngx_conf_t *cf, ngx_http_idem_loc_conf_t *conf)
         a = all[i];
 
         if (a->redis != conf->redis
-            || a->stream.len != conf->audit_stream.len
-            || ngx_strncmp(a->stream.data, conf->audit_stream.data,
-                           a->stream.len) != 0)
+            || a->on_stream != (conf->audit_on != 0)
+            || a->file != conf->audit_file
+            || (a->on_stream
+                && (a->stream.len != conf->audit_stream.len
+                    || ngx_strncmp(a->stream.data, conf->audit_stream.data,
+                                   a->stream.len) != 0)))
         {
             continue;
         }
@@ -342,6 +345,8 @@ ngx_http_idem_audit_find(ngx_conf_t *cf, ngx_http_idem_loc_conf_t *conf)
     a->stream = conf->audit_stream;
     a->anchor = conf->audit_anchor;
     a->key = conf->audit_key;
+    a->file = conf->audit_file;
+    a->on_stream = conf->audit_on != 0;
     *all = a;
     conf->audit = a;
 
@@ -356,7 +361,14 @@ ngx_http_idem_audit_merge(ngx_conf_t *cf, ngx_http_idem_loc_conf_t *prev,
     ngx_str_t                   name = ngx_string("request_id");
     ngx_http_idem_main_conf_t  *mcf;
 
+    /* the devices go together: "file=" alone turns the stream off */
+    if (conf->audit_on == NGX_CONF_UNSET) {
+        conf->audit_on = prev->audit_on;
+        conf->audit_file = prev->audit_file;
+    }
+
     ngx_conf_merge_value(conf->audit_on, prev->audit_on, 0);
+    ngx_conf_merge_ptr_value(conf->audit_file, prev->audit_file, NULL);
 
     if (conf->audit_stream.data == NULL) {
         conf->audit_stream = prev->audit_stream;
@@ -379,12 +391,13 @@ ngx_http_idem_audit_merge(ngx_conf_t *cf, ngx_http_idem_loc_conf_t *prev,
         return NGX_CONF_ERROR;
     }
 
-    if (!conf->audit_on || conf->redis == NULL) {
+    if ((!conf->audit_on && conf->audit_file == NULL) || conf->redis == NULL)
+    {
         return NGX_CONF_OK;
     }
 
     /* a script changes a record and appends to the stream in one step */
-    if (conf->redis->route && (conf->enable || conf->ops)) {
+    if (conf->audit_on && conf->redis->route && (conf->enable || conf->ops)) {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                            "\"idempotency_audit\" cannot be used with "
                            "\"idempotency_redis_cluster\": its stream is in "
@@ -401,6 +414,14 @@ ngx_http_idem_audit_merge(ngx_conf_t *cf, ngx_http_idem_loc_conf_t *prev,
         if (mcf->request_id == NGX_ERROR) {
             return NGX_CONF_ERROR;
         }
+    }
+
+    if (conf->audit_file
+        && ngx_http_idem_audit_file_merge(cf, conf->audit_file,
+                                          conf->audit_key, conf->audit_anchor)
+           != NGX_CONF_OK)
+    {
+        return NGX_CONF_ERROR;
     }
 
     return ngx_http_idem_audit_find(cf, conf);
@@ -716,7 +737,8 @@ ngx_http_idem_audit_cmd(ngx_http_idem_audit_t *audit,
     ngx_uint_t nentries, ngx_log_t *log)
 {
     u_char                      *start, *all[NGX_HTTP_IDEM_BUSINESS_KEYS + 1];
-    ngx_uint_t                   i;
+    u_char                       rkey[IDEM_RECORD_KEY_LEN + 1];
+    ngx_uint_t                   i, at;
     ngx_http_idem_cmd_t         *cmd;
     ngx_http_idem_audit_meta_t   meta;
 
@@ -733,7 +755,13 @@ ngx_http_idem_audit_cmd(ngx_http_idem_audit_t *audit,
         all[i] = keys[i];
     }
 
-    all[n] = audit->stream.data;
+    /*
+     * without the stream the scripts still decide as with it (audit.lua),
+     * so they get a key in the slot of the record, which they never touch
+     */
+    ngx_memcpy(rkey, key, IDEM_RECORD_KEY_LEN);
+    rkey[IDEM_RECORD_KEY_LEN] = '\0';
+    all[n] = audit->on_stream ? audit->stream.data : rkey;
     meta.room = ngx_http_idem_audit_room(expect, e, nentries);
 
     cmd = ngx_http_idem_cmd_create_more(audit->redis, script, key, all, n + 1,
@@ -753,6 +781,17 @@ ngx_http_idem_audit_cmd(ngx_http_idem_audit_t *audit,
     }
 
     cmd->pos = start + meta.room;
+
+    /*
+     * the file alone: seq "0" tells audit.lua to append nothing, and the
+     * entries stay here for the file, unsent
+     */
+    if (!audit->on_stream && nentries) {
+        at = cmd->arg0 + cmd->redis->scripts[script].nargs;
+        cmd->argv[at + NGX_HTTP_IDEM_AUDIT_SEQ] = "0";
+        cmd->argvlen[at + NGX_HTTP_IDEM_AUDIT_SEQ] = 1;
+        cmd->hidden = 2 * nentries;
+    }
 
     return cmd;
 }
@@ -1013,13 +1052,47 @@ ngx_http_idem_audit_ctx_reply(ngx_http_idem_cmd_t *cmd, redisReply **reply,
     }
 
     ctx->cmd = NULL;
-    *appended = (rc == NGX_DONE);
+    *appended = (rc == NGX_DONE || rc == NGX_ABORT);
 
     if (rc == NGX_ERROR) {
         *reply = NULL;
     }
 
     return NGX_OK;
+}
+
+
+/*
+ * The change is made: its entries go into the file too.  NGX_DONE, or
+ * NGX_ABORT when they cannot and the command claimed ("sent"): the
+ * request must not go to the upstream (the caller gives the claim back).
+ */
+static ngx_int_t
+ngx_http_idem_audit_to_file(ngx_http_idem_cmd_t *cmd,
+    ngx_http_idem_audit_t *audit)
+{
+    ngx_uint_t          i, n;
+    idem_audit_entry_t  e[NGX_HTTP_IDEM_AUDIT_MAX];
+
+    if (audit->file == NULL) {
+        return NGX_DONE;
+    }
+
+    n = ngx_http_idem_audit_entries(cmd, e, NGX_HTTP_IDEM_AUDIT_MAX);
+
+    if (ngx_http_idem_audit_file_append(audit->file, e, n, cmd->redis->log)
+        == NGX_OK)
+    {
+        return NGX_DONE;
+    }
+
+    for (i = 0; i < n; i++) {
+        if (e[i].event == IDEM_AUDIT_SENT) {
+            return NGX_ABORT;
+        }
+    }
+
+    return NGX_DONE;
 }
 
 
@@ -1041,6 +1114,8 @@ ngx_http_idem_audit_is(redisReply *reply, const char *what, size_t n)
  * What the handler of a command that may carry entries does first:
  *   NGX_OK        no entries, or none appended: *reply is the script's own
  *   NGX_DONE      the entries were appended; *reply is the script's own
+ *   NGX_ABORT     the same, but the file could not record a claim: the
+ *                 request must not execute
  *   NGX_AGAIN     a lost race: a copy hashed anew was sent (*next) with
  *                 the same handler and data; this reply is to be ignored
  *   NGX_DECLINED  a lost race of a command nobody waits for any more:
@@ -1063,9 +1138,13 @@ ngx_http_idem_audit_reply(ngx_http_idem_cmd_t *cmd, redisReply **reply,
     ngx_http_idem_audit_meta(cmd, at, &meta);
 
     if (ngx_http_idem_audit_is(*reply, "audited", 2)) {
-        ngx_http_idem_audit_appended(cmd, at, &meta);
+        if (meta.head->audit->on_stream) {
+            ngx_http_idem_audit_appended(cmd, at, &meta);
+        }
+
         *reply = (*reply)->element[1];
-        return NGX_DONE;
+
+        return ngx_http_idem_audit_to_file(cmd, meta.head->audit);
     }
 
     if (!ngx_http_idem_audit_is(*reply, "audit-head", 4)) {

@@ -1122,6 +1122,25 @@ ngx_http_idem_claim_unreplicated(ngx_http_request_t *r,
 }
 
 
+/*
+ * idempotency_audit file=: the audit file could not record the claim, so
+ * the upstream must not see the request (as Vault refuses a request no
+ * audit device records); given back, the key is free for the retry.
+ */
+static void
+ngx_http_idem_claim_unrecorded(ngx_http_request_t *r,
+    ngx_http_idem_ctx_t *ctx)
+{
+    ngx_log_error(NGX_LOG_ALERT, r->connection->log, 0,
+                  "idempotency: the audit file could not record the claim "
+                  "of key \"%V\"; it is released and answered 503",
+                  &ctx->key);
+
+    ctx->answer = NGX_HTTP_IDEM_ANS_AUDIT_DOWN;
+    (void) ngx_http_idem_finish(r, ctx, NGX_HTTP_IDEM_END_RELEASE);
+}
+
+
 static void
 ngx_http_idem_claim_replicated(ngx_http_idem_replicas_t *w, ngx_int_t acked)
 {
@@ -1193,6 +1212,13 @@ ngx_http_idem_claim_audited(ngx_http_idem_cmd_t *cmd, redisReply **reply)
 
         return NGX_DONE;
 
+    case NGX_ABORT:
+        if (ctx) {
+            ctx->audit_unrecorded = 1;
+        }
+
+        /* fall through */
+
     case NGX_DONE:
         if (ctx) {
             ctx->audit_attempted = 1;
@@ -1237,6 +1263,12 @@ ngx_http_idem_claim_done(ngx_http_idem_cmd_t *cmd, redisReply *reply)
     ngx_str_null(&ctx->state);
 
     ctx->answer = ngx_http_idem_claim_parse(r, ctx, cmd, reply);
+
+    if (ctx->answer == NGX_HTTP_IDEM_ANS_CLAIMED && ctx->audit_unrecorded) {
+        ngx_http_idem_claim_unrecorded(r, ctx);
+        ngx_http_idem_claim_answered(ctx);
+        return;
+    }
 
     if (ctx->answer == NGX_HTTP_IDEM_ANS_NONE) {
         if (ngx_http_idem_claim_go(r, ctx, 1) == NGX_OK) {

@@ -135,7 +135,13 @@ static ngx_http_idem_problem_t  ngx_http_idem_problems[] = {
       "this endpoint decides by members of the JSON body (its business "
       "identity, lock or confirmation), and the body could not be read as "
       "the upstream would read it (not canonical JSON, such as duplicate "
-      "member names, or larger than 1 MiB); nothing was executed" }
+      "member names, or larger than 1 MiB); nothing was executed" },
+
+    { "audit-unavailable", "Audit unavailable",
+      NGX_HTTP_SERVICE_UNAVAILABLE, 1, 0, 0,
+      "the audit device could not record this request (idempotency_audit "
+      "file=), so it was not executed; retry with the same key after "
+      "Retry-After" }
 };
 
 
@@ -619,6 +625,11 @@ ngx_http_idem_send_answer(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
         problem = NGX_HTTP_IDEM_P_NOT_REPLICATED;
         break;
 
+    case NGX_HTTP_IDEM_ANS_AUDIT_DOWN:
+        ctx->outcome = NGX_HTTP_IDEM_OUT_REJECTED;
+        problem = NGX_HTTP_IDEM_P_AUDIT_UNAVAILABLE;
+        break;
+
     default:
         ctx->outcome = NGX_HTTP_IDEM_OUT_REJECTED;
         problem = NGX_HTTP_IDEM_P_STORE_ERROR;
@@ -627,7 +638,8 @@ ngx_http_idem_send_answer(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
 
     if (ctx->answer == NGX_HTTP_IDEM_ANS_STORE_DOWN
         || ctx->answer == NGX_HTTP_IDEM_ANS_STORE_ERROR
-        || ctx->answer == NGX_HTTP_IDEM_ANS_NOT_REPLICATED)
+        || ctx->answer == NGX_HTTP_IDEM_ANS_NOT_REPLICATED
+        || ctx->answer == NGX_HTTP_IDEM_ANS_AUDIT_DOWN)
     {
         /* the operation id drawn for the claim never reached a record */
         ngx_str_null(&ctx->op_id);
