@@ -336,13 +336,12 @@ ngx_http_idem_audit_file_tail(ngx_http_idem_audit_file_t *f,
 
         } else if (buf && pread(fd, buf, n, off) == n) {
             rc = ngx_http_idem_audit_file_last(f, sh, buf, n, log);
-        }
-    }
 
-    if (rc == NGX_ERROR && buf) {
-        ngx_log_error(NGX_LOG_EMERG, log, ngx_errno,
-                      "idempotency: cannot read the head of audit file "
-                      "\"%V\"", &f->path);
+        } else {
+            ngx_log_error(NGX_LOG_EMERG, log, ngx_errno,
+                          "idempotency: cannot read the head of audit file "
+                          "\"%V\"", &f->path);
+        }
     }
 
     ngx_free(buf);

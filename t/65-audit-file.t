@@ -58,6 +58,14 @@ for my $c (
         ($rc, $out) = $t->nginx_test_conf("server { listen 127.0.0.1:1; location / { idempotency on; $R idempotency_audit $ok; } }");
         is($rc, 0, "nginx -t accepts idempotency_audit $ok") or diag($out);
     }
+    Idem::Test::_spew("$P/garbage.log", "not a line of the module\n");
+    ($rc, $out) = $t->nginx_test_conf("server { listen 127.0.0.1:1; location / { idempotency on; $R idempotency_audit file=$P/garbage.log; } }");
+    isnt($rc, 0, 'nginx -t refuses a file that ends with a line the module did not write');
+    like($out, qr/audit file "\Q$P\E\/garbage.log" ends with a line the module did not write \(not a JSON object\): its chain cannot go on/,
+         'and says why') or diag($out);
+    Idem::Test::_spew("$P/torn.log", "{\"v\":1,");
+    ($rc, $out) = $t->nginx_test_conf("server { listen 127.0.0.1:1; location / { idempotency on; $R idempotency_audit file=$P/torn.log; } }");
+    is($rc, 0, 'a file that ends inside a line (a cut write) is taken: its next line starts anew') or diag($out);
     my $C = "idempotency_redis_cluster 127.0.0.1:$dead;";
     ($rc, $out) = $t->nginx_test_conf("server { listen 127.0.0.1:1; location / { idempotency on; $C idempotency_audit file=$P/a.log; } }");
     is($rc, 0, 'nginx -t accepts the file device with idempotency_redis_cluster') or diag($out);
