@@ -43,17 +43,35 @@ idem_audit_file_line_max(const idem_audit_entry_t *e)
 
 /* s as a canonical JSON string; a byte that is not UTF-8 as U+00XX */
 static char *
-idem_audit_file_str(char *p, const char *name, const idem_str_t *s)
+idem_audit_file_str(char *p, const char *name, size_t name_len,
+    const idem_str_t *s)
 {
     char                  esc[6];
-    size_t                i, n, k;
+    size_t                i, n, k, run;
     uint32_t              cp;
     const unsigned char  *d;
 
-    p += sprintf(p, "\"%s\":\"", name);
+    *p++ = '"';
+    p = (char *) memcpy(p, name, name_len) + name_len;
+    *p++ = '"';
+    *p++ = ':';
+    *p++ = '"';
     d = (const unsigned char *) s->data;
 
     for (i = 0; i < s->len; i += n) {
+        /* most bytes are printable ASCII: copied in runs */
+        for (run = i; run < s->len && d[run] >= 0x20 && d[run] < 0x80
+                      && d[run] != '"' && d[run] != '\\'; run++)
+        {
+            /* void */
+        }
+
+        if (run > i) {
+            p = (char *) memcpy(p, d + i, run - i) + (run - i);
+            n = run - i;
+            continue;
+        }
+
         n = idem_utf8_decode(d + i, s->len - i, &cp);
 
         if (n == 0) {
@@ -76,6 +94,35 @@ idem_audit_file_str(char *p, const char *name, const idem_str_t *s)
 }
 
 
+/* the decimal digits of n at p */
+static char *
+idem_audit_file_num(char *p, uint64_t n)
+{
+    char    tmp[24];
+    size_t  len;
+
+    len = 0;
+
+    do {
+        tmp[len++] = (char) ('0' + n % 10);
+        n /= 10;
+    } while (n);
+
+    while (len) {
+        *p++ = tmp[--len];
+    }
+
+    return p;
+}
+
+
+#define idem_audit_file_put(p, lit)                                          \
+    ((char *) memcpy(p, lit, sizeof(lit) - 1) + sizeof(lit) - 1)
+
+#define idem_audit_file_field(p, name, s)                                    \
+    idem_audit_file_str(p, name, sizeof(name) - 1, s)
+
+
 char *
 idem_audit_file_line(char *p, const idem_audit_entry_t *e,
     const unsigned char *key, size_t key_len,
@@ -89,29 +136,39 @@ idem_audit_file_line(char *p, const idem_audit_entry_t *e,
     ev.len = strlen(ev.data);
 
     *p++ = '{';
-    p = idem_audit_file_str(p, "approver", &e->approver);
-    p = idem_audit_file_str(p, "event", &ev);
-    p = idem_audit_file_str(p, "fingerprint", &e->fp);
-    p = idem_audit_file_str(p, "identity", &e->identity);
-    p = idem_audit_file_str(p, "key", &e->key);
-    p = idem_audit_file_str(p, "operation_id", &e->op);
-    p = idem_audit_file_str(p, "prev", &e->prev);
-    p = idem_audit_file_str(p, "ref", &e->ref);
-    p = idem_audit_file_str(p, "request_id", &e->request);
-    p = idem_audit_file_str(p, "response_sha256", &e->response);
-    p = idem_audit_file_str(p, "route", &e->route);
-    p += sprintf(p, "\"seq\":%llu,", (unsigned long long) e->seq);
-    p += e->status ? sprintf(p, "\"status\":%d,", e->status)
-                   : sprintf(p, "\"status\":null,");
-    p += sprintf(p, "\"time\":%lld,\"v\":%d}", (long long) e->time,
-                 IDEM_AUDIT_FILE_VERSION);
+    p = idem_audit_file_field(p, "approver", &e->approver);
+    p = idem_audit_file_field(p, "event", &ev);
+    p = idem_audit_file_field(p, "fingerprint", &e->fp);
+    p = idem_audit_file_field(p, "identity", &e->identity);
+    p = idem_audit_file_field(p, "key", &e->key);
+    p = idem_audit_file_field(p, "operation_id", &e->op);
+    p = idem_audit_file_field(p, "prev", &e->prev);
+    p = idem_audit_file_field(p, "ref", &e->ref);
+    p = idem_audit_file_field(p, "request_id", &e->request);
+    p = idem_audit_file_field(p, "response_sha256", &e->response);
+    p = idem_audit_file_field(p, "route", &e->route);
+    p = idem_audit_file_put(p, "\"seq\":");
+    p = idem_audit_file_num(p, e->seq);
+    p = idem_audit_file_put(p, ",\"status\":");
+
+    if (e->status) {
+        p = idem_audit_file_num(p, (uint64_t) e->status);
+    } else {
+        p = idem_audit_file_put(p, "null");
+    }
+
+    p = idem_audit_file_put(p, ",\"time\":");
+    p = idem_audit_file_num(p, (uint64_t) e->time);
+    p = idem_audit_file_put(p, ",\"v\":1}");
 
     if (idem_audit_hash(start, p - start, key, key_len, hash) != 0) {
         return NULL;
     }
 
     p--;    /* the brace: "hash" goes last */
-    p += sprintf(p, ",\"hash\":\"%s\"}\n", hash);
+    p = idem_audit_file_put(p, ",\"hash\":\"");
+    p = (char *) memcpy(p, hash, IDEM_AUDIT_HASH_LEN) + IDEM_AUDIT_HASH_LEN;
+    p = idem_audit_file_put(p, "\"}\n");
 
     return p;
 }

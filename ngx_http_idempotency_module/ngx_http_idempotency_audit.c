@@ -715,8 +715,12 @@ ngx_http_idem_audit_write(ngx_http_idem_cmd_t *cmd,
         ngx_http_idem_cmd_end(cmd, at + NGX_HTTP_IDEM_AUDIT_ENTRIES
                                    + 2 * i + 1, end);
 
-        if (idem_audit_hash((char *) p, end - p, key, key_len,
-                            (char *) head->hash) != 0)
+        /* the file alone: the stream's hash is never sent nor checked */
+        if (!head->audit->on_stream) {
+            ngx_memzero(head->hash, IDEM_AUDIT_HASH_LEN);
+
+        } else if (idem_audit_hash((char *) p, end - p, key, key_len,
+                                   (char *) head->hash) != 0)
         {
             return NGX_ERROR;
         }
