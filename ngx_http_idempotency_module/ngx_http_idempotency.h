@@ -510,6 +510,8 @@ ngx_int_t ngx_http_idem_audit_ctx_reply(ngx_http_idem_cmd_t *cmd,
 ngx_uint_t ngx_http_idem_audit_entries(ngx_http_idem_cmd_t *cmd,
     idem_audit_entry_t *e, ngx_uint_t max);
 ngx_http_idem_audit_t *ngx_http_idem_audit_of(ngx_http_idem_cmd_t *cmd);
+ngx_int_t ngx_http_idem_audit_direct(ngx_http_idem_audit_t *audit,
+    idem_audit_entry_t *e, ngx_uint_t n, ngx_log_t *log);
 
 /* ngx_http_idempotency_audit_file.c: the file device */
 char *ngx_http_idem_audit_conf(ngx_conf_t *cf, ngx_command_t *cmd,

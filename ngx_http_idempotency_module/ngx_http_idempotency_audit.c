@@ -1067,6 +1067,35 @@ ngx_http_idem_audit_ctx_reply(ngx_http_idem_cmd_t *cmd, redisReply **reply,
 
 
 /*
+ * Entries of an answer that changes no record (a replay, a conflict...):
+ * with the file alone, Redis has nothing to do with them, and they go to
+ * the file now (NGX_OK: written or counted; the answer stands either
+ * way).  NGX_DECLINED when the stream must get them (append.lua).
+ */
+ngx_int_t
+ngx_http_idem_audit_direct(ngx_http_idem_audit_t *audit, idem_audit_entry_t *e,
+    ngx_uint_t n, ngx_log_t *log)
+{
+    ngx_uint_t  i;
+    int64_t     now;
+
+    if (audit->on_stream || audit->file == NULL) {
+        return NGX_DECLINED;
+    }
+
+    now = ngx_http_idem_now_ms();
+
+    for (i = 0; i < n; i++) {
+        e[i].time = now;
+    }
+
+    (void) ngx_http_idem_audit_file_append(audit->file, e, n, log);
+
+    return NGX_OK;
+}
+
+
+/*
  * The change is made: its entries go into the file too.  NGX_DONE, or
  * NGX_ABORT when they cannot and the command claimed ("sent"): the
  * request must not go to the upstream (the caller gives the claim back).

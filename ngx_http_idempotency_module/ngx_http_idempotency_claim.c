@@ -1344,6 +1344,16 @@ ngx_http_idem_claim_audit_answer(ngx_http_request_t *r,
     /* a request refused by a lock has no operation (the holder's is not it) */
     e[0].op.len = e[n].op.len;
 
+    /* the audit file alone: written here, no script to run */
+    if (ngx_http_idem_audit_direct(ctx->conf->audit, e, n + 1,
+                                   r->connection->log)
+        == NGX_OK)
+    {
+        ctx->audit_attempted = 1;
+        ctx->audit_answered = 1;
+        return NGX_DECLINED;
+    }
+
     cmd = ngx_http_idem_audit_cmd(ctx->conf->audit,
                                   NGX_HTTP_IDEM_SCRIPT_APPEND, ctx->rkey,
                                   NULL, 0, 0, &none, e, n + 1,
