@@ -12,9 +12,11 @@
 #     with Retry-After and never reach the upstream (effect 0); a replay of a
 #     recorded key still answers; the failures are counted in
 #     idempotency_audit_errors_total{device="file"} and logged at alert.
-#     Back on a disk (USR1 again), the same keys execute once, and
-#     `verify --file old new` passes across the two files: the lines that
-#     could not be written are not in the chain.
+#     A write whose completion comes after the disk failed still answers
+#     and completes (its retry replays), counted and logged at alert.
+#     Back on a disk (USR1 again), the refused keys execute once, and
+#     `verify --file` passes across the three files: the lines that could
+#     not be written are not in the chain.
 
 use strict;
 use warnings;
@@ -221,6 +223,27 @@ cmp_ok($errors, '>=', 5, "full: idempotency_audit_errors_total{device=\"file\"} 
 like($t->error_log, qr/\[alert\].*the audit file could not record the claim of key "\Q$refused[0]\E"; it is released and answered 503/,
      'full: each refusal logged at alert');
 
+# an entry after execution that cannot be written: the record completes anyway
+unlink $FULL;
+kill 'USR1', $t->nginx_pid;
+sleep 1;
+my $kslow = $t->key('full-slow');
+my $bg = $t->http_bg(POST => '/full/x', key => $kslow, json => { slow => 1 }, headers => [ 'X-Delay' => 2 ]);
+ok($t->wait_for(sub { $t->effects(key => $kslow) == 1 }, 5), 'full: a slow write claimed (recorded) and at the upstream');
+rename $FULL, "$FULL.2" or die;
+symlink '/dev/full', $FULL or die;
+kill 'USR1', $t->nginx_pid;
+is(($bg->result(15) // {})->{status}, 201, 'full: the disk failed meanwhile: the write still answers 201');
+ok($t->wait_state($kslow, '', 'completed'), 'full: and its record is completed');
+$r = $t->http(POST => '/full/x', key => $kslow, json => { slow => 1 });
+is("$r->{status} $r->{headers}{'idempotent-replayed'}", '201 true', 'full: its retry replays');
+$m = $t->http(GET => '/metrics');
+my ($errors2) = $m->{content} =~ /^idempotency_audit_errors_total\{device="file"\} (\d+)$/m;
+cmp_ok($errors2, '>=', $errors + 2, "full: the completion's and the replay's failures counted ($errors2)");
+like($t->error_log, qr/\[alert\].*write\(\) of 2 audit entries to "\Q$FULL\E" failed/, 'full: logged at alert');
+is(join(' ', map { decode_json($_)->{event} } @{ lines("$FULL.2") }), 'attempted sent',
+   'full: the file before the failure has the claim; its end is not in the chain');
+
 unlink $FULL;
 kill 'USR1', $t->nginx_pid;
 sleep 1;
@@ -230,9 +253,9 @@ for my $k (@refused) {
     $t->wait_state($k, '', 'completed');
     is($t->effects(key => $k), 1, "full: $k: once");
 }
-my ($rc, $out, $err) = $t->audit_tool('verify', "$FULL.1", $FULL);
+my ($rc, $out, $err) = $t->audit_tool('verify', "$FULL.1", "$FULL.2", $FULL);
 is($rc, 0, 'full: verify --file old new: intact across the failure') or diag("$out$err");
-like($out, qr/^20 /, 'full: 4 + 16 entries: none of the failed writes is in the chain');
+like($out, qr/^22 /, 'full: 4 + 2 + 16 entries: none of the failed writes is in the chain');
 is(scalar @{ lines("$FULL.1") }, 4, 'full: the old file has the 4 written before the failure');
 
 $t->check_logs(ignore => [ qr/audit file could not record|write\(\) of \d+ audit entries/ ]);
