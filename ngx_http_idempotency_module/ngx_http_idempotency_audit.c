@@ -1067,10 +1067,10 @@ ngx_http_idem_audit_ctx_reply(ngx_http_idem_cmd_t *cmd, redisReply **reply,
 
 
 /*
- * Entries of an answer that changes no record (a replay, a conflict...):
- * with the file alone, Redis has nothing to do with them, and they go to
- * the file now (NGX_OK: written or counted; the answer stands either
- * way).  NGX_DECLINED when the stream must get them (append.lua).
+ * Entries Redis has nothing to do with when the file is the only device
+ * (an answer that changes no record, a native claim made): they go to the
+ * file now.  NGX_OK written, NGX_ERROR not (counted and logged), or
+ * NGX_DECLINED when the stream must get them in a script.
  */
 ngx_int_t
 ngx_http_idem_audit_direct(ngx_http_idem_audit_t *audit, idem_audit_entry_t *e,
@@ -1089,9 +1089,7 @@ ngx_http_idem_audit_direct(ngx_http_idem_audit_t *audit, idem_audit_entry_t *e,
         e[i].time = now;
     }
 
-    (void) ngx_http_idem_audit_file_append(audit->file, e, n, log);
-
-    return NGX_OK;
+    return ngx_http_idem_audit_file_append(audit->file, e, n, log);
 }
 
 

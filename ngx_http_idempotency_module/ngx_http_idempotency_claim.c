@@ -385,6 +385,20 @@ ngx_http_idem_claim_script_cmd(ngx_http_request_t *r,
 }
 
 
+/*
+ * The audit file alone, on a location without a guard or a wait: the
+ * native claim, as without the audit; the claim's entries are written
+ * once it is made (a record it meets is read as the audit's GET reads it).
+ */
+static ngx_uint_t
+ngx_http_idem_claim_native_file(ngx_http_idem_ctx_t *ctx)
+{
+    return ctx->conf->audit && !ctx->conf->audit->on_stream
+           && ctx->confirm == NGX_HTTP_IDEM_CONFIRM_NONE && !ctx->waiting
+           && ctx->ukey[0] == '\0' && ctx->lkey[0] == '\0';
+}
+
+
 static ngx_int_t
 ngx_http_idem_claim_go(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
     ngx_uint_t script)
@@ -394,7 +408,7 @@ ngx_http_idem_claim_go(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
     if (script) {
         cmd = ngx_http_idem_claim_script_cmd(r, ctx);
 
-    } else if (ctx->conf->audit) {
+    } else if (ctx->conf->audit && !ngx_http_idem_claim_native_file(ctx)) {
         /* the first look changes nothing: claim.lua does, with entries */
         cmd = ngx_http_idem_cmd_native(ctx->conf->redis, &ngx_http_idem_get,
                                        0, ctx->rkey, 0, r->connection->log);
@@ -953,7 +967,11 @@ ngx_http_idem_claim_parse(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
         return NGX_HTTP_IDEM_ANS_STORE_DOWN;
     }
 
-    if (ctx->conf->audit && !script) {
+    /* a native claim made (the audit file alone) is decoded as without */
+    if (ctx->conf->audit && !script
+        && !(reply->type == REDIS_REPLY_NIL
+             && cmd->argc == cmd->arg0 + NGX_HTTP_IDEM_SET_NARGS))
+    {
         return ngx_http_idem_claim_looked(r, ctx, reply);
     }
 
@@ -1122,6 +1140,28 @@ ngx_http_idem_claim_unreplicated(ngx_http_request_t *r,
 }
 
 
+/* a native claim made with the audit file alone: its entries, now */
+static void
+ngx_http_idem_claim_native_entries(ngx_http_request_t *r,
+    ngx_http_idem_ctx_t *ctx)
+{
+    ngx_uint_t          n;
+    idem_audit_entry_t  e[4];
+
+    ctx->audit_kind = NGX_HTTP_IDEM_AUDIT_CLAIM;
+    n = ngx_http_idem_claim_entries(r, ctx, e);
+
+    if (ngx_http_idem_audit_direct(ctx->conf->audit, e, n,
+                                   r->connection->log)
+        == NGX_ERROR)
+    {
+        ctx->audit_unrecorded = 1;
+    }
+
+    ctx->audit_attempted = 1;
+}
+
+
 /*
  * idempotency_audit file=: the audit file could not record the claim, so
  * the upstream must not see the request (as Vault refuses a request no
@@ -1264,6 +1304,13 @@ ngx_http_idem_claim_done(ngx_http_idem_cmd_t *cmd, redisReply *reply)
 
     ctx->answer = ngx_http_idem_claim_parse(r, ctx, cmd, reply);
 
+    if (ctx->answer == NGX_HTTP_IDEM_ANS_CLAIMED && ctx->conf->audit
+        && !ctx->conf->audit->on_stream
+        && cmd->script != NGX_HTTP_IDEM_SCRIPT_CLAIM)
+    {
+        ngx_http_idem_claim_native_entries(r, ctx);
+    }
+
     if (ctx->answer == NGX_HTTP_IDEM_ANS_CLAIMED && ctx->audit_unrecorded) {
         ngx_http_idem_claim_unrecorded(r, ctx);
         ngx_http_idem_claim_answered(ctx);
@@ -1344,10 +1391,10 @@ ngx_http_idem_claim_audit_answer(ngx_http_request_t *r,
     /* a request refused by a lock has no operation (the holder's is not it) */
     e[0].op.len = e[n].op.len;
 
-    /* the audit file alone: written here, no script to run */
+    /* the audit file alone: written here (or counted), no script to run */
     if (ngx_http_idem_audit_direct(ctx->conf->audit, e, n + 1,
                                    r->connection->log)
-        == NGX_OK)
+        != NGX_DECLINED)
     {
         ctx->audit_attempted = 1;
         ctx->audit_answered = 1;

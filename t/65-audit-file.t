@@ -256,6 +256,25 @@ is($r->{status}, 409, 'solo: the key reused for another body: 409');
 my $kd2 = $t->key('solo503');
 $r = $t->http(POST => '/solo', key => $kd2, json => { pay => 1 }, headers => [ @who, 'X-Status' => 503 ]);
 is($r->{status}, 503, 'solo: an upstream 503');
+my $kc2 = $t->key('solodup');
+my $bg2 = $t->http_bg(POST => '/solo', key => $kc2, json => { c => 1 }, headers => [ @who, 'X-Delay' => 1.5 ]);
+ok($t->wait_for(sub { $t->effects(key => $kc2) == 1 }, 5), 'solo: a first attempt in flight');
+$r = $t->http(POST => '/solo', key => $kc2, json => { c => 1 }, headers => [ @who ]);
+is("$r->{status} " . $t->ptype($r), '409 in-progress', 'solo: its duplicate: in-progress');
+is(($bg2->result(15) // {})->{status}, 201, 'solo: the first completes');
+ok($t->wait_state($kc2, $SCOPE, 'completed'), 'solo: recorded');
+my $ke2 = $t->key('solokill');
+$bg2 = $t->http_bg(POST => '/solo', key => $ke2, json => { e => 1 }, headers => [ @who, 'X-Delay' => 3 ], timeout => 15);
+ok($t->wait_for(sub { $t->effects(key => $ke2) == 1 }, 5), 'solo: another at the upstream');
+ok($t->kill_worker, 'solo: its worker killed (-9)');
+$bg2->result(15);
+ok($t->wait_for(sub { my $l = $t->lease_left($t->record($ke2, $SCOPE)); defined $l && $l <= 0 }, 10), 'solo: its lease lapses');
+$r = $t->http(POST => '/solo', key => $ke2, json => { e => 1 }, headers => [ @who ]);
+is("$r->{status} " . $t->ptype($r), '409 outcome-unknown', 'solo: the retry: outcome-unknown');
+($rc, $out) = $t->audit_tool('show', $kc2, '--file', $SOLO);
+is_deeply(events($out), [qw(attempted sent attempted in_progress accepted completed)], 'solo: the duplicate\'s story');
+($rc, $out) = $t->audit_tool('show', $ke2, '--file', $SOLO);
+is_deeply(events($out), [qw(attempted sent attempted unknown)], 'solo: the lapsed lease\'s story');
 ($rc, $out) = $t->audit_tool('show', $ks, '--file', $SOLO);
 is_deeply(events($out), [qw(attempted sent accepted completed attempted replayed attempted conflict)],
           'solo: the file holds the story');
@@ -266,10 +285,10 @@ is($t->effects(key => $ks), 1, 'solo: one effect');
 ($rc, $out, $err) = $t->audit_tool('verify', $SOLO);
 is($rc, 0, 'solo: verify FILE (a file after the command)') or diag("$out$err");
 @anchors = $t->error_log =~ /audit file "\Q$SOLO\E" head (\d+) /g;
-is("@anchors", '4 8 12', 'solo: the head anchored at 4, 8 and 12 (anchor=4)');
-($rc, $out) = $t->audit_tool('export', '--file', $SOLO, '--from', 11);
-is(scalar(() = $out =~ /\n/g), 2, 'export --file --from 11: the last two lines');
-like($out, qr/^\{"approver":"","event":"accepted".*"seq":11,/, 'export --file prints the lines as they are');
+is("@anchors", '4 8 12 16 20', 'solo: the head anchored every 4 entries (anchor=4)');
+($rc, $out) = $t->audit_tool('export', '--file', $SOLO, '--from', 21);
+is(scalar(() = $out =~ /\n/g), 2, 'export --file --from 21: the last two lines');
+like($out, qr/^\{"approver":"","event":"attempted".*"seq":21,/, 'export --file prints the lines as they are');
 
 # ---- a restart: the chain goes on from the file's last line
 my $m = $t->http(GET => '/metrics');
@@ -281,7 +300,7 @@ is($r->{status}, 201, 'after a restart: a first write');
 ok($t->wait_state($k2, $SCOPE, 'completed'), 'after a restart: recorded');
 ($rc, $out, $err) = $t->audit_tool('verify', '--file', $SOLO);
 is($rc, 0, 'after a restart: verify --file still intact (the chain went on)') or diag("$out$err");
-like($out, qr/^16 [0-9a-f]{64}$/, 'after a restart: entries 13..16 follow 12');
+like($out, qr/^26 [0-9a-f]{64}$/, 'after a restart: entries 23..26 follow 22');
 
 # ---- issue 35 row 16: nothing to verify is no proof
 ($rc, $out) = $t->audit_tool('--stream', 'idem:typo', 'verify');
