@@ -734,6 +734,24 @@ ngx_http_idem_audit_write(ngx_http_idem_cmd_t *cmd,
 }
 
 
+/*
+ * The audit file alone and a fenced script (complete, release, fail): the
+ * script has nothing to decide for the audit (its owner token is its
+ * condition) and its own reply says whether it made the change (1), so
+ * Redis gets the command as without the audit; the entries and the audit
+ * arguments ride along unsent.
+ */
+static ngx_uint_t
+ngx_http_idem_audit_lean(ngx_http_idem_audit_t *audit,
+    ngx_http_idem_script_e script)
+{
+    return !audit->on_stream
+           && (script == NGX_HTTP_IDEM_SCRIPT_COMPLETE
+               || script == NGX_HTTP_IDEM_SCRIPT_RELEASE
+               || script == NGX_HTTP_IDEM_SCRIPT_FAIL);
+}
+
+
 ngx_http_idem_cmd_t *
 ngx_http_idem_audit_cmd(ngx_http_idem_audit_t *audit,
     ngx_http_idem_script_e script, const u_char *key, u_char **keys,
@@ -742,7 +760,7 @@ ngx_http_idem_audit_cmd(ngx_http_idem_audit_t *audit,
 {
     u_char                      *start, *all[NGX_HTTP_IDEM_BUSINESS_KEYS + 1];
     u_char                       rkey[IDEM_RECORD_KEY_LEN + 1];
-    ngx_uint_t                   i, at;
+    ngx_uint_t                   i, at, lean;
     ngx_http_idem_cmd_t         *cmd;
     ngx_http_idem_audit_meta_t   meta;
 
@@ -767,8 +785,10 @@ ngx_http_idem_audit_cmd(ngx_http_idem_audit_t *audit,
     rkey[IDEM_RECORD_KEY_LEN] = '\0';
     all[n] = audit->on_stream ? audit->stream.data : rkey;
     meta.room = ngx_http_idem_audit_room(expect, e, nentries);
+    lean = ngx_http_idem_audit_lean(audit, script);
 
-    cmd = ngx_http_idem_cmd_create_more(audit->redis, script, key, all, n + 1,
+    cmd = ngx_http_idem_cmd_create_more(audit->redis, script, key, all,
+                                        lean ? n : n + 1,
                                         NGX_HTTP_IDEM_AUDIT_ENTRIES
                                         + 2 * nentries,
                                         size + meta.room, log);
@@ -795,6 +815,10 @@ ngx_http_idem_audit_cmd(ngx_http_idem_audit_t *audit,
         cmd->argv[at + NGX_HTTP_IDEM_AUDIT_SEQ] = "0";
         cmd->argvlen[at + NGX_HTTP_IDEM_AUDIT_SEQ] = 1;
         cmd->hidden = 2 * nentries;
+    }
+
+    if (lean) {
+        cmd->hidden = NGX_HTTP_IDEM_AUDIT_ENTRIES + 2 * nentries;
     }
 
     return cmd;
@@ -1167,6 +1191,14 @@ ngx_http_idem_audit_reply(ngx_http_idem_cmd_t *cmd, redisReply **reply,
     }
 
     ngx_http_idem_audit_meta(cmd, at, &meta);
+
+    /* a lean command (the file alone): its own reply 1 says it was made */
+    if (ngx_http_idem_audit_lean(meta.head->audit, cmd->script)) {
+        return (*reply)->type == REDIS_REPLY_INTEGER
+               && (*reply)->integer == 1
+               ? ngx_http_idem_audit_to_file(cmd, meta.head->audit)
+               : NGX_OK;
+    }
 
     if (ngx_http_idem_audit_is(*reply, "audited", 2)) {
         if (meta.head->audit->on_stream) {
