@@ -100,6 +100,16 @@ server {
         idempotency_audit_stream idem:solo anchor=4;
         proxy_pass http://%%UPSTREAM%%;
     }
+    location /solowait {
+        idempotency on;
+        idempotency_redis %%REDIS%%;
+        idempotency_scope \$http_authorization;
+        idempotency_wait 5s;
+        idempotency_audit file=$SOLO fsync=every;
+        idempotency_audit_identity \$http_x_user;
+        idempotency_audit_stream idem:solo anchor=4;
+        proxy_pass http://%%UPSTREAM%%;
+    }
     location = /admin {
         idempotency_redis %%REDIS%%;
         idempotency_scope \$http_x_client_authorization;
@@ -271,6 +281,16 @@ $bg2->result(15);
 ok($t->wait_for(sub { my $l = $t->lease_left($t->record($ke2, $SCOPE)); defined $l && $l <= 0 }, 10), 'solo: its lease lapses');
 $r = $t->http(POST => '/solo', key => $ke2, json => { e => 1 }, headers => [ @who ]);
 is("$r->{status} " . $t->ptype($r), '409 outcome-unknown', 'solo: the retry: outcome-unknown');
+my $kw = $t->key('solowait');
+$bg2 = $t->http_bg(POST => '/solowait', key => $kw, json => { w => 1 }, headers => [ @who, 'X-Delay' => 1.5 ]);
+ok($t->wait_for(sub { $t->effects(key => $kw) == 1 }, 5), 'solo wait: a first attempt in flight');
+$r = $t->http(POST => '/solowait', key => $kw, json => { w => 1 }, headers => [ @who ]);
+is("$r->{status} $r->{headers}{'idempotent-replayed'}", '201 true', 'solo wait: the duplicate waited and replays');
+is(($bg2->result(15) // {})->{status}, 201, 'solo wait: the first completed');
+is($t->effects(key => $kw), 1, 'solo wait: one effect');
+($rc, $out) = $t->audit_tool('show', $kw, '--file', $SOLO);
+is_deeply(events($out), [qw(attempted sent accepted completed attempted replayed)],
+          'solo wait: the waiting duplicate is "attempted replayed", after the completion');
 ($rc, $out) = $t->audit_tool('show', $kc2, '--file', $SOLO);
 is_deeply(events($out), [qw(attempted sent attempted in_progress accepted completed)], 'solo: the duplicate\'s story');
 ($rc, $out) = $t->audit_tool('show', $ke2, '--file', $SOLO);
@@ -285,10 +305,10 @@ is($t->effects(key => $ks), 1, 'solo: one effect');
 ($rc, $out, $err) = $t->audit_tool('verify', $SOLO);
 is($rc, 0, 'solo: verify FILE (a file after the command)') or diag("$out$err");
 @anchors = $t->error_log =~ /audit file "\Q$SOLO\E" head (\d+) /g;
-is("@anchors", '4 8 12 16 20', 'solo: the head anchored every 4 entries (anchor=4)');
-($rc, $out) = $t->audit_tool('export', '--file', $SOLO, '--from', 21);
-is(scalar(() = $out =~ /\n/g), 2, 'export --file --from 21: the last two lines');
-like($out, qr/^\{"approver":"","event":"attempted".*"seq":21,/, 'export --file prints the lines as they are');
+is("@anchors", '4 8 12 16 20 24 28', 'solo: the head anchored every 4 entries (anchor=4)');
+($rc, $out) = $t->audit_tool('export', '--file', $SOLO, '--from', 27);
+is(scalar(() = $out =~ /\n/g), 2, 'export --file --from 27: the last two lines');
+like($out, qr/^\{"approver":"","event":"attempted".*"seq":27,/, 'export --file prints the lines as they are');
 
 # ---- a restart: the chain goes on from the file's last line
 my $m = $t->http(GET => '/metrics');
@@ -300,7 +320,7 @@ is($r->{status}, 201, 'after a restart: a first write');
 ok($t->wait_state($k2, $SCOPE, 'completed'), 'after a restart: recorded');
 ($rc, $out, $err) = $t->audit_tool('verify', '--file', $SOLO);
 is($rc, 0, 'after a restart: verify --file still intact (the chain went on)') or diag("$out$err");
-like($out, qr/^26 [0-9a-f]{64}$/, 'after a restart: entries 23..26 follow 22');
+like($out, qr/^32 [0-9a-f]{64}$/, 'after a restart: entries 29..32 follow 28');
 
 # ---- issue 35 row 16: nothing to verify is no proof
 ($rc, $out) = $t->audit_tool('--stream', 'idem:typo', 'verify');
