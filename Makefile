@@ -21,7 +21,8 @@ CORE_SRCS := $(MODDIR)/idem_text.c $(MODDIR)/idem_number.c \
              $(MODDIR)/idem_record.c $(MODDIR)/idem_reply.c \
              $(MODDIR)/idem_pointer.c $(MODDIR)/idem_jws.c \
              $(MODDIR)/idem_json.c $(MODDIR)/idem_slot.c \
-             $(MODDIR)/idem_audit.c $(MODDIR)/idem_answer.c
+             $(MODDIR)/idem_audit.c $(MODDIR)/idem_answer.c \
+             $(MODDIR)/idem_audit_file.c
 CORE_HDRS := $(wildcard $(MODDIR)/idem_*.h)
 NGX_SRCS  := $(wildcard $(MODDIR)/ngx_http_idempotency*.c) \
              $(wildcard $(MODDIR)/ngx_http_idempotency*.h)
@@ -96,7 +97,8 @@ $(BUILD)/idempotency-approve: tools/idempotency-approve.c $(APPROVE_CORE) $(CORE
 
 # hiredis' blocking API reads the stream; of the core the audit entries,
 # the record's netstrings, the text layer and the key files of idem_jws.c
-AUDIT_CORE := $(MODDIR)/idem_audit.c $(MODDIR)/idem_record.c \
+AUDIT_CORE := $(MODDIR)/idem_audit.c $(MODDIR)/idem_audit_file.c \
+              $(MODDIR)/idem_record.c \
               $(MODDIR)/idem_fingerprint.c $(MODDIR)/idem_jcs.c \
               $(MODDIR)/idem_jcs_parse.c $(MODDIR)/idem_number.c \
               $(MODDIR)/idem_pointer.c $(MODDIR)/idem_jws.c \

@@ -36,14 +36,35 @@
 
 
 /*
- * One audit stream of one Redis server (idempotency_audit): every
- * location that writes it shares this, so the stream has one key.
+ * The audit file device (idempotency_audit file=PATH): one per path in
+ * the configuration, one chain whose head is in its shared memory zone
+ * (ngx_http_idempotency_audit_file.c).
+ */
+typedef struct {
+    ngx_str_t                    path;      /* full, NUL-terminated */
+    ngx_int_t                    fsync;     /* 0 off, -1 every, N */
+    ngx_open_file_t             *file;      /* reopened by nginx (USR1) */
+    ngx_shm_zone_t              *zone;
+    void                        *sh;        /* the head, in the zone */
+    ngx_slab_pool_t             *shpool;    /* its mutex guards the head */
+    idem_jws_key_t              *key;
+    ngx_uint_t                   anchor;
+    unsigned                     used:1;    /* key and anchor are set */
+} ngx_http_idem_audit_file_t;
+
+
+/*
+ * The audit devices of one Redis server (idempotency_audit): the stream
+ * when "stream" is set, the file when "file" is; every location that
+ * writes them shares this, so a chain has one key.
  */
 typedef struct {
     ngx_http_idem_redis_t       *redis;
     ngx_str_t                    stream;    /* NUL-terminated */
     ngx_uint_t                   anchor;    /* the head is logged each N */
     idem_jws_key_t              *key;       /* NULL: a plain SHA-256 chain */
+    ngx_http_idem_audit_file_t  *file;      /* NULL: no file device */
+    unsigned                     on_stream:1;
 } ngx_http_idem_audit_t;
 
 
@@ -55,6 +76,8 @@ typedef struct {
     ngx_array_t                  metrics_labels;   /* ngx_str_t; [0] "" */
     ngx_array_t                  json_vars;  /* idempotency_json_var */
     ngx_array_t                  audits;    /* ngx_http_idem_audit_t * */
+    ngx_array_t                  audit_files;
+                                 /* ngx_http_idem_audit_file_t * */
     ngx_int_t                    request_id;   /* $request_id's index */
 } ngx_http_idem_main_conf_t;
 
@@ -125,8 +148,9 @@ typedef struct {
     ngx_http_idem_business_t    *unique;
     ngx_http_idem_business_t    *lock;
 
-    /* idempotency_audit: the stream, NULL when off */
-    ngx_flag_t                   audit_on;
+    /* idempotency_audit: the devices, NULL when off */
+    ngx_flag_t                   audit_on;         /* the stream */
+    ngx_http_idem_audit_file_t  *audit_file;       /* file=, NULL: none */
     ngx_http_idem_audit_t       *audit;
     ngx_str_t                    audit_stream;
     ngx_uint_t                   audit_anchor;
@@ -181,7 +205,9 @@ typedef enum {
     NGX_HTTP_IDEM_ANS_LOCKED,        /* idempotency_lock held: 409 */
     NGX_HTTP_IDEM_ANS_STORE_DOWN,    /* no reply: connection, timeout */
     NGX_HTTP_IDEM_ANS_NOT_REPLICATED,   /* claimed, then released: WAIT */
-    NGX_HTTP_IDEM_ANS_STORE_ERROR    /* a reply we do not understand */
+    NGX_HTTP_IDEM_ANS_STORE_ERROR,   /* a reply we do not understand */
+    NGX_HTTP_IDEM_ANS_AUDIT_DOWN     /* claimed, then released: the audit
+                                        file could not record it */
 } ngx_http_idem_answer_e;
 
 
@@ -388,6 +414,8 @@ struct ngx_http_idem_ctx_s {
     unsigned                     audit_prepared:1;
     unsigned                     audit_attempted:1;  /* in the stream */
     unsigned                     audit_answered:1;   /* the answer's too */
+    unsigned                     audit_unrecorded:1; /* file: the claim
+                                                        is not in it */
 };
 
 
@@ -493,6 +521,16 @@ ngx_int_t ngx_http_idem_audit_ctx_reply(ngx_http_idem_cmd_t *cmd,
 ngx_uint_t ngx_http_idem_audit_entries(ngx_http_idem_cmd_t *cmd,
     idem_audit_entry_t *e, ngx_uint_t max);
 ngx_http_idem_audit_t *ngx_http_idem_audit_of(ngx_http_idem_cmd_t *cmd);
+ngx_int_t ngx_http_idem_audit_direct(ngx_http_idem_audit_t *audit,
+    idem_audit_entry_t *e, ngx_uint_t n, ngx_log_t *log);
+
+/* ngx_http_idempotency_audit_file.c: the file device */
+char *ngx_http_idem_audit_conf(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+char *ngx_http_idem_audit_file_merge(ngx_conf_t *cf,
+    ngx_http_idem_audit_file_t *file, idem_jws_key_t *key, ngx_uint_t anchor);
+ngx_int_t ngx_http_idem_audit_file_append(ngx_http_idem_audit_file_t *file,
+    idem_audit_entry_t *e, ngx_uint_t n, ngx_log_t *log);
 
 /* ngx_http_idempotency_claim.c: the claim and its answer */
 ngx_int_t ngx_http_idem_tokens(ngx_http_request_t *r,

@@ -310,9 +310,12 @@ ngx_http_idem_audit_find(ngx_conf_t *cf, ngx_http_idem_loc_conf_t *conf)
         a = all[i];
 
         if (a->redis != conf->redis
-            || a->stream.len != conf->audit_stream.len
-            || ngx_strncmp(a->stream.data, conf->audit_stream.data,
-                           a->stream.len) != 0)
+            || a->on_stream != (conf->audit_on != 0)
+            || a->file != conf->audit_file
+            || (a->on_stream
+                && (a->stream.len != conf->audit_stream.len
+                    || ngx_strncmp(a->stream.data, conf->audit_stream.data,
+                                   a->stream.len) != 0)))
         {
             continue;
         }
@@ -342,6 +345,8 @@ ngx_http_idem_audit_find(ngx_conf_t *cf, ngx_http_idem_loc_conf_t *conf)
     a->stream = conf->audit_stream;
     a->anchor = conf->audit_anchor;
     a->key = conf->audit_key;
+    a->file = conf->audit_file;
+    a->on_stream = conf->audit_on != 0;
     *all = a;
     conf->audit = a;
 
@@ -356,7 +361,14 @@ ngx_http_idem_audit_merge(ngx_conf_t *cf, ngx_http_idem_loc_conf_t *prev,
     ngx_str_t                   name = ngx_string("request_id");
     ngx_http_idem_main_conf_t  *mcf;
 
+    /* the devices go together: "file=" alone turns the stream off */
+    if (conf->audit_on == NGX_CONF_UNSET) {
+        conf->audit_on = prev->audit_on;
+        conf->audit_file = prev->audit_file;
+    }
+
     ngx_conf_merge_value(conf->audit_on, prev->audit_on, 0);
+    ngx_conf_merge_ptr_value(conf->audit_file, prev->audit_file, NULL);
 
     if (conf->audit_stream.data == NULL) {
         conf->audit_stream = prev->audit_stream;
@@ -379,12 +391,13 @@ ngx_http_idem_audit_merge(ngx_conf_t *cf, ngx_http_idem_loc_conf_t *prev,
         return NGX_CONF_ERROR;
     }
 
-    if (!conf->audit_on || conf->redis == NULL) {
+    if ((!conf->audit_on && conf->audit_file == NULL) || conf->redis == NULL)
+    {
         return NGX_CONF_OK;
     }
 
     /* a script changes a record and appends to the stream in one step */
-    if (conf->redis->topology == NGX_HTTP_IDEM_TOPO_CLUSTER
+    if (conf->audit_on && conf->redis->topology == NGX_HTTP_IDEM_TOPO_CLUSTER
         && (conf->enable || conf->ops))
     {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
@@ -403,6 +416,14 @@ ngx_http_idem_audit_merge(ngx_conf_t *cf, ngx_http_idem_loc_conf_t *prev,
         if (mcf->request_id == NGX_ERROR) {
             return NGX_CONF_ERROR;
         }
+    }
+
+    if (conf->audit_file
+        && ngx_http_idem_audit_file_merge(cf, conf->audit_file,
+                                          conf->audit_key, conf->audit_anchor)
+           != NGX_CONF_OK)
+    {
+        return NGX_CONF_ERROR;
     }
 
     return ngx_http_idem_audit_find(cf, conf);
@@ -696,8 +717,12 @@ ngx_http_idem_audit_write(ngx_http_idem_cmd_t *cmd,
         ngx_http_idem_cmd_end(cmd, at + NGX_HTTP_IDEM_AUDIT_ENTRIES
                                    + 2 * i + 1, end);
 
-        if (idem_audit_hash((char *) p, end - p, key, key_len,
-                            (char *) head->hash) != 0)
+        /* the file alone: the stream's hash is never sent nor checked */
+        if (!head->audit->on_stream) {
+            ngx_memzero(head->hash, IDEM_AUDIT_HASH_LEN);
+
+        } else if (idem_audit_hash((char *) p, end - p, key, key_len,
+                                   (char *) head->hash) != 0)
         {
             return NGX_ERROR;
         }
@@ -711,6 +736,24 @@ ngx_http_idem_audit_write(ngx_http_idem_cmd_t *cmd,
 }
 
 
+/*
+ * The audit file alone and a fenced script (complete, release, fail): the
+ * script has nothing to decide for the audit (its owner token is its
+ * condition) and its own reply says whether it made the change (1), so
+ * Redis gets the command as without the audit; the entries and the audit
+ * arguments ride along unsent.
+ */
+static ngx_uint_t
+ngx_http_idem_audit_lean(ngx_http_idem_audit_t *audit,
+    ngx_http_idem_script_e script)
+{
+    return !audit->on_stream
+           && (script == NGX_HTTP_IDEM_SCRIPT_COMPLETE
+               || script == NGX_HTTP_IDEM_SCRIPT_RELEASE
+               || script == NGX_HTTP_IDEM_SCRIPT_FAIL);
+}
+
+
 ngx_http_idem_cmd_t *
 ngx_http_idem_audit_cmd(ngx_http_idem_audit_t *audit,
     ngx_http_idem_script_e script, const u_char *key, u_char **keys,
@@ -718,7 +761,8 @@ ngx_http_idem_audit_cmd(ngx_http_idem_audit_t *audit,
     ngx_uint_t nentries, ngx_log_t *log)
 {
     u_char                      *start, *all[NGX_HTTP_IDEM_BUSINESS_KEYS + 1];
-    ngx_uint_t                   i;
+    u_char                       rkey[IDEM_RECORD_KEY_LEN + 1];
+    ngx_uint_t                   i, at, lean;
     ngx_http_idem_cmd_t         *cmd;
     ngx_http_idem_audit_meta_t   meta;
 
@@ -735,10 +779,18 @@ ngx_http_idem_audit_cmd(ngx_http_idem_audit_t *audit,
         all[i] = keys[i];
     }
 
-    all[n] = audit->stream.data;
+    /*
+     * without the stream the scripts still decide as with it (audit.lua),
+     * so they get a key in the slot of the record, which they never touch
+     */
+    ngx_memcpy(rkey, key, IDEM_RECORD_KEY_LEN);
+    rkey[IDEM_RECORD_KEY_LEN] = '\0';
+    all[n] = audit->on_stream ? audit->stream.data : rkey;
     meta.room = ngx_http_idem_audit_room(expect, e, nentries);
+    lean = ngx_http_idem_audit_lean(audit, script);
 
-    cmd = ngx_http_idem_cmd_create_more(audit->redis, script, key, all, n + 1,
+    cmd = ngx_http_idem_cmd_create_more(audit->redis, script, key, all,
+                                        lean ? n : n + 1,
                                         NGX_HTTP_IDEM_AUDIT_ENTRIES
                                         + 2 * nentries,
                                         size + meta.room, log);
@@ -755,6 +807,21 @@ ngx_http_idem_audit_cmd(ngx_http_idem_audit_t *audit,
     }
 
     cmd->pos = start + meta.room;
+
+    /*
+     * the file alone: seq "0" tells audit.lua to append nothing, and the
+     * entries stay here for the file, unsent
+     */
+    if (!audit->on_stream && nentries) {
+        at = cmd->arg0 + cmd->redis->scripts[script].nargs;
+        cmd->argv[at + NGX_HTTP_IDEM_AUDIT_SEQ] = "0";
+        cmd->argvlen[at + NGX_HTTP_IDEM_AUDIT_SEQ] = 1;
+        cmd->hidden = 2 * nentries;
+    }
+
+    if (lean) {
+        cmd->hidden = NGX_HTTP_IDEM_AUDIT_ENTRIES + 2 * nentries;
+    }
 
     return cmd;
 }
@@ -1015,13 +1082,74 @@ ngx_http_idem_audit_ctx_reply(ngx_http_idem_cmd_t *cmd, redisReply **reply,
     }
 
     ctx->cmd = NULL;
-    *appended = (rc == NGX_DONE);
+    *appended = (rc == NGX_DONE || rc == NGX_ABORT);
 
     if (rc == NGX_ERROR) {
         *reply = NULL;
     }
 
     return NGX_OK;
+}
+
+
+/*
+ * Entries Redis has nothing to do with when the file is the only device
+ * (an answer that changes no record, a native claim made): they go to the
+ * file now.  NGX_OK written, NGX_ERROR not (counted and logged), or
+ * NGX_DECLINED when the stream must get them in a script.
+ */
+ngx_int_t
+ngx_http_idem_audit_direct(ngx_http_idem_audit_t *audit, idem_audit_entry_t *e,
+    ngx_uint_t n, ngx_log_t *log)
+{
+    ngx_uint_t  i;
+    int64_t     now;
+
+    if (audit->on_stream || audit->file == NULL) {
+        return NGX_DECLINED;
+    }
+
+    now = ngx_http_idem_now_ms();
+
+    for (i = 0; i < n; i++) {
+        e[i].time = now;
+    }
+
+    return ngx_http_idem_audit_file_append(audit->file, e, n, log);
+}
+
+
+/*
+ * The change is made: its entries go into the file too.  NGX_DONE, or
+ * NGX_ABORT when they cannot and the command claimed ("sent"): the
+ * request must not go to the upstream (the caller gives the claim back).
+ */
+static ngx_int_t
+ngx_http_idem_audit_to_file(ngx_http_idem_cmd_t *cmd,
+    ngx_http_idem_audit_t *audit)
+{
+    ngx_uint_t          i, n;
+    idem_audit_entry_t  e[NGX_HTTP_IDEM_AUDIT_MAX];
+
+    if (audit->file == NULL) {
+        return NGX_DONE;
+    }
+
+    n = ngx_http_idem_audit_entries(cmd, e, NGX_HTTP_IDEM_AUDIT_MAX);
+
+    if (ngx_http_idem_audit_file_append(audit->file, e, n, cmd->redis->log)
+        == NGX_OK)
+    {
+        return NGX_DONE;
+    }
+
+    for (i = 0; i < n; i++) {
+        if (e[i].event == IDEM_AUDIT_SENT) {
+            return NGX_ABORT;
+        }
+    }
+
+    return NGX_DONE;
 }
 
 
@@ -1043,6 +1171,8 @@ ngx_http_idem_audit_is(redisReply *reply, const char *what, size_t n)
  * What the handler of a command that may carry entries does first:
  *   NGX_OK        no entries, or none appended: *reply is the script's own
  *   NGX_DONE      the entries were appended; *reply is the script's own
+ *   NGX_ABORT     the same, but the file could not record a claim: the
+ *                 request must not execute
  *   NGX_AGAIN     a lost race: a copy hashed anew was sent (*next) with
  *                 the same handler and data; this reply is to be ignored
  *   NGX_DECLINED  a lost race of a command nobody waits for any more:
@@ -1064,10 +1194,22 @@ ngx_http_idem_audit_reply(ngx_http_idem_cmd_t *cmd, redisReply **reply,
 
     ngx_http_idem_audit_meta(cmd, at, &meta);
 
+    /* a lean command (the file alone): its own reply 1 says it was made */
+    if (ngx_http_idem_audit_lean(meta.head->audit, cmd->script)) {
+        return (*reply)->type == REDIS_REPLY_INTEGER
+               && (*reply)->integer == 1
+               ? ngx_http_idem_audit_to_file(cmd, meta.head->audit)
+               : NGX_OK;
+    }
+
     if (ngx_http_idem_audit_is(*reply, "audited", 2)) {
-        ngx_http_idem_audit_appended(cmd, at, &meta);
+        if (meta.head->audit->on_stream) {
+            ngx_http_idem_audit_appended(cmd, at, &meta);
+        }
+
         *reply = (*reply)->element[1];
-        return NGX_DONE;
+
+        return ngx_http_idem_audit_to_file(cmd, meta.head->audit);
     }
 
     if (!ngx_http_idem_audit_is(*reply, "audit-head", 4)) {

@@ -385,6 +385,20 @@ ngx_http_idem_claim_script_cmd(ngx_http_request_t *r,
 }
 
 
+/*
+ * The audit file alone, on a location without a guard or a wait: the
+ * native claim, as without the audit; the claim's entries are written
+ * once it is made (a record it meets is read as the audit's GET reads it).
+ */
+static ngx_uint_t
+ngx_http_idem_claim_native_file(ngx_http_idem_ctx_t *ctx)
+{
+    return ctx->conf->audit && !ctx->conf->audit->on_stream
+           && ctx->confirm == NGX_HTTP_IDEM_CONFIRM_NONE && !ctx->waiting
+           && ctx->ukey[0] == '\0' && ctx->lkey[0] == '\0';
+}
+
+
 static ngx_int_t
 ngx_http_idem_claim_go(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
     ngx_uint_t script)
@@ -394,7 +408,7 @@ ngx_http_idem_claim_go(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
     if (script) {
         cmd = ngx_http_idem_claim_script_cmd(r, ctx);
 
-    } else if (ctx->conf->audit) {
+    } else if (ctx->conf->audit && !ngx_http_idem_claim_native_file(ctx)) {
         /* the first look changes nothing: claim.lua does, with entries */
         cmd = ngx_http_idem_cmd_native(ctx->conf->redis, &ngx_http_idem_get,
                                        0, ctx->rkey, 0, r->connection->log);
@@ -953,7 +967,11 @@ ngx_http_idem_claim_parse(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
         return NGX_HTTP_IDEM_ANS_STORE_DOWN;
     }
 
-    if (ctx->conf->audit && !script) {
+    /* a native claim made (the audit file alone) is decoded as without */
+    if (ctx->conf->audit && !script
+        && !(reply->type == REDIS_REPLY_NIL
+             && cmd->argc == cmd->arg0 + NGX_HTTP_IDEM_SET_NARGS))
+    {
         return ngx_http_idem_claim_looked(r, ctx, reply);
     }
 
@@ -1122,6 +1140,47 @@ ngx_http_idem_claim_unreplicated(ngx_http_request_t *r,
 }
 
 
+/* a native claim made with the audit file alone: its entries, now */
+static void
+ngx_http_idem_claim_native_entries(ngx_http_request_t *r,
+    ngx_http_idem_ctx_t *ctx)
+{
+    ngx_uint_t          n;
+    idem_audit_entry_t  e[4];
+
+    ctx->audit_kind = NGX_HTTP_IDEM_AUDIT_CLAIM;
+    n = ngx_http_idem_claim_entries(r, ctx, e);
+
+    if (ngx_http_idem_audit_direct(ctx->conf->audit, e, n,
+                                   r->connection->log)
+        == NGX_ERROR)
+    {
+        ctx->audit_unrecorded = 1;
+    }
+
+    ctx->audit_attempted = 1;
+}
+
+
+/*
+ * idempotency_audit file=: the audit file could not record the claim, so
+ * the upstream must not see the request (as Vault refuses a request no
+ * audit device records); given back, the key is free for the retry.
+ */
+static void
+ngx_http_idem_claim_unrecorded(ngx_http_request_t *r,
+    ngx_http_idem_ctx_t *ctx)
+{
+    ngx_log_error(NGX_LOG_ALERT, r->connection->log, 0,
+                  "idempotency: the audit file could not record the claim "
+                  "of key \"%V\"; it is released and answered 503",
+                  &ctx->key);
+
+    ctx->answer = NGX_HTTP_IDEM_ANS_AUDIT_DOWN;
+    (void) ngx_http_idem_finish(r, ctx, NGX_HTTP_IDEM_END_RELEASE);
+}
+
+
 static void
 ngx_http_idem_claim_replicated(ngx_http_idem_replicas_t *w, ngx_int_t acked)
 {
@@ -1193,6 +1252,13 @@ ngx_http_idem_claim_audited(ngx_http_idem_cmd_t *cmd, redisReply **reply)
 
         return NGX_DONE;
 
+    case NGX_ABORT:
+        if (ctx) {
+            ctx->audit_unrecorded = 1;
+        }
+
+        /* fall through */
+
     case NGX_DONE:
         if (ctx) {
             ctx->audit_attempted = 1;
@@ -1237,6 +1303,19 @@ ngx_http_idem_claim_done(ngx_http_idem_cmd_t *cmd, redisReply *reply)
     ngx_str_null(&ctx->state);
 
     ctx->answer = ngx_http_idem_claim_parse(r, ctx, cmd, reply);
+
+    if (ctx->answer == NGX_HTTP_IDEM_ANS_CLAIMED && ctx->conf->audit
+        && !ctx->conf->audit->on_stream
+        && cmd->script != NGX_HTTP_IDEM_SCRIPT_CLAIM)
+    {
+        ngx_http_idem_claim_native_entries(r, ctx);
+    }
+
+    if (ctx->answer == NGX_HTTP_IDEM_ANS_CLAIMED && ctx->audit_unrecorded) {
+        ngx_http_idem_claim_unrecorded(r, ctx);
+        ngx_http_idem_claim_answered(ctx);
+        return;
+    }
 
     if (ctx->answer == NGX_HTTP_IDEM_ANS_NONE) {
         if (ngx_http_idem_claim_go(r, ctx, 1) == NGX_OK) {
@@ -1311,6 +1390,16 @@ ngx_http_idem_claim_audit_answer(ngx_http_request_t *r,
 
     /* a request refused by a lock has no operation (the holder's is not it) */
     e[0].op.len = e[n].op.len;
+
+    /* the audit file alone: written here (or counted), no script to run */
+    if (ngx_http_idem_audit_direct(ctx->conf->audit, e, n + 1,
+                                   r->connection->log)
+        != NGX_DECLINED)
+    {
+        ctx->audit_attempted = 1;
+        ctx->audit_answered = 1;
+        return NGX_DECLINED;
+    }
 
     cmd = ngx_http_idem_audit_cmd(ctx->conf->audit,
                                   NGX_HTTP_IDEM_SCRIPT_APPEND, ctx->rkey,

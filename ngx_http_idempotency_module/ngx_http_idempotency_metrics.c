@@ -69,6 +69,7 @@ struct ngx_http_idem_metrics_s {
     ngx_atomic_t                 stored;
     ngx_atomic_t                 audit;         /* entries appended */
     ngx_atomic_t                 audit_lost;    /* races for the head lost */
+    ngx_atomic_t                 audit_errors;  /* file entries not written */
     ngx_http_idem_metrics_worker_t  workers[NGX_HTTP_IDEM_METRICS_WORKERS];
     ngx_http_idem_metrics_label_t   labels[NGX_HTTP_IDEM_METRICS_LABELS];
 };
@@ -224,6 +225,16 @@ ngx_http_idem_metrics_audit(ngx_uint_t entries, ngx_uint_t lost)
     if (m) {
         (void) ngx_atomic_fetch_add(&m->audit, (ngx_atomic_int_t) entries);
         (void) ngx_atomic_fetch_add(&m->audit_lost, (ngx_atomic_int_t) lost);
+    }
+}
+
+
+/* idempotency_audit file=: entries that could not be written */
+void
+ngx_http_idem_metrics_audit_error(void)
+{
+    if (ngx_http_idem_metrics) {
+        (void) ngx_atomic_fetch_add(&ngx_http_idem_metrics->audit_errors, 1);
     }
 }
 
@@ -541,6 +552,12 @@ ngx_http_idem_metrics_text(ngx_pool_t *pool, ngx_shm_zone_t *zone,
             "again.");
     p = ngx_sprintf(p, "idempotency_audit_races_lost_total %uA\n",
                     m->audit_lost);
+
+    p = ngx_http_idem_metrics_head(p, "idempotency_audit_errors_total",
+            "counter", "Audit writes that failed, by device (the file's: "
+            "logged at alert; before execution the request was refused).");
+    p = ngx_sprintf(p, "idempotency_audit_errors_total{device=\"file\"} "
+                    "%uA\n", m->audit_errors);
 
     text->len = p - text->data;
 

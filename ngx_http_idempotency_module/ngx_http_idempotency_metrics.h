@@ -45,6 +45,7 @@ void ngx_http_idem_metrics_redis_link(ngx_int_t delta);
 void ngx_http_idem_metrics_request(ngx_uint_t label, ngx_uint_t outcome);
 void ngx_http_idem_metrics_stored(size_t bytes);
 void ngx_http_idem_metrics_audit(ngx_uint_t entries, ngx_uint_t lost);
+void ngx_http_idem_metrics_audit_error(void);
 
 /* configuration */
 ngx_int_t ngx_http_idem_metrics_label_add(ngx_conf_t *cf, ngx_array_t *labels,

@@ -304,10 +304,10 @@ static ngx_command_t  ngx_http_idem_commands[] = {
       NULL },
 
     { ngx_string("idempotency_audit"),
-      NGX_HTTP_IDEM_CONF_ANY|NGX_CONF_FLAG,
-      ngx_conf_set_flag_slot,
+      NGX_HTTP_IDEM_CONF_ANY|NGX_CONF_TAKE123,
+      ngx_http_idem_audit_conf,
       NGX_HTTP_LOC_CONF_OFFSET,
-      offsetof(ngx_http_idem_loc_conf_t, audit_on),
+      0,
       NULL },
 
     { ngx_string("idempotency_audit_identity"),
@@ -400,6 +400,9 @@ ngx_http_idem_create_main_conf(ngx_conf_t *cf)
            != NGX_OK
         || ngx_array_init(&mcf->audits, cf->pool, 1,
                           sizeof(ngx_http_idem_audit_t *))
+           != NGX_OK
+        || ngx_array_init(&mcf->audit_files, cf->pool, 1,
+                          sizeof(ngx_http_idem_audit_file_t *))
            != NGX_OK)
     {
         return NULL;
@@ -463,6 +466,7 @@ ngx_http_idem_create_loc_conf(ngx_conf_t *cf)
     conf->unique = NGX_CONF_UNSET_PTR;
     conf->lock = NGX_CONF_UNSET_PTR;
     conf->audit_on = NGX_CONF_UNSET;
+    conf->audit_file = NGX_CONF_UNSET_PTR;
     conf->audit_key = NGX_CONF_UNSET_PTR;
 
     return conf;

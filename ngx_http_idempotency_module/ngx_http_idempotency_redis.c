@@ -989,12 +989,14 @@ ngx_http_idem_cmd_write(redisAsyncContext *ac, ngx_http_idem_cmd_t *cmd)
 {
     u_char      stack[NGX_HTTP_IDEM_CMD_STACK], *buf, *p;
     size_t      len;
-    ngx_uint_t  i;
+    ngx_uint_t  i, argc;
     int         rc;
 
+    /* the audit file's entries ride along for the reply, unsent */
+    argc = cmd->argc - cmd->hidden;
     len = sizeof("*\r\n") - 1 + NGX_SIZE_T_LEN;
 
-    for (i = 0; i < cmd->argc; i++) {
+    for (i = 0; i < argc; i++) {
         len += sizeof("$\r\n\r\n") - 1 + NGX_SIZE_T_LEN + cmd->argvlen[i];
     }
 
@@ -1003,9 +1005,9 @@ ngx_http_idem_cmd_write(redisAsyncContext *ac, ngx_http_idem_cmd_t *cmd)
         return REDIS_ERR;
     }
 
-    p = ngx_sprintf(buf, "*%ui\r\n", cmd->argc);
+    p = ngx_sprintf(buf, "*%ui\r\n", argc);
 
-    for (i = 0; i < cmd->argc; i++) {
+    for (i = 0; i < argc; i++) {
         p = ngx_sprintf(p, "$%uz\r\n", cmd->argvlen[i]);
         p = ngx_cpymem(p, cmd->argv[i], cmd->argvlen[i]);
         *p++ = CR;

@@ -549,6 +549,11 @@ ngx_http_idem_send_answer(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
         problem = NGX_HTTP_IDEM_P_NOT_REPLICATED;
         break;
 
+    case NGX_HTTP_IDEM_ANS_AUDIT_DOWN:
+        ctx->outcome = NGX_HTTP_IDEM_OUT_REJECTED;
+        problem = NGX_HTTP_IDEM_P_AUDIT_UNAVAILABLE;
+        break;
+
     default:
         ctx->outcome = NGX_HTTP_IDEM_OUT_REJECTED;
         problem = NGX_HTTP_IDEM_P_STORE_ERROR;
@@ -557,7 +562,8 @@ ngx_http_idem_send_answer(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
 
     if (ctx->answer == NGX_HTTP_IDEM_ANS_STORE_DOWN
         || ctx->answer == NGX_HTTP_IDEM_ANS_STORE_ERROR
-        || ctx->answer == NGX_HTTP_IDEM_ANS_NOT_REPLICATED)
+        || ctx->answer == NGX_HTTP_IDEM_ANS_NOT_REPLICATED
+        || ctx->answer == NGX_HTTP_IDEM_ANS_AUDIT_DOWN)
     {
         /* the operation id drawn for the claim never reached a record */
         ngx_str_null(&ctx->op_id);

@@ -12,7 +12,9 @@
 --   expect  "" for a fenced script (its owner token is its condition);
 --           for claim.lua and admin.lua the decision the entries were
 --           made for: "claim", or "<kind>:<head of the record decided on>"
---   seq     the first entry's sequence number
+--   seq     the first entry's sequence number; "0" when the entries go
+--           to the audit file only: they are not sent, nothing is
+--           appended, and the reply says "audited" all the same
 --   prev    the hash the stream's last entry must have
 --           (64 '0' for an empty stream)
 --   time    the entries' time (ms): Redis refuses one more than 2 s away
@@ -53,6 +55,12 @@ local function audit_gate(at, stream, kind, basis, reply)
         if want ~= expect then
             return {'audit-decide', want, kind, basis or '', reply}
         end
+    end
+    -- seq "0": the audit file alone (idempotency_audit file=), which the
+    -- module writes once this script has made the change; nothing here
+    if ARGV[at + 1] == '0' then
+        audit_appended = true
+        return nil
     end
     if not ARGV[at + 4] then
         return nil

@@ -2,17 +2,23 @@
  * idempotency-audit: reads the audit stream of idempotency_audit
  * (docs/audit.md) with the same code that wrote it (idem_audit.c).
  *
- *   idempotency-audit [--redis ADDR] [--db N] [--user U] [--password P]
- *       [--stream NAME] [--key-file FILE] COMMAND
+ *   idempotency-audit COMMAND [ARGS] [--redis ADDR] [--db N] [--user U]
+ *       [--password P] [--stream NAME] [--key-file FILE] [--file F]...
  *
- *   verify [--anchor SEQ:HASH]... [--file EXPORT]
+ *   verify [--anchor SEQ:HASH]... [--allow-empty] [--partial] [FILE...]
  *       the whole chain; exit 0 printing the head "SEQ HASH", exit 1
- *       naming the first bad entry and what is wrong with it
+ *       naming the first bad entry (or line) and what is wrong with it,
+ *       or when there is no entry at all (unless --allow-empty)
  *   show OPERATION-ID | KEY
  *       one operation's entries in order, one line each (a key is looked
  *       up in every scope: the stream does not know scopes)
  *   export [--from SEQ]
  *       every entry (from SEQ on) as a JSON line, with its exact bytes
+ *
+ * Options go anywhere (GNU style).  With --file (repeatable; verify and
+ * export also take the files after the command) the entries are read
+ * from files instead of Redis: the audit file device's (idempotency_audit
+ * file=), a series of rotated files given oldest first, or an export.
  *
  * ADDR is host:port, host (port 6379), a unix socket path, or
  * unix:PATH, as in idempotency_redis.  The password may also come from
@@ -33,6 +39,7 @@
 #include <hiredis/hiredis.h>
 
 #include "idem_audit.h"
+#include "idem_audit_file.h"
 #include "idem_jws.h"
 #include "idem_record.h"
 #include "idem_text.h"
@@ -42,6 +49,7 @@
 #define AUDIT_BATCH_TEXT  "1000"
 #define AUDIT_ANCHORS  16
 #define AUDIT_LINE     (4 * 1024 * 1024)
+#define AUDIT_FILES    256
 
 
 typedef struct {
@@ -64,6 +72,10 @@ typedef struct {
     audit_anchor_t   anchors[AUDIT_ANCHORS];
     int              nanchors;
     const char      *file;
+    const char      *files[AUDIT_FILES];
+    int              nfiles;
+    int              allow_empty;
+    int              partial;
 
     /* show, export */
     const char      *what;
@@ -79,6 +91,7 @@ typedef struct {
     size_t           h_len;
     const char      *e;
     size_t           e_len;
+    const char      *extra;    /* a field other than h and e, or NULL */
 } audit_read_t;
 
 
@@ -88,22 +101,28 @@ typedef int (*audit_each_pt)(audit_t *a, audit_read_t *entry, void *data);
 static int
 usage(void)
 {
-    fputs("usage: idempotency-audit [--redis ADDR] [--db N] [--user U]\n"
-          "         [--password P] [--stream NAME] [--key-file FILE] "
-          "COMMAND\n"
+    fputs("usage: idempotency-audit COMMAND [ARGS] [OPTIONS]\n"
           "\n"
-          "  verify [--anchor SEQ:HASH]... [--file EXPORT]\n"
+          "  verify [--anchor SEQ:HASH]... [--allow-empty] [--partial] "
+          "[FILE...]\n"
           "                 check the chain; prints the head \"SEQ HASH\"\n"
-          "                 (exit 0), or the first bad entry (exit 1)\n"
+          "                 (exit 0), or the first bad entry (exit 1); no\n"
+          "                 entry at all fails unless --allow-empty\n"
           "  show OP|KEY    one operation's history, in order\n"
-          "  export [--from SEQ]\n"
+          "  export [--from SEQ] [FILE...]\n"
           "                 the entries as JSON lines (from SEQ on)\n"
           "\n"
           "  --redis ADDR   host:port, host, /path/to.sock or unix:/path\n"
           "                 (default 127.0.0.1:6379)\n"
           "  --stream NAME  idempotency_audit_stream (default idem:audit)\n"
+          "  --file F       read F instead of Redis (repeatable, oldest\n"
+          "                 first): an audit file (idempotency_audit file=)\n"
+          "                 or an export\n"
+          "  --partial      the files may start after entry 1 (older ones\n"
+          "                 archived): the first entry is taken on trust\n"
           "  --key-file F   idempotency_audit_key: the chain is HMAC-SHA256\n"
-          "  IDEM_REDIS_PASSWORD in the environment: the password\n",
+          "  IDEM_REDIS_PASSWORD in the environment: the password\n"
+          "options may come anywhere on the command line\n",
           stderr);
 
     return 2;
@@ -225,6 +244,30 @@ audit_field(redisReply *fields, const char *name)
 }
 
 
+/* the name of a field other than "h" and "e", or NULL */
+static const char *
+audit_extra(redisReply *fields)
+{
+    size_t  i;
+
+    for (i = 0; fields->type == REDIS_REPLY_ARRAY && i < fields->elements;
+         i += 2)
+    {
+        if (fields->element[i]->type != REDIS_REPLY_STRING) {
+            return "?";
+        }
+
+        if (strcmp(fields->element[i]->str, "h") != 0
+            && strcmp(fields->element[i]->str, "e") != 0)
+        {
+            return fields->element[i]->str;
+        }
+    }
+
+    return NULL;
+}
+
+
 /* one XRANGE batch; the ID the next one starts after; -1 on errors */
 static int
 audit_batch(audit_t *a, char *start, audit_each_pt each, void *data,
@@ -254,6 +297,7 @@ audit_batch(audit_t *a, char *start, audit_each_pt each, void *data,
 
         h = audit_field(en->element[1], "h");
         e = audit_field(en->element[1], "e");
+        entry.extra = audit_extra(en->element[1]);
 
         entry.id = en->element[0]->str;
         entry.id_len = en->element[0]->len;
@@ -346,6 +390,14 @@ audit_verify_next(audit_t *a, audit_verify_t *vf, audit_read_t *en)
 {
     int  i;
 
+    if (en->extra) {
+        printf("entry %llu: inserted: a field the encoding does not define: "
+               "\"%.64s\"\n", (unsigned long long) (idem_audit_id_seq(
+                   en->id, en->id_len) ? idem_audit_id_seq(en->id, en->id_len)
+                                       : vf->v.seq + 1), en->extra);
+        return 1;
+    }
+
     if (audit_verify_each(a, en, &vf->v) != 0) {
         printf("entry %llu: %s: %s\n", (unsigned long long) vf->v.fault_seq,
                idem_audit_fault_name(vf->v.fault), vf->v.why);
@@ -403,6 +455,7 @@ audit_verify_line(audit_t *a, audit_verify_t *vf, char *line)
     en.h_len = h ? strlen(h) : 0;
     en.e = n >= 0 ? (char *) e : NULL;
     en.e_len = n >= 0 ? (size_t) n : 0;
+    en.extra = NULL;
 
     rc = audit_verify_next(a, vf, &en);
 
@@ -410,6 +463,184 @@ audit_verify_line(audit_t *a, audit_verify_t *vf, char *line)
     cJSON_Delete(o);
 
     return rc;
+}
+
+
+/* the lines of the files, in order, until each() is not 0 */
+typedef int (*audit_line_pt)(audit_t *a, const char *file,
+    unsigned long lineno, char *line, size_t len, void *data);
+
+static int
+audit_lines(audit_t *a, audit_line_pt each, void *data)
+{
+    int            i, rc;
+    FILE          *f;
+    char          *line;
+    size_t         size;
+    ssize_t        n;
+    unsigned long  lineno;
+
+    line = NULL;
+    size = 0;
+    rc = 0;
+
+    for (i = 0; rc == 0 && i < a->nfiles; i++) {
+        f = strcmp(a->files[i], "-") == 0 ? stdin : fopen(a->files[i], "r");
+
+        if (f == NULL) {
+            fprintf(stderr, "idempotency-audit: %s: %s\n", a->files[i],
+                    strerror(errno));
+            rc = -1;
+            break;
+        }
+
+        lineno = 0;
+
+        while (rc == 0 && (n = getline(&line, &size, f)) != -1) {
+            lineno++;
+
+            if (n > 0 && line[n - 1] == '\n') {
+                line[--n] = '\0';
+            }
+
+            rc = each(a, a->files[i], lineno, line, (size_t) n, data);
+        }
+
+        if (f != stdin) {
+            fclose(f);
+        }
+    }
+
+    free(line);
+
+    return rc;
+}
+
+
+/* an export's lines have "e", the encoding; the device's do not */
+static int
+audit_is_export(const char *path)
+{
+    int      yes;
+    FILE    *f;
+    char    *line;
+    size_t   size;
+    cJSON   *o;
+
+    if (strcmp(path, "-") == 0 || (f = fopen(path, "r")) == NULL) {
+        return 0;
+    }
+
+    line = NULL;
+    size = 0;
+    yes = 0;
+
+    if (getline(&line, &size, f) != -1) {
+        o = cJSON_Parse(line);
+        yes = cJSON_GetObjectItemCaseSensitive(o, "e") != NULL;
+        cJSON_Delete(o);
+    }
+
+    free(line);
+    fclose(f);
+
+    return yes;
+}
+
+
+/* what verify of audit files keeps while it reads */
+typedef struct {
+    idem_audit_file_verify_t  v;
+    uint64_t                  seqs[AUDIT_ANCHORS];
+    char                      hashes[AUDIT_ANCHORS][IDEM_AUDIT_HASH_LEN + 1];
+} audit_series_t;
+
+
+static int
+audit_series_line(audit_t *a, const char *file, unsigned long lineno,
+    char *line, size_t len, void *data)
+{
+    int              i;
+    audit_series_t  *sv = data;
+
+    if (idem_audit_file_verify_next(&sv->v, line, len) != 0) {
+        printf("%s:%lu: %s: %s\n", file, lineno,
+               idem_audit_fault_name(sv->v.fault), sv->v.why);
+        return 1;
+    }
+
+    for (i = 0; i < a->nanchors; i++) {
+        if (a->anchors[i].seq == sv->v.seq) {
+            sv->seqs[i] = sv->v.seq;
+            memcpy(sv->hashes[i], sv->v.hash, IDEM_AUDIT_HASH_LEN + 1);
+        }
+    }
+
+    return 0;
+}
+
+
+static int
+audit_series_anchors(audit_t *a, audit_series_t *sv)
+{
+    int  i;
+
+    for (i = 0; i < a->nanchors; i++) {
+        if (sv->seqs[i] == 0 || strcmp(sv->hashes[i], a->anchors[i].hash)) {
+            printf("entry %llu: %s: the files %s\n",
+                   (unsigned long long) a->anchors[i].seq,
+                   sv->seqs[i] ? "modified" : "missing",
+                   sv->seqs[i] ? "have another hash than the anchored one: "
+                                 "the chain was rewritten"
+                               : "do not hold the anchored entry");
+            return 1;
+        }
+    }
+
+    return 0;
+}
+
+
+/* a series of audit files (idempotency_audit file=), oldest first */
+static int
+audit_verify_series(audit_t *a)
+{
+    int              rc;
+    audit_series_t  *sv;
+
+    sv = calloc(1, sizeof(audit_series_t));
+    if (sv == NULL) {
+        return 2;
+    }
+
+    idem_audit_file_verify_init(&sv->v, a->has_key ? a->key.secret : NULL,
+                                a->has_key ? a->key.secret_len : 0,
+                                a->partial);
+
+    rc = audit_lines(a, audit_series_line, sv);
+
+    if (rc == 0 && sv->v.count == 0 && !a->allow_empty) {
+        printf("no entries: the files are empty (--allow-empty for a new "
+               "deployment)\n");
+        rc = 1;
+    }
+
+    if (rc == 0) {
+        rc = audit_series_anchors(a, sv);
+    }
+
+    if (rc == 0) {
+        printf("%llu %s\n", (unsigned long long) sv->v.seq, sv->v.hash);
+        fprintf(stderr, "%llu entries (%llu to %llu) in %d file%s, the chain "
+                "is intact\n", (unsigned long long) sv->v.count,
+                (unsigned long long) sv->v.first,
+                (unsigned long long) sv->v.seq, a->nfiles,
+                a->nfiles == 1 ? "" : "s");
+    }
+
+    free(sv);
+
+    return rc < 0 ? 2 : rc;
 }
 
 
@@ -449,8 +680,12 @@ audit_verify_file(audit_t *a, audit_verify_t *vf)
 static int
 audit_verify(audit_t *a)
 {
-    int              rc;
+    int              i, rc;
     audit_verify_t  *vf;
+
+    if (a->nfiles && !audit_is_export(a->files[0])) {
+        return audit_verify_series(a);
+    }
 
     vf = calloc(1, sizeof(audit_verify_t));
     if (vf == NULL) {
@@ -460,8 +695,25 @@ audit_verify(audit_t *a)
     idem_audit_verify_init(&vf->v, a->has_key ? a->key.secret : NULL,
                            a->has_key ? a->key.secret_len : 0);
 
-    rc = a->file ? audit_verify_file(a, vf)
-                 : audit_scan(a, 0, audit_verify_stream_each, vf);
+    rc = 0;
+
+    if (a->nfiles == 0) {
+        rc = audit_scan(a, 0, audit_verify_stream_each, vf);
+    }
+
+    for (i = 0; rc == 0 && i < a->nfiles; i++) {
+        a->file = a->files[i];
+        rc = audit_verify_file(a, vf);
+    }
+
+    /* a stream that is not there verifies nothing: a typo, or deleted */
+    if (rc == 0 && vf->v.count == 0 && !a->allow_empty) {
+        printf("no entries: %s%s%s is empty or does not exist "
+               "(--allow-empty for a new deployment)\n",
+               a->nfiles ? "the export" : "stream \"",
+               a->nfiles ? "" : a->stream, a->nfiles ? "" : "\"");
+        rc = 1;
+    }
 
     if (rc == 0) {
         rc = audit_verify_anchors(a, &vf->v, vf->seqs, vf->hashes);
@@ -519,18 +771,19 @@ audit_time(int64_t ms, char out[48])
 }
 
 
+/* one line of show when the entry names a->what; 1 if it did */
 static int
-audit_show_each(audit_t *a, audit_read_t *en, void *data)
+audit_show_entry(audit_t *a, idem_audit_entry_t *en)
 {
     char                 when[48];
     size_t               len;
     idem_audit_entry_t   e;
 
+    e = *en;
     len = strlen(a->what);
 
-    if (en->e == NULL || idem_audit_decode(en->e, en->e_len, &e) != 0
-        || !((e.op.len == len && memcmp(e.op.data, a->what, len) == 0)
-             || (e.key.len == len && memcmp(e.key.data, a->what, len) == 0)))
+    if (!((e.op.len == len && memcmp(e.op.data, a->what, len) == 0)
+          || (e.key.len == len && memcmp(e.key.data, a->what, len) == 0)))
     {
         return 0;
     }
@@ -554,7 +807,43 @@ audit_show_each(audit_t *a, audit_read_t *en, void *data)
     audit_print("request", &e.request);
     putchar('\n');
 
-    (*(uint64_t *) data)++;
+    return 1;
+}
+
+
+static int
+audit_show_each(audit_t *a, audit_read_t *en, void *data)
+{
+    idem_audit_entry_t  e;
+
+    if (en->e && idem_audit_decode(en->e, en->e_len, &e) == 0) {
+        (*(uint64_t *) data) += audit_show_entry(a, &e);
+    }
+
+    return 0;
+}
+
+
+/* a line of an audit file: shown when it names a->what */
+static int
+audit_show_line(audit_t *a, const char *file, unsigned long lineno,
+    char *line, size_t len, void *data)
+{
+    char                 hash[IDEM_AUDIT_HASH_LEN + 1], why[200];
+    void                *tree;
+    idem_audit_entry_t   e;
+
+    if (idem_audit_file_parse(line, len, &e, hash, &tree, why, sizeof(why))
+        != 0)
+    {
+        fprintf(stderr, "idempotency-audit: %s:%lu: not an entry (%s)\n",
+                file, lineno, why);
+
+    } else {
+        (*(uint64_t *) data) += audit_show_entry(a, &e);
+    }
+
+    idem_audit_file_free(tree);
 
     return 0;
 }
@@ -567,7 +856,9 @@ audit_show(audit_t *a)
 
     found = 0;
 
-    if (audit_scan(a, 0, audit_show_each, &found) != 0) {
+    if ((a->nfiles ? audit_lines(a, audit_show_line, &found)
+                   : audit_scan(a, 0, audit_show_each, &found)) != 0)
+    {
         return 2;
     }
 
@@ -671,9 +962,40 @@ audit_export_each(audit_t *a, audit_read_t *en, void *data)
 }
 
 
+/* a line of an audit file, as it is, from entry a->from on */
+static int
+audit_export_line(audit_t *a, const char *file, unsigned long lineno,
+    char *line, size_t len, void *data)
+{
+    char                 hash[IDEM_AUDIT_HASH_LEN + 1], why[200];
+    void                *tree;
+    idem_audit_entry_t   e;
+
+    if (idem_audit_file_parse(line, len, &e, hash, &tree, why, sizeof(why))
+        != 0)
+    {
+        fprintf(stderr, "idempotency-audit: %s:%lu: not an entry (%s)\n",
+                file, lineno, why);
+
+    } else if (e.seq >= a->from) {
+        fwrite(line, 1, len, stdout);
+        putchar('\n');
+    }
+
+    idem_audit_file_free(tree);
+
+    return ferror(stdout) ? -1 : 0;
+}
+
+
 static int
 audit_export(audit_t *a)
 {
+    if (a->nfiles) {
+        return audit_lines(a, audit_export_line, NULL) == 0
+               && fflush(stdout) == 0 ? 0 : 2;
+    }
+
     return audit_scan(a, a->from, audit_export_each, NULL) == 0
            && fflush(stdout) == 0 ? 0 : 2;
 }
@@ -724,13 +1046,16 @@ audit_options(audit_t *a, int argc, char **argv)
         { "anchor", required_argument, NULL, 'a' },
         { "file", required_argument, NULL, 'f' },
         { "from", required_argument, NULL, 'F' },
+        { "allow-empty", no_argument, NULL, 'E' },
+        { "partial", no_argument, NULL, 'P' },
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 }
     };
 
     key_file = NULL;
 
-    while ((c = getopt_long(argc, argv, "+", opts, NULL)) != -1) {
+    /* GNU style: the options anywhere, the others left in order */
+    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
         case 'r': a->addr = optarg; break;
         case 'd': a->db = atoi(optarg); break;
@@ -738,7 +1063,14 @@ audit_options(audit_t *a, int argc, char **argv)
         case 'p': a->password = optarg; break;
         case 's': a->stream = optarg; break;
         case 'k': key_file = optarg; break;
-        case 'f': a->file = optarg; break;
+        case 'f':
+            if (a->nfiles == AUDIT_FILES) {
+                return -1;
+            }
+            a->files[a->nfiles++] = optarg;
+            break;
+        case 'E': a->allow_empty = 1; break;
+        case 'P': a->partial = 1; break;
         case 'F': a->from = strtoull(optarg, NULL, 10); break;
         case 'a':
             if (audit_anchor(a, optarg) != 0) {
@@ -777,23 +1109,31 @@ main(int argc, char **argv)
     a.stream = "idem:audit";
     a.password = getenv("IDEM_REDIS_PASSWORD");
 
-    /* the options may come before and after the command */
     if (audit_options(&a, argc, argv) != 0 || optind >= argc) {
         return usage();
     }
 
     cmd = argv[optind++];
 
-    if (audit_options(&a, argc, argv) != 0
-        || (strcmp(cmd, "show") == 0) != (optind + 1 == argc)
-        || (strcmp(cmd, "show") != 0 && optind != argc))
-    {
-        return usage();
+    if (strcmp(cmd, "show") == 0) {
+        if (optind + 1 != argc) {
+            return usage();
+        }
+
+        a.what = argv[optind];
+
+    } else {
+        /* verify and export: the files after the command */
+        while (optind < argc && a.nfiles < AUDIT_FILES) {
+            a.files[a.nfiles++] = argv[optind++];
+        }
+
+        if (optind != argc) {
+            return usage();
+        }
     }
 
-    a.what = strcmp(cmd, "show") == 0 ? argv[optind] : NULL;
-
-    if (!(a.file && strcmp(cmd, "verify") == 0) && audit_login(&a) != 0) {
+    if (a.nfiles == 0 && audit_login(&a) != 0) {
         return 2;
     }
 

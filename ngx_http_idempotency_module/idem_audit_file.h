@@ -1,0 +1,79 @@
+/*
+ * The audit file device (idempotency_audit file=PATH, docs/audit.md):
+ * one JSON object per line, the fields of a stream entry (idem_audit.h)
+ * under the names of idempotency-audit export, plus "seq", "prev" and
+ * "hash".  "hash" is SHA-256 (or HMAC-SHA256 with the chain key) of the
+ * line's RFC 8785 canonical form without "hash"; the writer emits that
+ * canonical form itself and puts "hash" last, so the line is
+ *
+ *   <canonical object without hash, its closing brace left out>,"hash":"<64 hex>"}\n
+ *
+ * Pure C: the module writes lines with this code and idempotency-audit
+ * reads them with it.
+ */
+
+#ifndef IDEM_AUDIT_FILE_H
+#define IDEM_AUDIT_FILE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "idem_audit.h"
+
+
+/* the value of "v", the format's version */
+#define IDEM_AUDIT_FILE_VERSION  1
+
+/*
+ * The most a line of e takes (seq, time and prev at their longest): a
+ * byte of a field is at most 6 in JSON (\u00XX).
+ */
+size_t idem_audit_file_line_max(const idem_audit_entry_t *e);
+
+/*
+ * Writes e's line at p (with e->seq and e->prev, 64 hex) and its hash
+ * into hash; returns the end, or NULL when hashing fails.  A byte of a
+ * field that is not UTF-8 is written as the character U+00XX of its value.
+ */
+char *idem_audit_file_line(char *p, const idem_audit_entry_t *e,
+    const unsigned char *key, size_t key_len,
+    char hash[IDEM_AUDIT_HASH_LEN + 1]);
+
+/*
+ * A line read back: 0 with *e (strings pointing into the parsed tree
+ * *tree, which the caller frees with idem_audit_file_free()) and its
+ * hash; -1 with why when the line is not one the module writes (not
+ * JSON, a member the format does not define, one missing, a bad value).
+ */
+int idem_audit_file_parse(const char *line, size_t len,
+    idem_audit_entry_t *e, char hash[IDEM_AUDIT_HASH_LEN + 1], void **tree,
+    char *why, size_t why_len);
+void idem_audit_file_free(void *tree);
+
+
+/* what idempotency-audit verify --file keeps while it reads a series */
+typedef struct {
+    const unsigned char  *key;        /* NULL: a plain SHA-256 chain */
+    size_t                key_len;
+    int                   partial;    /* the first entry may follow one
+                                         not given (older files gone) */
+    uint64_t              seq;        /* of the last entry read, 0: none */
+    uint64_t              count;
+    uint64_t              first;      /* seq of the first entry read */
+    char                  hash[IDEM_AUDIT_HASH_LEN + 1];
+    char                  before[IDEM_AUDIT_HASH_LEN + 1];
+    idem_audit_fault_e    fault;
+    char                  why[400];
+} idem_audit_file_verify_t;
+
+void idem_audit_file_verify_init(idem_audit_file_verify_t *v,
+    const unsigned char *key, size_t key_len, int partial);
+
+/*
+ * The next line of the series (without its newline): 0 while the chain
+ * holds, -1 at the first fault (v->fault, v->why).
+ */
+int idem_audit_file_verify_next(idem_audit_file_verify_t *v,
+    const char *line, size_t len);
+
+#endif /* IDEM_AUDIT_FILE_H */

@@ -1,0 +1,603 @@
+/*
+ * idempotency_audit file=PATH: the audit file device (docs/audit.md).
+ *
+ * The entries are the stream's (the same commands carry them, see
+ * ngx_http_idempotency_audit.c); once Redis has made the change they
+ * describe, they are written here as JSON lines (idem_audit_file.c),
+ * chained on the head kept in the file's shared memory zone.  The head is
+ * read, the lines hashed and written with one write() on the O_APPEND
+ * descriptor, and the head moved, all under the zone's mutex: the order
+ * of the lines in the file is the order of the chain, whichever worker
+ * wrote them.
+ *
+ * nginx opens the file (ngx_conf_open_file) and reopens it on USR1; the
+ * chain goes on in the new file.  Workers do not reopen at the same
+ * instant, so the zone also keeps which file (device, inode) the last
+ * line went to: a worker whose descriptor is another file than the one
+ * at the path opens the path itself before it writes, and no line ever
+ * goes to the old file after one went to the new.
+ */
+
+#include <ngx_config.h>
+#include <ngx_core.h>
+
+#include "ngx_http_idempotency.h"
+#include "idem_audit_file.h"
+
+
+/* the most of the file's end read at start-up to learn the head */
+#define NGX_HTTP_IDEM_AUDIT_TAIL   (256 * 1024)
+
+
+typedef struct {
+    uint64_t                     seq;
+    u_char                       hash[IDEM_AUDIT_HASH_LEN];
+    ngx_uint_t                   unsynced;  /* lines since the last fsync */
+    dev_t                        dev;       /* the file the last line */
+    ino_t                        ino;       /* went to (0: none yet) */
+    ngx_uint_t                   torn;      /* it ends within a line */
+} ngx_http_idem_audit_file_sh_t;
+
+
+static ngx_int_t ngx_http_idem_audit_file_init_zone(ngx_shm_zone_t *zone,
+    void *data);
+
+
+/* ---- configuration */
+
+/* fsync=off|every|N: *n is 0, -1 or N */
+static ngx_int_t
+ngx_http_idem_audit_fsync(ngx_str_t *v, ngx_int_t *n)
+{
+    if (v->len == 3 && ngx_strncmp(v->data, "off", 3) == 0) {
+        *n = 0;
+        return NGX_OK;
+    }
+
+    if (v->len == 5 && ngx_strncmp(v->data, "every", 5) == 0) {
+        *n = -1;
+        return NGX_OK;
+    }
+
+    *n = ngx_atoi(v->data, v->len);
+
+    return *n > 0 ? NGX_OK : NGX_ERROR;
+}
+
+
+/* the device of a path: one per configuration, whatever the locations */
+static ngx_http_idem_audit_file_t *
+ngx_http_idem_audit_file_get(ngx_conf_t *cf, ngx_str_t *path,
+    ngx_int_t fsync)
+{
+    ngx_str_t                    name, zone;
+    ngx_uint_t                   i;
+    ngx_http_idem_audit_file_t  *f, **all;
+    ngx_http_idem_main_conf_t   *mcf;
+
+    name = *path;
+
+    if (ngx_conf_full_name(cf->cycle, &name, 0) != NGX_OK) {
+        return NULL;
+    }
+
+    mcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_idempotency_module);
+    all = mcf->audit_files.elts;
+
+    for (i = 0; i < mcf->audit_files.nelts; i++) {
+        f = all[i];
+
+        if (f->path.len == name.len
+            && ngx_strncmp(f->path.data, name.data, name.len) == 0)
+        {
+            if (f->fsync != fsync) {
+                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                                   "audit file \"%V\" is written with two "
+                                   "fsync= settings", &name);
+                return NULL;
+            }
+
+            return f;
+        }
+    }
+
+    f = ngx_pcalloc(cf->pool, sizeof(ngx_http_idem_audit_file_t));
+    all = ngx_array_push(&mcf->audit_files);
+    zone.len = sizeof("idempotency_audit:") - 1 + name.len;
+    zone.data = ngx_pnalloc(cf->pool, zone.len);
+
+    if (f == NULL || all == NULL || zone.data == NULL) {
+        return NULL;
+    }
+
+    ngx_sprintf(zone.data, "idempotency_audit:%V", &name);
+
+    f->path = name;
+    f->fsync = fsync;
+    f->file = ngx_conf_open_file(cf->cycle, &name);
+    f->zone = ngx_shared_memory_add(cf, &zone, 8 * ngx_pagesize,
+                                    &ngx_http_idempotency_module);
+
+    if (f->file == NULL || f->zone == NULL) {
+        return NULL;
+    }
+
+    f->zone->init = ngx_http_idem_audit_file_init_zone;
+    f->zone->data = f;
+    *all = f;
+
+    return f;
+}
+
+
+/* the words of idempotency_audit after its name; NGX_ERROR: not one */
+static ngx_int_t
+ngx_http_idem_audit_word(ngx_str_t *v, ngx_flag_t *stream, ngx_str_t *path,
+    ngx_int_t *fsync)
+{
+    ngx_str_t  s;
+
+    if ((v->len == 2 && ngx_strncmp(v->data, "on", 2) == 0)
+        || (v->len == 5 && ngx_strncmp(v->data, "redis", 5) == 0))
+    {
+        *stream = 1;
+        return NGX_OK;
+    }
+
+    if (v->len > 5 && ngx_strncmp(v->data, "file=", 5) == 0 && !path->len) {
+        path->data = v->data + 5;
+        path->len = v->len - 5;
+        return NGX_OK;
+    }
+
+    if (v->len > 6 && ngx_strncmp(v->data, "fsync=", 6) == 0) {
+        s.data = v->data + 6;
+        s.len = v->len - 6;
+        return ngx_http_idem_audit_fsync(&s, fsync);
+    }
+
+    return NGX_ERROR;
+}
+
+
+/* idempotency_audit on | off | redis | [redis] file=PATH [fsync=...] */
+char *
+ngx_http_idem_audit_conf(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_http_idem_loc_conf_t  *lcf = conf;
+
+    ngx_str_t   *value, path;
+    ngx_int_t    fsync;
+    ngx_uint_t   i, synced;
+    ngx_flag_t   stream;
+
+    if (lcf->audit_on != NGX_CONF_UNSET) {
+        return "is duplicate";
+    }
+
+    value = cf->args->elts;
+    stream = 0;
+    fsync = 0;
+    synced = 0;
+    ngx_str_null(&path);
+
+    if (cf->args->nelts == 2 && value[1].len == 3
+        && ngx_strncmp(value[1].data, "off", 3) == 0)
+    {
+        lcf->audit_on = 0;
+        lcf->audit_file = NULL;
+        return NGX_CONF_OK;
+    }
+
+    for (i = 1; i < cf->args->nelts; i++) {
+        synced |= value[i].len > 6
+                  && ngx_strncmp(value[i].data, "fsync=", 6) == 0;
+
+        if (ngx_http_idem_audit_word(&value[i], &stream, &path, &fsync)
+            != NGX_OK)
+        {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "\"idempotency_audit\": invalid parameter "
+                               "\"%V\" (on, off, redis, file=PATH, "
+                               "fsync=off|every|N)", &value[i]);
+            return NGX_CONF_ERROR;
+        }
+    }
+
+    if (synced && path.len == 0) {
+        return "has fsync= without file=";
+    }
+
+    lcf->audit_on = stream;
+    lcf->audit_file = NULL;
+
+    if (path.len) {
+        lcf->audit_file = ngx_http_idem_audit_file_get(cf, &path, fsync);
+        if (lcf->audit_file == NULL) {
+            return NGX_CONF_ERROR;
+        }
+    }
+
+    return NGX_CONF_OK;
+}
+
+
+/* one file is one chain: one key, one anchor interval */
+char *
+ngx_http_idem_audit_file_merge(ngx_conf_t *cf, ngx_http_idem_audit_file_t *f,
+    idem_jws_key_t *key, ngx_uint_t anchor)
+{
+    ngx_uint_t  same;
+
+    if (!f->used) {
+        f->used = 1;
+        f->key = key;
+        f->anchor = anchor;
+        return NGX_CONF_OK;
+    }
+
+    same = (f->key == NULL || key == NULL)
+           ? f->key == key
+           : f->key->secret_len == key->secret_len
+             && ngx_memcmp(f->key->secret, key->secret, key->secret_len) == 0;
+
+    if (!same || f->anchor != anchor) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "audit file \"%V\" is written with two different "
+                           "\"idempotency_audit_key\" or anchor= settings: "
+                           "one chain has one key", &f->path);
+        return NGX_CONF_ERROR;
+    }
+
+    return NGX_CONF_OK;
+}
+
+
+/* ---- the head at start-up: the file's last line */
+
+static ngx_int_t
+ngx_http_idem_audit_file_last(ngx_http_idem_audit_file_t *f,
+    ngx_http_idem_audit_file_sh_t *sh, u_char *buf, size_t n, ngx_log_t *log)
+{
+    u_char              *end, *start;
+    char                 hash[IDEM_AUDIT_HASH_LEN + 1], why[200];
+    void                *tree;
+    idem_audit_entry_t   e;
+
+    end = buf + n;
+
+    /* a line cut short (a failed write) stays; the next starts anew */
+    if (end[-1] != '\n') {
+        sh->torn = 1;
+
+        while (end > buf && end[-1] != '\n') {
+            end--;
+        }
+    }
+
+    if (end == buf) {
+        return NGX_OK;      /* nothing but a torn line */
+    }
+
+    for (start = end - 1; start > buf && start[-1] != '\n'; start--) {
+        /* void */
+    }
+
+    if (idem_audit_file_parse((char *) start, end - 1 - start, &e, hash,
+                              &tree, why, sizeof(why)) != 0)
+    {
+        idem_audit_file_free(tree);
+        ngx_log_error(NGX_LOG_EMERG, log, 0,
+                      "idempotency: audit file \"%V\" ends with a line the "
+                      "module did not write (%s): its chain cannot go on; "
+                      "move the file away (keep it) and start again",
+                      &f->path, why);
+        return NGX_ERROR;
+    }
+
+    sh->seq = e.seq;
+    ngx_memcpy(sh->hash, hash, IDEM_AUDIT_HASH_LEN);
+    idem_audit_file_free(tree);
+
+    return NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_http_idem_audit_file_tail(ngx_http_idem_audit_file_t *f,
+    ngx_http_idem_audit_file_sh_t *sh, ngx_log_t *log)
+{
+    u_char           *buf;
+    off_t             off;
+    ssize_t           n;
+    ngx_fd_t          fd;
+    ngx_int_t         rc;
+    ngx_file_info_t   fi;
+
+    ngx_memcpy(sh->hash, idem_audit_genesis, IDEM_AUDIT_HASH_LEN);
+
+    fd = ngx_open_file(f->path.data, NGX_FILE_RDONLY, NGX_FILE_OPEN, 0);
+    if (fd == NGX_INVALID_FILE) {
+        return NGX_OK;      /* a new file: the chain starts */
+    }
+
+    rc = NGX_ERROR;
+    buf = NULL;
+
+    if (ngx_fd_info(fd, &fi) != NGX_FILE_ERROR) {
+        sh->dev = fi.st_dev;
+        sh->ino = fi.st_ino;
+        n = ngx_min(ngx_file_size(&fi), NGX_HTTP_IDEM_AUDIT_TAIL);
+        off = ngx_file_size(&fi) - n;
+        buf = ngx_alloc(n + 1, log);
+
+        if (!ngx_is_file(&fi) || n == 0) {
+            rc = NGX_OK;    /* /dev/null, a FIFO...: nothing to read */
+
+        } else if (buf && pread(fd, buf, n, off) == n) {
+            rc = ngx_http_idem_audit_file_last(f, sh, buf, n, log);
+
+        } else {
+            ngx_log_error(NGX_LOG_EMERG, log, ngx_errno,
+                          "idempotency: cannot read the head of audit file "
+                          "\"%V\"", &f->path);
+        }
+    }
+
+    ngx_free(buf);
+    ngx_close_file(fd);
+
+    return rc;
+}
+
+
+static ngx_int_t
+ngx_http_idem_audit_file_init_zone(ngx_shm_zone_t *zone, void *data)
+{
+    ngx_http_idem_audit_file_t     *f, *old;
+    ngx_http_idem_audit_file_sh_t  *sh;
+
+    f = zone->data;
+    old = data;
+    f->shpool = (ngx_slab_pool_t *) zone->shm.addr;
+
+    /* a reload keeps the zone, and the head in it */
+    if (old) {
+        f->sh = old->sh;
+        return NGX_OK;
+    }
+
+    if (zone->shm.exists) {
+        f->sh = f->shpool->data;
+        return NGX_OK;
+    }
+
+    sh = ngx_slab_calloc(f->shpool, sizeof(ngx_http_idem_audit_file_sh_t));
+    if (sh == NULL) {
+        return NGX_ERROR;
+    }
+
+    f->shpool->data = sh;
+    f->sh = sh;
+
+    return ngx_http_idem_audit_file_tail(f, sh, zone->shm.log);
+}
+
+
+/* ---- writing */
+
+/*
+ * The descriptor is the file at the path, or the one the last line went
+ * to while the path's is not used yet; otherwise the path is opened here.
+ */
+static ngx_int_t
+ngx_http_idem_audit_file_current(ngx_http_idem_audit_file_t *f,
+    ngx_http_idem_audit_file_sh_t *sh, ngx_log_t *log)
+{
+    ngx_fd_t          fd;
+    ngx_file_info_t   mine, there;
+
+    if (ngx_fd_info(f->file->fd, &mine) == NGX_FILE_ERROR) {
+        return NGX_ERROR;
+    }
+
+    if (sh->ino && (mine.st_ino != sh->ino || mine.st_dev != sh->dev)
+        && (ngx_file_info(f->path.data, &there) == NGX_FILE_ERROR
+            || there.st_ino != mine.st_ino || there.st_dev != mine.st_dev))
+    {
+        fd = ngx_open_file(f->path.data, NGX_FILE_APPEND,
+                           NGX_FILE_CREATE_OR_OPEN, NGX_FILE_DEFAULT_ACCESS);
+
+        if (fd == NGX_INVALID_FILE || dup2(fd, f->file->fd) == -1
+            || ngx_fd_info(f->file->fd, &mine) == NGX_FILE_ERROR)
+        {
+            if (fd != NGX_INVALID_FILE) {
+                ngx_close_file(fd);
+            }
+
+            return NGX_ERROR;
+        }
+
+        ngx_close_file(fd);
+    }
+
+    if (mine.st_ino != sh->ino || mine.st_dev != sh->dev) {
+        sh->dev = mine.st_dev;
+        sh->ino = mine.st_ino;
+        sh->torn = 0;       /* another file: its own end */
+    }
+
+    return NGX_OK;
+}
+
+
+/* the lines of e chained on the head, in buf; ends[i] after line i */
+static u_char *
+ngx_http_idem_audit_file_lines(ngx_http_idem_audit_file_t *f,
+    ngx_http_idem_audit_file_sh_t *sh, idem_audit_entry_t *e, ngx_uint_t n,
+    u_char *p, u_char **ends, u_char (*hashes)[IDEM_AUDIT_HASH_LEN + 1])
+{
+    ngx_uint_t       i;
+    const u_char    *prev;
+
+    prev = sh->hash;
+
+    for (i = 0; i < n; i++) {
+        e[i].seq = sh->seq + i + 1;
+        e[i].prev.data = (const char *) prev;
+        e[i].prev.len = IDEM_AUDIT_HASH_LEN;
+
+        p = (u_char *) idem_audit_file_line((char *) p, &e[i],
+                                            f->key ? f->key->secret : NULL,
+                                            f->key ? f->key->secret_len : 0,
+                                            (char *) hashes[i]);
+        if (p == NULL) {
+            return NULL;
+        }
+
+        ends[i] = p;
+        prev = hashes[i];
+    }
+
+    return p;
+}
+
+
+/* the head moves past the first "done" lines; fsync= and the anchors */
+static void
+ngx_http_idem_audit_file_moved(ngx_http_idem_audit_file_t *f,
+    ngx_http_idem_audit_file_sh_t *sh, ngx_uint_t done,
+    u_char (*hashes)[IDEM_AUDIT_HASH_LEN + 1], ngx_log_t *log)
+{
+    ngx_uint_t  i;
+
+    for (i = 0; i < done; i++) {
+        sh->seq++;
+
+        if (sh->seq % f->anchor == 0) {
+            ngx_log_error(NGX_LOG_NOTICE, log, 0,
+                          "idempotency: audit file \"%V\" head %uL %s",
+                          &f->path, sh->seq, hashes[i]);
+        }
+    }
+
+    if (done) {
+        ngx_memcpy(sh->hash, hashes[done - 1], IDEM_AUDIT_HASH_LEN);
+    }
+
+    sh->unsynced += done;
+
+    if (f->fsync && done
+        && (f->fsync == -1 || sh->unsynced >= (ngx_uint_t) f->fsync))
+    {
+        sh->unsynced = 0;
+
+        if (fdatasync(f->file->fd) == -1) {
+            ngx_log_error(NGX_LOG_ALERT, log, ngx_errno,
+                          "idempotency: fdatasync() of audit file \"%V\" "
+                          "failed", &f->path);
+        }
+    }
+}
+
+
+/* under the mutex: NGX_OK when every line is in the file */
+static ngx_int_t
+ngx_http_idem_audit_file_put(ngx_http_idem_audit_file_t *f,
+    ngx_http_idem_audit_file_sh_t *sh, idem_audit_entry_t *e, ngx_uint_t n,
+    u_char *buf, ngx_log_t *log)
+{
+    u_char      *p, *start, *ends[4], hashes[4][IDEM_AUDIT_HASH_LEN + 1];
+    ssize_t      w;
+    ngx_uint_t   i, done;
+
+    if (ngx_http_idem_audit_file_current(f, sh, log) != NGX_OK) {
+        ngx_log_error(NGX_LOG_ALERT, log, ngx_errno,
+                      "idempotency: audit file \"%V\" cannot be opened",
+                      &f->path);
+        return NGX_ERROR;
+    }
+
+    start = buf;
+    p = buf;
+
+    if (sh->torn) {
+        *p++ = '\n';
+    }
+
+    p = ngx_http_idem_audit_file_lines(f, sh, e, n, p, ends, hashes);
+    if (p == NULL) {
+        return NGX_ERROR;
+    }
+
+    w = write(f->file->fd, start, p - start);
+
+    for (done = 0, i = 0; w > 0 && i < n && ends[i] <= start + w; i++) {
+        done++;
+    }
+
+    if (w > 0) {
+        sh->torn = (start + w != p) && (done == 0 || ends[done - 1]
+                                                     != start + w);
+    }
+
+    ngx_http_idem_audit_file_moved(f, sh, done, hashes, log);
+
+    if (w == p - start) {
+        return NGX_OK;
+    }
+
+    ngx_log_error(NGX_LOG_ALERT, log, w == -1 ? ngx_errno : 0,
+                  "idempotency: write() of %ui audit entries to \"%V\" "
+                  "failed (%z of %z bytes written)", n - done, &f->path,
+                  w, (ssize_t) (p - start));
+
+    return NGX_ERROR;
+}
+
+
+/*
+ * The entries (at most 4) go into the file, or none: NGX_ERROR (logged,
+ * counted) when they are not all there.
+ */
+ngx_int_t
+ngx_http_idem_audit_file_append(ngx_http_idem_audit_file_t *f,
+    idem_audit_entry_t *e, ngx_uint_t n, ngx_log_t *log)
+{
+    u_char                         *buf;
+    size_t                          size;
+    ngx_int_t                       rc;
+    ngx_uint_t                      i;
+    ngx_http_idem_audit_file_sh_t  *sh;
+
+    if (n == 0) {
+        return NGX_OK;
+    }
+
+    size = 1;
+
+    for (i = 0; i < n && i < 4; i++) {
+        size += idem_audit_file_line_max(&e[i]);
+    }
+
+    buf = ngx_alloc(size, log);
+    if (buf == NULL || n > 4) {
+        ngx_free(buf);
+        ngx_http_idem_metrics_audit_error();
+        return NGX_ERROR;
+    }
+
+    sh = f->sh;
+
+    ngx_shmtx_lock(&f->shpool->mutex);
+    rc = ngx_http_idem_audit_file_put(f, sh, e, n, buf, log);
+    ngx_shmtx_unlock(&f->shpool->mutex);
+
+    ngx_free(buf);
+
+    if (rc != NGX_OK) {
+        ngx_http_idem_metrics_audit_error();
+    }
+
+    return rc;
+}
