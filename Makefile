@@ -8,6 +8,10 @@
 #                   nginx and the module built from an nginx source archive
 #                   (build/nginx-<version>/), then the suite against them
 
+# rules with prerequisites come before 'all' (per-target variables of the
+# unit tests): say which goal a bare 'make' builds
+.DEFAULT_GOAL := all
+
 NGX_SRC   ?= /usr/share/nginx/src
 BUILD     := $(CURDIR)/build
 MODDIR    := $(CURDIR)/ngx_http_idempotency_module
