@@ -118,7 +118,13 @@ typedef struct {
     ngx_http_complex_value_t    *confirm;
     ngx_array_t                 *confirm_keys;     /* idem_jws_key_t */
     ngx_array_t                 *confirm_show;     /* ngx_http_idem_pointer_t */
+    ngx_array_t                 *confirm_labels;   /* ngx_str_t, per show */
     time_t                       confirm_ttl;
+    ngx_http_complex_value_t    *confirm_describe; /* NULL: none */
+    ngx_str_t                    confirm_link;     /* "": no approve_url */
+
+    /* idempotency_approve(_page): who approves; NULL: the body says */
+    ngx_http_complex_value_t    *approve_identity;
 
     /* idempotency_unique, idempotency_lock: NULL when off */
     ngx_http_idem_business_t    *unique;
@@ -176,6 +182,7 @@ typedef enum {
     NGX_HTTP_IDEM_ANS_RELEASED,      /* the attempt waited on: "later" */
     NGX_HTTP_IDEM_ANS_CONFIRM,       /* awaiting_confirmation: 428 */
     NGX_HTTP_IDEM_ANS_APPROVAL_EXPIRED,  /* approved, but no longer: 428 */
+    NGX_HTTP_IDEM_ANS_DECLINED,      /* a person said no: 403 */
     NGX_HTTP_IDEM_ANS_REUSED,        /* another key's stored 2xx */
     NGX_HTTP_IDEM_ANS_LOCKED,        /* idempotency_lock held: 409 */
     NGX_HTTP_IDEM_ANS_STORE_DOWN,    /* no reply: connection, timeout */
@@ -242,6 +249,10 @@ typedef enum {
     NGX_HTTP_IDEM_P_NOT_APPROVABLE,
     NGX_HTTP_IDEM_P_LOCK_HELD,
     NGX_HTTP_IDEM_P_BODY_UNREADABLE,
+    NGX_HTTP_IDEM_P_UNSUPPORTED_MEDIA,
+    NGX_HTTP_IDEM_P_CROSS_SITE,
+    NGX_HTTP_IDEM_P_CONFIRM_DECLINED,
+    NGX_HTTP_IDEM_P_APPROVER_MISMATCH,
     NGX_HTTP_IDEM_NPROBLEMS
 } ngx_http_idem_problem_e;
 
@@ -337,6 +348,9 @@ struct ngx_http_idem_ctx_s {
     int64_t                      proposal_expires;   /* ms */
     ngx_str_t                    problem_extra;   /* ",..." members */
     void                        *approval;     /* idempotency_approve's */
+    ngx_str_t                    proposal;     /* its JSON, as stored */
+    ngx_int_t                  (*propose)(ngx_http_request_t *r,
+                                          ngx_http_idem_ctx_t *ctx);
 
     unsigned                     fingerprinted:1;
     unsigned                     reclaimed:1;   /* a recorded approval */
@@ -423,8 +437,12 @@ char *ngx_http_idem_confirm_key_conf(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 char *ngx_http_idem_confirm_show_conf(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
+char *ngx_http_idem_confirm_describe_conf(ngx_conf_t *cf,
+    ngx_command_t *cmd, void *conf);
 char *ngx_http_idem_confirm_merge(ngx_conf_t *cf,
     ngx_http_idem_loc_conf_t *prev, ngx_http_idem_loc_conf_t *conf);
+ngx_int_t ngx_http_idem_confirm_proposal(ngx_http_request_t *r,
+    ngx_http_idem_ctx_t *ctx);
 ngx_int_t ngx_http_idem_confirm_check(ngx_http_request_t *r,
     ngx_http_idem_ctx_t *ctx);
 ngx_int_t ngx_http_idem_confirm_send(ngx_http_request_t *r,
@@ -526,7 +544,31 @@ ngx_int_t ngx_http_idem_metrics_handler(ngx_http_request_t *r);
 u_char *ngx_http_idem_json_time(u_char *p, u_char *end, long long ms);
 
 /* ngx_http_idempotency_approve.c: idempotency_approve */
+
+/* what a person decided, and who answers it (the JSON endpoint, the page) */
+typedef struct ngx_http_idem_approval_s  ngx_http_idem_approval_t;
+
+typedef ngx_int_t (*ngx_http_idem_decided_pt)(ngx_http_request_t *r,
+    ngx_http_idem_ctx_t *ctx, idem_approve_kind_e kind, const char *state,
+    long long at);
+
+struct ngx_http_idem_approval_s {
+    ngx_str_t                    op;
+    ngx_str_t                    fp;
+    ngx_str_t                    approver;
+    ngx_int_t                    expires_in;    /* s; approve only */
+    ngx_uint_t                   decline;
+    ngx_http_idem_decided_pt     decided;
+};
+
 ngx_int_t ngx_http_idem_approve_handler(ngx_http_request_t *r);
+ngx_int_t ngx_http_idem_approve_record(ngx_http_request_t *r,
+    ngx_http_idem_ctx_t *ctx, ngx_http_idem_approval_t *a);
+ngx_int_t ngx_http_idem_approve_who(ngx_http_request_t *r,
+    ngx_http_idem_loc_conf_t *conf, ngx_str_t *who);
+ngx_int_t ngx_http_idem_same_site(ngx_http_request_t *r);
+char *ngx_http_idem_approve_identity_conf(ngx_conf_t *cf,
+    ngx_command_t *cmd, void *conf);
 
 /* ngx_http_idempotency_variables.c */
 ngx_int_t ngx_http_idem_add_variables(ngx_conf_t *cf);

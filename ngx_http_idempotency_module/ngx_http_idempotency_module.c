@@ -275,6 +275,27 @@ static ngx_command_t  ngx_http_idem_commands[] = {
       0,
       NULL },
 
+    { ngx_string("idempotency_confirm_describe"),
+      NGX_HTTP_IDEM_CONF_ANY|NGX_CONF_TAKE1,
+      ngx_http_idem_confirm_describe_conf,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      0,
+      NULL },
+
+    { ngx_string("idempotency_confirm_link"),
+      NGX_HTTP_IDEM_CONF_ANY|NGX_CONF_TAKE1,
+      ngx_conf_set_str_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_idem_loc_conf_t, confirm_link),
+      NULL },
+
+    { ngx_string("idempotency_approve_identity"),
+      NGX_HTTP_IDEM_CONF_ANY|NGX_CONF_TAKE1,
+      ngx_http_idem_approve_identity_conf,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      0,
+      NULL },
+
     { ngx_string("idempotency_confirm_ttl"),
       NGX_HTTP_IDEM_CONF_ANY|NGX_CONF_TAKE1,
       ngx_conf_set_sec_slot,
@@ -474,6 +495,8 @@ ngx_http_idem_create_loc_conf(ngx_conf_t *cf)
     conf->confirm_keys = NGX_CONF_UNSET_PTR;
     conf->confirm_show = NGX_CONF_UNSET_PTR;
     conf->confirm_ttl = NGX_CONF_UNSET;
+    conf->confirm_describe = NGX_CONF_UNSET_PTR;
+    conf->approve_identity = NGX_CONF_UNSET_PTR;
     conf->unique = NGX_CONF_UNSET_PTR;
     conf->lock = NGX_CONF_UNSET_PTR;
     conf->audit_on = NGX_CONF_UNSET;

@@ -135,7 +135,27 @@ static ngx_http_idem_problem_t  ngx_http_idem_problems[] = {
       "this endpoint decides by members of the JSON body (its business "
       "identity, lock or confirmation), and the body could not be read as "
       "the upstream would read it (not canonical JSON, such as duplicate "
-      "member names, or larger than 1 MiB); nothing was executed" }
+      "member names, or larger than 1 MiB); nothing was executed" },
+
+    { "unsupported-media-type", "Unsupported media type",
+      NGX_HTTP_UNSUPPORTED_MEDIA_TYPE, 0, 0, 0,
+      "this endpoint takes application/json only; nothing was done" },
+
+    { "cross-site-request", "Request from another site",
+      NGX_HTTP_FORBIDDEN, 0, 0, 0,
+      "the request's Origin or Sec-Fetch-Site says it comes from another "
+      "site; nothing was done" },
+
+    { "confirmation-declined", "Confirmation declined",
+      NGX_HTTP_FORBIDDEN, 0, 0, 0,
+      "a person declined this operation; nothing was executed and nothing "
+      "will be under this key: stop, a new intended action needs a new key" },
+
+    { "approver-mismatch", "Approver is not the authenticated user",
+      NGX_HTTP_FORBIDDEN, 0, 0, 0,
+      "the approver is who this server authenticated "
+      "(idempotency_approve_identity), never a name in the request; "
+      "nothing was recorded" }
 };
 
 
@@ -607,6 +627,11 @@ ngx_http_idem_send_answer(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
     case NGX_HTTP_IDEM_ANS_LOCKED:
         ctx->outcome = NGX_HTTP_IDEM_OUT_LOCKED;
         problem = NGX_HTTP_IDEM_P_LOCK_HELD;
+        break;
+
+    case NGX_HTTP_IDEM_ANS_DECLINED:
+        ctx->outcome = NGX_HTTP_IDEM_OUT_REJECTED;
+        problem = NGX_HTTP_IDEM_P_CONFIRM_DECLINED;
         break;
 
     case NGX_HTTP_IDEM_ANS_STORE_DOWN:
