@@ -18,7 +18,7 @@ CORE_SRCS := $(MODDIR)/idem_text.c $(MODDIR)/idem_number.c \
              $(MODDIR)/idem_record.c $(MODDIR)/idem_reply.c \
              $(MODDIR)/idem_pointer.c $(MODDIR)/idem_jws.c \
              $(MODDIR)/idem_json.c $(MODDIR)/idem_slot.c \
-             $(MODDIR)/idem_audit.c
+             $(MODDIR)/idem_audit.c $(MODDIR)/idem_html.c
 CORE_HDRS := $(wildcard $(MODDIR)/idem_*.h)
 NGX_SRCS  := $(wildcard $(MODDIR)/ngx_http_idempotency*.c) \
              $(wildcard $(MODDIR)/ngx_http_idempotency*.h)
@@ -79,7 +79,7 @@ $(BUILD)/idempotency-fingerprint: tools/idempotency-fingerprint.c $(CORE_SRCS) $
 # libcurl for --endpoint
 APPROVE_CORE := $(MODDIR)/idem_jws.c $(MODDIR)/idem_pointer.c $(MODDIR)/idem_text.c \
                 $(MODDIR)/idem_json.c $(MODDIR)/idem_jcs.c $(MODDIR)/idem_jcs_parse.c \
-                $(MODDIR)/idem_number.c
+                $(MODDIR)/idem_number.c $(MODDIR)/idem_html.c
 $(BUILD)/idempotency-approve: tools/idempotency-approve.c $(APPROVE_CORE) $(CORE_HDRS)
 	@mkdir -p $(BUILD)
 	$(CC) $(CFLAGS) $(CPPFLAGS) -I$(MODDIR) $(shell pkg-config --cflags libcurl) -o $@ $< \
