@@ -349,6 +349,7 @@ struct ngx_http_idem_ctx_s {
     ngx_str_t                    problem_extra;   /* ",..." members */
     void                        *approval;     /* idempotency_approve's */
     ngx_str_t                    proposal;     /* its JSON, as stored */
+    void                        *lookup;       /* by operation id */
     ngx_int_t                  (*propose)(ngx_http_request_t *r,
                                           ngx_http_idem_ctx_t *ctx);
 
@@ -567,6 +568,28 @@ ngx_int_t ngx_http_idem_approve_record(ngx_http_request_t *r,
 ngx_int_t ngx_http_idem_approve_who(ngx_http_request_t *r,
     ngx_http_idem_loc_conf_t *conf, ngx_str_t *who);
 ngx_int_t ngx_http_idem_same_site(ngx_http_request_t *r);
+
+/* ngx_http_idempotency_proposal.c: a proposal by its operation id */
+typedef struct ngx_http_idem_lookup_s  ngx_http_idem_lookup_t;
+
+typedef ngx_int_t (*ngx_http_idem_lookup_pt)(ngx_http_request_t *r,
+    ngx_http_idem_ctx_t *ctx, ngx_http_idem_lookup_t *lk);
+
+struct ngx_http_idem_lookup_s {
+    ngx_str_t                    op;
+    ngx_uint_t                   found;     /* the index holds it */
+    ngx_str_t                    proposal;  /* its JSON; empty: not kept */
+    ngx_str_t                    value;     /* its record's, copied */
+    idem_value_t                 rec;       /* valid when has_rec */
+    ngx_uint_t                   has_rec;   /* a record of this op */
+    ngx_http_idem_problem_e      problem;   /* store down or error */
+    ngx_uint_t                   failed;
+    ngx_http_idem_lookup_pt      done;
+};
+
+ngx_int_t ngx_http_idem_lookup(ngx_http_request_t *r,
+    ngx_http_idem_ctx_t *ctx, ngx_http_idem_lookup_t *lk);
+ngx_int_t ngx_http_idem_op_arg(ngx_http_request_t *r, ngx_str_t *op);
 char *ngx_http_idem_approve_identity_conf(ngx_conf_t *cf,
     ngx_command_t *cmd, void *conf);
 
