@@ -47,6 +47,16 @@
                                 + sizeof(IDEM_OPERATION_SUFFIX) - 1)
 
 /*
+ * The operations awaiting approval, for the approval page's list: one
+ * sorted set, the operation ids scored by their proposal's end (ms), kept
+ * to the IDEM_PENDING_MAX latest-ending and trimmed of the ended ones at
+ * each new proposal.  As long as a record key, as every key the
+ * transport sends.
+ */
+#define IDEM_PENDING_KEY  "idem:{00000000000000000000000000000000}:p"
+#define IDEM_PENDING_MAX  1000
+
+/*
  * idempotency_unique and idempotency_lock name keys of their own, as long
  * as a record key: IDEM_RECORD_PREFIX + 32 hex + one of these.  A unique
  * key (of a scope and a business identity) holds the record key of the

@@ -316,7 +316,7 @@ idem_approve_kind_e
 idem_approve_decode(const idem_rv_t *el, size_t n, const char **state,
     long long *until)
 {
-    static const char   states[] = "icusd";
+    static const char   states[] = "icusdp";
     const char         *name;
     size_t              i;
 

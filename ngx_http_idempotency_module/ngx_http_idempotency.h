@@ -125,6 +125,7 @@ typedef struct {
 
     /* idempotency_approve(_page): who approves; NULL: the body says */
     ngx_http_complex_value_t    *approve_identity;
+    idem_jws_key_t              *page_secret;      /* NULL: no page here */
 
     /* idempotency_unique, idempotency_lock: NULL when off */
     ngx_http_idem_business_t    *unique;
@@ -559,6 +560,7 @@ struct ngx_http_idem_approval_s {
     ngx_str_t                    approver;
     ngx_int_t                    expires_in;    /* s; approve only */
     ngx_uint_t                   decline;
+    ngx_uint_t                   once;          /* not if approved */
     ngx_http_idem_decided_pt     decided;
 };
 
@@ -568,6 +570,10 @@ ngx_int_t ngx_http_idem_approve_record(ngx_http_request_t *r,
 ngx_int_t ngx_http_idem_approve_who(ngx_http_request_t *r,
     ngx_http_idem_loc_conf_t *conf, ngx_str_t *who);
 ngx_int_t ngx_http_idem_same_site(ngx_http_request_t *r);
+
+/* ngx_http_idempotency_page.c: idempotency_approve_page */
+ngx_int_t ngx_http_idem_page_handler(ngx_http_request_t *r);
+char *ngx_http_idem_page_conf(ngx_conf_t *cf, ngx_http_idem_loc_conf_t *lcf);
 
 /* ngx_http_idempotency_proposal.c: a proposal by its operation id */
 typedef struct ngx_http_idem_lookup_s  ngx_http_idem_lookup_t;

@@ -504,7 +504,7 @@ ngx_http_idem_approve_cmd(ngx_http_idem_ctx_t *ctx,
     idem_audit_entry_t   e;
 
     r = ctx->request;
-    size = a->op.len + a->fp.len + a->approver.len + 2 * NGX_INT64_LEN + 8;
+    size = a->op.len + a->fp.len + a->approver.len + 2 * NGX_INT64_LEN + 16;
 
     if (ctx->conf->audit == NULL) {
         return ngx_http_idem_cmd_create(ctx->conf->redis,
@@ -572,8 +572,9 @@ ngx_http_idem_approve_found(ngx_http_idem_cmd_t *cmd, redisReply *reply)
         ngx_http_idem_cmd_set_num(sc, NGX_HTTP_IDEM_APPROVE_EXPIRES_IN,
                                   (int64_t) a->expires_in * 1000);
         ngx_http_idem_cmd_set(sc, NGX_HTTP_IDEM_APPROVE_DECISION,
-                              a->decline ? "decline" : "approve",
-                              7);
+                              a->decline ? "decline"
+                              : a->once ? "approve_once" : "approve",
+                              a->decline ? 7 : a->once ? 12 : 7);
         ngx_http_idem_cmd_set_num(sc, NGX_HTTP_IDEM_APPROVE_KEEP,
                                   (int64_t) ctx->conf->ttl * 1000);
     }

@@ -673,6 +673,57 @@ enum {
     NGX_HTTP_IDEM_INDEX_NARGS
 };
 
+static ngx_str_t  ngx_http_idem_zadd = ngx_string("ZADD");
+static ngx_str_t  ngx_http_idem_zrem_score = ngx_string("ZREMRANGEBYSCORE");
+static ngx_str_t  ngx_http_idem_zrem_rank = ngx_string("ZREMRANGEBYRANK");
+
+typedef char  ngx_http_idem_pending_len_check[
+    sizeof(IDEM_PENDING_KEY) - 1 == IDEM_RECORD_KEY_LEN ? 1 : -1];
+
+
+/*
+ * The approval page's list of pending operations (IDEM_PENDING_KEY):
+ * this one added with its end, the ended ones and those beyond
+ * IDEM_PENDING_MAX removed.  Three commands of O(log N) (plus what they
+ * remove); nobody waits for them, and a lost one only shortens the list.
+ */
+static void
+ngx_http_idem_claim_pending(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
+{
+    ngx_uint_t            i;
+    ngx_http_idem_cmd_t  *cmd[3];
+    ngx_http_idem_redis_t  *rd;
+
+    rd = ctx->conf->redis;
+
+    cmd[0] = ngx_http_idem_cmd_native(rd, &ngx_http_idem_zadd, 2,
+                                      (u_char *) IDEM_PENDING_KEY,
+                                      ctx->op_id.len + NGX_INT64_LEN,
+                                      r->connection->log);
+    cmd[1] = ngx_http_idem_cmd_native(rd, &ngx_http_idem_zrem_score, 2,
+                                      (u_char *) IDEM_PENDING_KEY,
+                                      NGX_INT64_LEN + 8, r->connection->log);
+    cmd[2] = ngx_http_idem_cmd_native(rd, &ngx_http_idem_zrem_rank, 2,
+                                      (u_char *) IDEM_PENDING_KEY,
+                                      NGX_INT64_LEN + 8, r->connection->log);
+
+    if (cmd[0] == NULL || cmd[1] == NULL || cmd[2] == NULL) {
+        return;
+    }
+
+    ngx_http_idem_cmd_set_num(cmd[0], 0, ctx->proposal_expires);
+    ngx_http_idem_cmd_set(cmd[0], 1, ctx->op_id.data, ctx->op_id.len);
+    ngx_http_idem_cmd_set(cmd[1], 0, "-inf", 4);
+    ngx_http_idem_cmd_set_num(cmd[1], 1, ngx_http_idem_now_ms());
+    ngx_http_idem_cmd_set_num(cmd[2], 0, 0);
+    ngx_http_idem_cmd_set_num(cmd[2], 1, -(IDEM_PENDING_MAX + 1));
+
+    for (i = 0; i < 3; i++) {
+        (void) ngx_http_idem_cmd_send(cmd[i], NULL, NULL);
+    }
+}
+
+
 static void
 ngx_http_idem_claim_index(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
 {
@@ -789,6 +840,7 @@ ngx_http_idem_claim_decoded(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
             ctx->proposal_expires = ctx->created
                                     + ngx_http_idem_claim_ttl(ctx);
             ngx_http_idem_claim_index(r, ctx);
+            ngx_http_idem_claim_pending(r, ctx);
             return NGX_HTTP_IDEM_ANS_CONFIRM;
         }
 

@@ -342,6 +342,14 @@ ngx_http_idem_confirm_merge(ngx_conf_t *cf, ngx_http_idem_loc_conf_t *prev,
     ngx_conf_merge_ptr_value(conf->approve_identity, prev->approve_identity,
                              NULL);
 
+    if (conf->page_secret && conf->approve_identity == NULL) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"idempotency_approve_page\" needs "
+                           "\"idempotency_approve_identity\" (who approves: "
+                           "the user nginx authenticated, e.g. $remote_user)");
+        return NGX_CONF_ERROR;
+    }
+
     if (ngx_http_idem_confirm_check_show(cf, conf) != NGX_CONF_OK
         || ngx_http_idem_confirm_check_link(cf, conf) != NGX_CONF_OK)
     {

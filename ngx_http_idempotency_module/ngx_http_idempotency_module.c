@@ -46,6 +46,8 @@ static char *ngx_http_idem_thread_pool(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 static char *ngx_http_idem_status(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
+static char *ngx_http_idem_approve_page_conf(ngx_conf_t *cf,
+    ngx_command_t *cmd, void *conf);
 static char *ngx_http_idem_approve_conf(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 static char *ngx_http_idem_admin(ngx_conf_t *cf, ngx_command_t *cmd,
@@ -313,6 +315,13 @@ static ngx_command_t  ngx_http_idem_commands[] = {
     { ngx_string("idempotency_approve"),
       NGX_HTTP_LOC_CONF|NGX_CONF_NOARGS,
       ngx_http_idem_approve_conf,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      0,
+      NULL },
+
+    { ngx_string("idempotency_approve_page"),
+      NGX_HTTP_LOC_CONF|NGX_CONF_NOARGS|NGX_CONF_TAKE1,
+      ngx_http_idem_approve_page_conf,
       NGX_HTTP_LOC_CONF_OFFSET,
       0,
       NULL },
@@ -1934,6 +1943,27 @@ ngx_http_idem_approve_conf(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     lcf->ops = 1;
 
     return ngx_http_idem_ops_location(cf, ngx_http_idem_approve_handler);
+}
+
+
+/* idempotency_approve_page: the approvers' page (_page.c) */
+static char *
+ngx_http_idem_approve_page_conf(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf)
+{
+    ngx_http_idem_loc_conf_t  *lcf = conf;
+
+    if (lcf->page_secret) {
+        return "is duplicate";
+    }
+
+    lcf->ops = 1;
+
+    if (ngx_http_idem_page_conf(cf, lcf) != NGX_CONF_OK) {
+        return NGX_CONF_ERROR;
+    }
+
+    return ngx_http_idem_ops_location(cf, ngx_http_idem_page_handler);
 }
 
 

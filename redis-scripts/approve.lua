@@ -14,7 +14,9 @@
 -- fp          the fingerprint the person saw
 -- approver    who approved (non-empty, checked by the module)
 -- expires_in  how long the approval holds, in ms
--- decision    "approve" or "decline"
+-- decision    "approve", "approve_once" (the approval page: an approved
+--             operation is not approved again by a replayed form) or
+--             "decline"
 -- keep        a declined record lives at least this long, in ms (the
 --             approving location's idempotency_ttl): its key stays
 --             refused as a completed one stays answered
@@ -24,7 +26,7 @@
 --          audit.lua
 
 local names = { i = 'in_progress', c = 'completed', u = 'unknown',
-                s = 'alias', d = 'declined' }
+                s = 'alias', d = 'declined', p = 'approved' }
 local v = redis.pcall('GET', KEYS[1])
 
 if type(v) == 'table' or not v then
@@ -45,7 +47,8 @@ if state == 'r' or string.sub(v, 4, 35) ~= op then
     return {'none'}
 end
 
-if state ~= 'a' and state ~= 'p' then
+if (state ~= 'a' and state ~= 'p')
+   or (state == 'p' and decision == 'approve_once') then
     return {'refused', names[state]}
 end
 
