@@ -775,9 +775,12 @@ ngx_http_idem_approve_header(ngx_http_request_t *r, const char *name,
 
 /*
  * NGX_OK unless the browser says the request comes from another site:
- * Sec-Fetch-Site other than same-origin or none (a person typing), or an
- * Origin other than this request's own scheme and Host.  A client that
- * sends neither (curl, the tools) is no browser with someone's cookies.
+ * Sec-Fetch-Site other than same-origin or none (a person typing); or,
+ * from a browser that does not send it, an Origin other than this
+ * request's own scheme and Host.  Sec-Fetch-Site decides when present: a
+ * page with Referrer-Policy no-referrer (the approval page) makes the
+ * browser send "Origin: null" with its own form.  A client that sends
+ * neither (curl, the tools) is no browser with someone's cookies.
  */
 ngx_int_t
 ngx_http_idem_same_site(ngx_http_request_t *r)
@@ -787,10 +790,10 @@ ngx_http_idem_same_site(ngx_http_request_t *r)
 
     v = ngx_http_idem_approve_header(r, "Sec-Fetch-Site", 14);
 
-    if (v && !(v->len == 11 && ngx_strncmp(v->data, "same-origin", 11) == 0)
-        && !(v->len == 4 && ngx_strncmp(v->data, "none", 4) == 0))
-    {
-        return NGX_DECLINED;
+    if (v) {
+        return ((v->len == 11 && ngx_strncmp(v->data, "same-origin", 11) == 0)
+                || (v->len == 4 && ngx_strncmp(v->data, "none", 4) == 0))
+               ? NGX_OK : NGX_DECLINED;
     }
 
     v = ngx_http_idem_approve_header(r, "Origin", 6);

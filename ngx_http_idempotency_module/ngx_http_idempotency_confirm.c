@@ -725,8 +725,13 @@ ngx_http_idem_proposal(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
                                   IDEM_FP_HEX_LEN);
     ngx_http_idem_confirm_add_str(r, o, "method", r->method_name.data,
                                   r->method_name.len);
-    ngx_http_idem_confirm_add_str(r, o, "host", r->headers_in.server.data,
-                                  r->headers_in.server.len);
+    /* as the client wrote it, port included */
+    if (r->headers_in.host) {
+        ngx_http_idem_confirm_add_str(r, o, "host",
+                                      r->headers_in.host->value.data,
+                                      r->headers_in.host->value.len);
+    }
+
     ngx_http_idem_confirm_add_str(r, o, "route", ctx->route.data,
                                   ctx->route.len);
     ngx_http_idem_confirm_add_str(r, o, "query", r->args.data, r->args.len);

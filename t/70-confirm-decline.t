@@ -99,7 +99,8 @@ for my $ct ('text/plain', 'application/x-www-form-urlencoded', undef, 'applicati
     is($t->ptype($r), 'unsupported-media-type', '... unsupported-media-type');
 }
 for my $h ([ Origin => 'https://evil.example' ], [ 'Sec-Fetch-Site' => 'cross-site' ],
-           [ 'Sec-Fetch-Site' => 'same-site' ], [ Origin => 'null' ]) {
+           [ 'Sec-Fetch-Site' => 'same-site' ], [ Origin => 'null' ],
+           [ Origin => "http://127.0.0.1:" . $t->{nginx_port}, 'Sec-Fetch-Site' => 'cross-site' ]) {
     $r = $t->http(POST => '/approve', json => $approval, headers => $h);
     is($r->{status}, 403, "approve with $h->[0]: $h->[1]: 403");
     is($t->ptype($r), 'cross-site-request', '... cross-site-request');
