@@ -127,7 +127,7 @@ is($r->{status}, 403, 'the retry: 403');
 is($t->ptype($r), 'confirmation-declined', '... confirmation-declined');
 $r = pay($k1, json => { %$body, amount => 1 });
 is($t->ptype($r), 'confirmation-declined', 'another body under the key: declined too');
-my $jws = `$FindBin::Bin/../build/idempotency-approve --key $p/hs.key --sub carol --yes - <<'X' 2>/dev/null
+my $jws = `$FindBin::Bin/../build/idempotency-approve --trust-file --key $p/hs.key --sub carol --yes - <<'X' 2>/dev/null
 {"proposal":{"operation_id":"$op","idempotency_key":"$k1","fingerprint":"$fp","method":"POST","route":"/pay","query":"","expires":@{[time+600]}}}
 X`;
 chomp $jws;

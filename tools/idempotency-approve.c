@@ -295,11 +295,15 @@ show_proposal(const cJSON *p)
     fprintf(stderr, "  request:         ");
     term_str(member(p, "method"));
     fprintf(stderr, " ");
-    term_str(member(p, "host"));
     term_str(member(p, "route"));
     fprintf(stderr, "%s", member(p, "query")[0] ? "?" : "");
     term_str(member(p, "query"));
     fprintf(stderr, "\n");
+
+    if (member(p, "host")[0]) {
+        show_line("host:", p, "host");
+    }
+
     show_line("fingerprint:", p, "fingerprint");
 
     show = cJSON_GetObjectItemCaseSensitive(p, "show");
