@@ -180,6 +180,82 @@ is($t->effects(key => $k2), 1, 'one effect');
 ok($t->wait_for(sub { grep { /^outcome=executed approver="alice" key=\Q$k2\E$/ } $t->access_log }, 5),
    '$idempotency_approver is the authenticated user');
 
+# ---- idempotency-approve shows what the gateway stored (issue 35 row 14)
+my $TOOL = "$FindBin::Bin/../build/idempotency-approve";
+my $ST = "http://127.0.0.1:$t->{nginx_port}/status";
+my $EP = "http://127.0.0.1:$t->{nginx_port}/approve";
+sub spew { my ($f, $c) = @_; open(my $fh, '>', $f) or die; print $fh $c; close $fh }
+sub slurp { my $f = shift; local (@ARGV, $/) = ($f); <> // '' }
+
+my $k3 = $t->key('tool-edited');
+my $real = { amount => 990000, to => 'Mallory Ltd', currency => 'EUR' };
+$r = pay($k3, json => $real);
+is($r->{status}, 428, 'the real request: 428');
+my $edited = $r->{content};
+$edited =~ s/"\/amount":990000/"\/amount":42/ or fail('edit the amount');
+$edited =~ s/"\/to":"Mallory Ltd"/"\/to":"ACME Ltd"/ or fail('edit the payee');
+spew("$p/edited.json", $edited);
+my $jws3 = `$TOOL --key $p/hs.key --sub carol --status $ST --yes $p/edited.json 2>$p/edited.err`;
+is($? >> 8, 2, 'an edited proposal file: refused, exit 2');
+is($jws3, '', '... no approval printed');
+my $err = slurp("$p/edited.err");
+like($err, qr{show: the file says \{.*"/amount":42.*\}, the gateway stored \{.*"/amount":990000}, '... the difference shown') or diag($err);
+unlike($err, qr/Approve this operation/, '... nothing asked');
+$r = pay($k3, json => $real);
+is($t->effects(key => $k3), 0, 'no effect');
+
+# the same file untouched: accepted, and what is shown is the gateway's
+spew("$p/real.json", $r->{content});
+my $op3 = (($t->problem($r) // {})->{proposal} // {})->{operation_id};
+$jws3 = `$TOOL $p/real.json --sub carol --status=$ST --key $p/hs.key --yes 2>$p/real.err`;
+is($?, 0, 'the file as the gateway stored it, options after it (GNU style): exit 0') or diag(slurp("$p/real.err"));
+like(slurp("$p/real.err"), qr{Amount \(cents\) = 990000}, '... shows the stored value under its label');
+like(slurp("$p/real.err"), qr{state now:\s+awaiting_confirmation}, '... and the state now');
+$jws3 = `$TOOL --op $op3 --status $ST --key $p/hs.key --sub carol --yes 2>$p/op.err`;
+is($?, 0, '--op ID: the proposal fetched by operation id alone');
+like(slurp("$p/op.err"), qr{Payee = "Mallory Ltd"}, '... shows the gateway\'s values');
+`$TOOL --key $p/hs.key --sub carol --yes $p/real.json 2>/dev/null`;
+is($? >> 8, 2, 'neither --status nor --trust-file: usage, exit 2');
+
+# ---- every value printed to a terminal is escaped (row 15)
+my $k4 = $t->key('tool-escape');
+my $nasty = { amount => 1, to => "Mallory\x7f\x{202E}Ltd", currency => "\e[2K\e[8mEUR" };
+$r = $t->http(POST => '/pay/%1B[2K%1B[8mhidden', key => $k4, json => JSON::PP->new->utf8->encode($nasty));
+is($r->{status}, 428, 'a route and values with escape sequences: 428');
+spew("$p/nasty.json", $r->{content});
+`$TOOL --key $p/hs.key --sub carol --status $ST --yes $p/nasty.json 2>$p/nasty.err`;
+is($?, 0, 'the tool shows it');
+my $shown = slurp("$p/nasty.err");
+unlike($shown, qr/[\x00-\x08\x0b-\x1f\x7f]/, 'no raw control byte or DEL reaches the terminal');
+like($shown, qr{/pay/\\x1B\[2K\\x1B\[8mhidden}, 'the route\'s ESC shown as \\x1B');
+like($shown, qr{Mallory\\x7F\\u\{202E\}Ltd}, 'DEL and U+202E shown as escapes');
+is($t->effects(key => $k4), 0, 'no effect');
+
+# ---- idempotency-approve --decline, and idempotency-call agrees
+my $CALL = "$FindBin::Bin/../build/idempotency-call";
+my $sd = "$p/call-state";
+mkdir $sd;
+my @call = ($CALL, '--op', 'pay-decline', '--state-dir', $sd, '--deadline', '5',
+            '-X', 'POST', "http://127.0.0.1:$t->{nginx_port}/pay",
+            '-H', 'Content-Type: application/json', '-d', '{"amount":7,"to":"Eve","currency":"EUR"}');
+my $c1 = `@{[ join ' ', map { "'$_'" } @call ]} 2>/dev/null`;
+my $c1j = eval { JSON::PP->new->decode($c1) } // {};
+isnt($? >> 8, 0, 'idempotency-call: the first call needs confirmation') or diag($c1);
+my ($op5) = $c1 =~ /"operation_id"\s*:\s*"([0-9a-f]{32})"/;
+ok($op5, '... and names the operation') or diag($c1);
+my $out5 = `$TOOL --endpoint $EP --status $ST --op $op5 --decline --sub dave --yes 2>$p/decline.err`;
+is($?, 0, 'idempotency-approve --decline: exit 0') or diag(slurp("$p/decline.err"));
+like($out5, qr/"state":"declined"/, '... prints the endpoint\'s answer: declined');
+my $c2 = `@{[ join ' ', map { "'$_'" } @call ]} 2>/dev/null`;
+isnt($? >> 8, 0, 'idempotency-call after the decline: a failure');
+like($c2, qr/confirmation-declined/, '... naming confirmation-declined') or diag($c2);
+$st = body_of($t->http(GET => "/status?op=$op5"));
+is($st->{state}, 'declined', 'the status endpoint agrees: declined');
+is($st->{declined_by}, 'dave', '... by dave');
+my ($k5) = $c1 =~ /"(?:idempotency_)?key"\s*:\s*"([^"]+)"/;
+ok($k5, 'idempotency-call names its key') or diag($c1);
+is($t->effects(key => $k5), 0, 'no effect for the declined operation');
+
 # ---- nginx -t: the new directives
 sub conf_ok {
     my ($what, $loc, $want) = @_;
