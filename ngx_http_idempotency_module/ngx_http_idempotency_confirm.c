@@ -645,6 +645,51 @@ ngx_http_idem_confirm_approve(ngx_http_idem_ctx_t *ctx, cJSON *proposal)
 }
 
 
+/*
+ * Who asked: the audit's identity when the location names one, else the
+ * scope as a short digest (its value may be a credential), the scope tag
+ * a lock keeps (idem_record.h)
+ */
+static ngx_int_t
+ngx_http_idem_confirm_asker(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
+    cJSON *proposal)
+{
+    u_char     buf[IDEM_RECORD_KEY_LEN + 1], text[32], *p;
+    ngx_str_t  v;
+
+    if (ctx->conf->audit_identity) {
+        if (ngx_http_complex_value(r, ctx->conf->audit_identity, &v)
+            != NGX_OK)
+        {
+            return NGX_ERROR;
+        }
+
+        ngx_http_idem_confirm_add_str(r, proposal, "requested_by", v.data,
+                                      v.len);
+        return NGX_OK;
+    }
+
+    if (ctx->scope.len == 0) {
+        cJSON_AddStringToObject(proposal, "requested_by", "no scope");
+        return NGX_OK;
+    }
+
+    if (idem_derived_key("idem-scope-v1", (const char *) ctx->scope.data,
+                         ctx->scope.len, NULL, 0, IDEM_SCOPE_SUFFIX,
+                         (char *) buf) != 0)
+    {
+        return NGX_ERROR;
+    }
+
+    p = ngx_sprintf(text, "scope %*s", (size_t) 12,
+                    buf + sizeof(IDEM_RECORD_PREFIX) - 1);
+    ngx_http_idem_confirm_add_str(r, proposal, "requested_by", text,
+                                  p - text);
+
+    return NGX_OK;
+}
+
+
 /* idempotency_confirm_describe and idempotency_confirm_link */
 static ngx_int_t
 ngx_http_idem_confirm_person(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
@@ -736,7 +781,9 @@ ngx_http_idem_proposal(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
                                   ctx->route.len);
     ngx_http_idem_confirm_add_str(r, o, "query", r->args.data, r->args.len);
 
-    if (ngx_http_idem_confirm_person(r, ctx, o) != NGX_OK) {
+    if (ngx_http_idem_confirm_person(r, ctx, o) != NGX_OK
+        || ngx_http_idem_confirm_asker(r, ctx, o) != NGX_OK)
+    {
         cJSON_Delete(o);
         return NULL;
     }

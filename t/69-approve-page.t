@@ -38,6 +38,7 @@ open(my $pw, '>', "$p/htpasswd") or die; print $pw "alice:$crypt\n"; close $pw;
 
 my $confirm = <<"EOF";
         idempotency on;
+        idempotency_scope \$http_authorization;
         idempotency_confirm on;
         idempotency_confirm_show /amount "label=Amount (cents)" /to label=Payee /ref label=Reference;
         idempotency_confirm_describe "Pay \$amount cents to \$to";
@@ -86,7 +87,8 @@ sub browser {
 
 sub pay {
     my ($key, $body, $loc) = @_;
-    return $t->http(POST => $loc // '/pay', key => $key, json => $body);
+    return $t->http(POST => $loc // '/pay', key => $key, json => $body,
+                    headers => [ Authorization => 'Bearer agent-7' ]);
 }
 
 sub proposal {
@@ -117,6 +119,8 @@ is($v->{rows}{Payee}, $XSS, 'the payload shown as text under its label');
 is($v->{rows}{Reference}, "\x{27E8}U+202E\x{27E9}0001", 'U+202E is a visible escape, not applied');
 like($v->{rows}{Request} // '', qr{^POST 127\.0\.0\.1:\d+/pay$}, 'method, host and route');
 is($v->{rows}{'Operation id'}, $prop->{operation_id}, 'the operation id');
+like($v->{rows}{'Asked by'} // '', qr/^scope [0-9a-f]{12}$/, 'who asked: the scope, as a short digest');
+unlike($v->{text} // '', qr/agent-7/, '... never the scope\'s value (a credential)');
 is($v->{rows}{'Idempotency key'}, $k1, 'the key');
 like($v->{rows}{'Proposal expires'} // '', qr/^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC$/, 'the expiry');
 is($v->{state}, 'awaiting_confirmation', 'the state');
@@ -143,8 +147,8 @@ ok((grep { $_ eq $prop->{operation_id} } @{ $l->{ops} // [] }), 'the list shows 
 my $d = browser('decide', $url, 'approve');
 is($d->{status}, 200, 'Approve (keyboard): 200') or diag(explain($d));
 is($d->{title}, 'Approved', '... the result page says approved');
-is(($t->record($k1) // {})->{state}, 'approved', 'the record is approved');
-is(($t->record($k1) // {})->{approver}, 'alice', '... by the authenticated user');
+is(($t->record($k1, 'Bearer agent-7') // {})->{state}, 'approved', 'the record is approved');
+is(($t->record($k1, 'Bearer agent-7') // {})->{approver}, 'alice', '... by the authenticated user');
 my $r = pay($k1, $b1);
 is($r->{status}, 201, 'the agent\'s retry executes') or diag($t->show($r));
 is($t->effects(key => $k1), 1, 'upstream effect 1');
@@ -184,7 +188,7 @@ my $p3 = proposal($k3, { amount => 1, to => 'x', ref => 'y' });
 my $e = browser('evil', $p3->{approve_url});
 is($e->{status}, 403, 'a post from another origin (another loopback port): 403') or diag(explain($e));
 like($e->{result} // '', qr/another site/, '... the page says why');
-is(($t->record($k3) // {})->{state}, 'awaiting_confirmation', '... nothing recorded');
+is(($t->record($k3, 'Bearer agent-7') // {})->{state}, 'awaiting_confirmation', '... nothing recorded');
 pay($k3, { amount => 1, to => 'x', ref => 'y' });
 is($t->effects(key => $k3), 0, '... effect 0');
 
@@ -194,8 +198,8 @@ my $p4 = proposal($k4, { amount => 2, to => 'x', ref => 'y' });
 my $s = browser('swap', $p3->{approve_url}, $p4->{approve_url});
 is($s->{status}, 403, 'operation A\'s token for B: 403') or diag(explain($s));
 like($s->{result} // '', qr/not valid for this operation/, '... the page says why');
-is(($t->record($k4) // {})->{state}, 'awaiting_confirmation', '... B is not approved');
-is(($t->record($k3) // {})->{state}, 'awaiting_confirmation', '... nor A');
+is(($t->record($k4, 'Bearer agent-7') // {})->{state}, 'awaiting_confirmation', '... B is not approved');
+is(($t->record($k3, 'Bearer agent-7') // {})->{state}, 'awaiting_confirmation', '... nor A');
 
 # ---- an expired proposal: the page says so, no button; posting anyway is refused
 my $k5 = $t->key('page-expired');
@@ -204,7 +208,7 @@ my $wait = "$p/expired.flag";
 my $bg = fork // die;
 if (!$bg) {
     # the proposal lives 8 s: say it is over once Redis no longer has it
-    $t->wait_for(sub { !$t->record($k5) }, 10);
+    $t->wait_for(sub { !$t->record($k5, 'Bearer agent-7') }, 10);
     open(my $f, '>', $wait); close $f;
     exit 0;
 }

@@ -79,6 +79,7 @@ is_deeply($prop->{show}, { '/amount' => 4200, '/to' => 'ACME Ltd', '/currency' =
 is($prop->{approve_url}, "https://ops.example/approve?op=$op", 'approve_url names the operation');
 like($prop->{host} // '', qr/^127\.0\.0\.1/, 'the host');
 is($prop->{method}, 'POST', 'the method');
+is($prop->{requested_by}, 'no scope', 'who asked: no scope here');
 
 my $r = $t->http(GET => "/status?op=$op");
 is($r->{status}, 200, 'status by operation id') or diag($t->show($r));
