@@ -283,6 +283,27 @@ conf_ok('an empty label', "$K idempotency_confirm_show /amount label=;", qr/labe
 conf_ok('a relative link', "$K idempotency_confirm_link /approve;", qr/idempotency_confirm_link/);
 conf_ok('a link with a fragment', "$K idempotency_confirm_link https://x.example/a#b;", qr/idempotency_confirm_link/);
 conf_ok('describe twice', "$K idempotency_confirm_describe a; idempotency_confirm_describe b;", qr/duplicate/);
+{
+    my ($rc, $out);
+    my $loc = sub { "server { listen 127.0.0.1:%%PORT%%; idempotency_redis 127.0.0.1:1; location = /approve { $_[0] } }" };
+    system("printf short > $p/short.key");
+    for my $c ([ 'the page with identity and a secret', "idempotency_approve_identity \$remote_user; idempotency_approve_page secret=$p/hs.key;" ],
+               [ 'the page with identity, no secret', "idempotency_approve_identity \$remote_user; idempotency_approve_page;" ],
+               [ 'the page without identity', 'idempotency_approve_page;', qr/idempotency_approve_page.*needs.*idempotency_approve_identity/ ],
+               [ 'the page, a parameter other than secret=', "idempotency_approve_identity \$remote_user; idempotency_approve_page key=$p/hs.key;", qr/secret=FILE/ ],
+               [ 'the page, a missing secret file', "idempotency_approve_identity \$remote_user; idempotency_approve_page secret=$p/nope.key;", qr/idempotency_approve_page/ ],
+               [ 'the page, a short secret', "idempotency_approve_identity \$remote_user; idempotency_approve_page secret=$p/short.key;", qr/idempotency_approve_page/ ],
+               [ 'the page twice', "idempotency_approve_identity \$remote_user; idempotency_approve_page; idempotency_approve_page;", qr/duplicate/ ],
+               [ 'the page beside proxy_pass', "idempotency_approve_identity \$remote_user; idempotency_approve_page; proxy_pass http://127.0.0.1:1;", qr/content handler/ ]) {
+        ($rc, $out) = $t->nginx_test_conf($loc->($c->[1]));
+        if ($c->[2]) {
+            isnt($rc, 0, "nginx -t refuses: $c->[0]");
+            like($out, $c->[2], '... saying why') or diag($out);
+        } else {
+            is($rc, 0, "nginx -t accepts: $c->[0]") or diag($out);
+        }
+    }
+}
 conf_ok('identity twice', "idempotency_approve_identity \$remote_user; idempotency_approve_identity \$remote_user;", qr/duplicate/);
 
 done_testing();
