@@ -75,9 +75,18 @@ ngx_http_idem_status_body(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
     p = ngx_slprintf(p, end, ",\"completed_at\":");
     p = ngx_http_idem_json_time(p, end, st->rec.completed);
 
-    if (st->rec.state == 'a' || st->rec.state == 'p') {
+    if (st->rec.state == 'a' || st->rec.state == 'p' || st->rec.state == 'd')
+    {
         p = ngx_slprintf(p, end, ",\"expires_at\":");
         p = ngx_http_idem_json_time(p, end, st->rec.expires);
+    }
+
+    if (st->rec.state == 'd') {
+        p = ngx_slprintf(p, end, ",\"declined_by\":");
+        p = ngx_http_idem_json_str(p, end, (u_char *) st->rec.approver,
+                                   st->rec.approver_len);
+        p = ngx_slprintf(p, end, ",\"declined_at\":");
+        p = ngx_http_idem_json_time(p, end, st->rec.approved_until);
     }
 
     if (st->rec.state == 'p') {

@@ -138,6 +138,8 @@ is($t->effects(key => $k1), 0, 'no effect');
 
 $st = body_of($t->http(GET => '/status', key => $k1));
 is($st->{state}, 'declined', 'status by key: declined');
+is($st->{declined_by}, 'alice', '... and who declined');
+like($st->{declined_at} // '', qr/^\d{4}-\d\d-\d\dT/, '... and when');
 $st = body_of($t->http(GET => "/status?op=$op"));
 is($st->{state}, 'declined', 'status by operation id: declined');
 is($st->{declined_by}, 'alice', '... and who declined');
