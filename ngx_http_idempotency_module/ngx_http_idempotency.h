@@ -126,6 +126,7 @@ typedef struct {
     /* idempotency_approve(_page): who approves; NULL: the body says */
     ngx_http_complex_value_t    *approve_identity;
     idem_jws_key_t              *page_secret;      /* NULL: no page here */
+    time_t                       page_ttl_max;     /* s */
 
     /* idempotency_unique, idempotency_lock: NULL when off */
     ngx_http_idem_business_t    *unique;

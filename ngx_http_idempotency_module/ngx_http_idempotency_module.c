@@ -320,7 +320,7 @@ static ngx_command_t  ngx_http_idem_commands[] = {
       NULL },
 
     { ngx_string("idempotency_approve_page"),
-      NGX_HTTP_LOC_CONF|NGX_CONF_NOARGS|NGX_CONF_TAKE1,
+      NGX_HTTP_LOC_CONF|NGX_CONF_NOARGS|NGX_CONF_TAKE12,
       ngx_http_idem_approve_page_conf,
       NGX_HTTP_LOC_CONF_OFFSET,
       0,

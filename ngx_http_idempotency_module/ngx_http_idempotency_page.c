@@ -554,7 +554,12 @@ ngx_http_idem_page_form(ngx_http_idem_page_t *pg, ngx_http_idem_lookup_t *lk,
     ngx_http_idem_page_hidden(pg, "token", token, 64);
     ngx_http_idem_page_lit(pg, "<label>Approval valid for <select name=\"ttl\">");
 
-    for (i = 0; ngx_http_idem_page_ttls[i]; i++) {
+    for (i = 0; ngx_http_idem_page_ttls[i]
+                && ngx_http_idem_page_ttls[i] <= ((ngx_http_idem_loc_conf_t *)
+                       ngx_http_get_module_loc_conf(pg->r,
+                           ngx_http_idempotency_module))->page_ttl_max;
+         i++)
+    {
         ngx_http_idem_page_raw(pg, (char *) num,
             ngx_sprintf(num, "<option value=\"%i\">",
                         ngx_http_idem_page_ttls[i]) - num);
@@ -993,8 +998,9 @@ static ngx_int_t
 ngx_http_idem_page_decision(ngx_http_request_t *r,
     ngx_http_idem_page_form_t *f, ngx_http_idem_approval_t *a)
 {
-    ngx_uint_t  i;
-    ngx_int_t   ttl;
+    ngx_uint_t                 i;
+    ngx_int_t                  ttl;
+    ngx_http_idem_loc_conf_t  *conf;
 
     if (f->decision.len == 7
         && ngx_strncmp(f->decision.data, "decline", 7) == 0)
@@ -1013,8 +1019,10 @@ ngx_http_idem_page_decision(ngx_http_request_t *r,
 
     ttl = ngx_atoi(f->ttl.data, f->ttl.len);
 
+    conf = ngx_http_get_module_loc_conf(r, ngx_http_idempotency_module);
+
     for (i = 0; ngx_http_idem_page_ttls[i]; i++) {
-        if (ttl == ngx_http_idem_page_ttls[i]) {
+        if (ttl == ngx_http_idem_page_ttls[i] && ttl <= conf->page_ttl_max) {
             a->expires_in = ttl;
             a->once = 1;
             return NGX_OK;
@@ -1273,38 +1281,16 @@ ngx_http_idem_page_handler(ngx_http_request_t *r)
 }
 
 
-/* idempotency_approve_page [secret=FILE] */
-char *
-ngx_http_idem_page_conf(ngx_conf_t *cf, ngx_http_idem_loc_conf_t *lcf)
+/*
+ * Without secret=FILE one host is enough: a secret of this configuration's
+ * life (several hosts behind one name need the file, so that each accepts
+ * the others' forms)
+ */
+static char *
+ngx_http_idem_page_random_secret(ngx_conf_t *cf, ngx_http_idem_loc_conf_t *lcf)
 {
-    u_char     raw[32];
-    ngx_str_t  *value, file;
+    u_char  raw[32];
 
-    value = cf->args->elts;
-
-    if (cf->args->nelts == 2) {
-        if (ngx_strncmp(value[1].data, "secret=", 7) != 0) {
-            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                               "\"idempotency_approve_page\": invalid "
-                               "parameter \"%V\", expected secret=FILE",
-                               &value[1]);
-            return NGX_CONF_ERROR;
-        }
-
-        file.data = value[1].data + 7;
-        file.len = value[1].len - 7;
-
-        lcf->page_secret = ngx_http_idem_key_file(cf, &file, IDEM_JWS_HS256,
-                                                  NULL,
-                                                  "idempotency_approve_page");
-        return lcf->page_secret ? NGX_CONF_OK : NGX_CONF_ERROR;
-    }
-
-    /*
-     * one host: a secret of this configuration's life is enough (several
-     * hosts behind one name need secret=FILE, so that each accepts the
-     * others' forms)
-     */
     lcf->page_secret = ngx_pcalloc(cf->pool, sizeof(idem_jws_key_t));
     if (lcf->page_secret == NULL) {
         return NGX_CONF_ERROR;
@@ -1321,4 +1307,48 @@ ngx_http_idem_page_conf(ngx_conf_t *cf, ngx_http_idem_loc_conf_t *lcf)
     lcf->page_secret->secret_len = sizeof(raw);
 
     return NGX_CONF_OK;
+}
+
+
+/* idempotency_approve_page [secret=FILE] [max_ttl=time] */
+char *
+ngx_http_idem_page_conf(ngx_conf_t *cf, ngx_http_idem_loc_conf_t *lcf)
+{
+    ngx_str_t   *value, file, v;
+    ngx_uint_t   i;
+
+    value = cf->args->elts;
+    lcf->page_ttl_max = 3600;
+    ngx_str_null(&file);
+
+    for (i = 1; i < cf->args->nelts; i++) {
+        if (ngx_strncmp(value[i].data, "secret=", 7) == 0 && !file.data) {
+            file.data = value[i].data + 7;
+            file.len = value[i].len - 7;
+            continue;
+        }
+
+        v.data = value[i].data + 8;
+        v.len = value[i].len - 8;
+
+        if (ngx_strncmp(value[i].data, "max_ttl=", 8) != 0
+            || (lcf->page_ttl_max = ngx_parse_time(&v, 1)) == NGX_ERROR
+            || lcf->page_ttl_max < ngx_http_idem_page_ttls[0])
+        {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "\"idempotency_approve_page\": invalid "
+                               "parameter \"%V\", expected secret=FILE or "
+                               "max_ttl=time (at least 5m)", &value[i]);
+            return NGX_CONF_ERROR;
+        }
+    }
+
+    if (file.data == NULL) {
+        return ngx_http_idem_page_random_secret(cf, lcf);
+    }
+
+    lcf->page_secret = ngx_http_idem_key_file(cf, &file, IDEM_JWS_HS256, NULL,
+                                              "idempotency_approve_page");
+
+    return lcf->page_secret ? NGX_CONF_OK : NGX_CONF_ERROR;
 }

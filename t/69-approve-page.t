@@ -65,7 +65,7 @@ $confirm
         auth_basic "approvers";
         auth_basic_user_file $p/htpasswd;
         idempotency_approve_identity \$remote_user;
-        idempotency_approve_page secret=$p/page.key;
+        idempotency_approve_page secret=$p/page.key max_ttl=4h;
         idempotency_audit on;
     }
     location = /status {
@@ -125,6 +125,7 @@ is($v->{rows}{'Idempotency key'}, $k1, 'the key');
 like($v->{rows}{'Proposal expires'} // '', qr/^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC$/, 'the expiry');
 is($v->{state}, 'awaiting_confirmation', 'the state');
 ok($v->{approve} && $v->{decline}, 'Approve and Decline buttons');
+is(join(' ', @{ $v->{ttls} // [] }), '300 900 3600 14400', 'approval lifetimes up to max_ttl (4h)');
 is($v->{who}, 'alice', 'signed in as the authenticated approver');
 unlike($v->{text} // '', qr/not shown/, 'a member not named by idempotency_confirm_show is not shown');
 my $h = $v->{headers} // {};

@@ -295,6 +295,9 @@ conf_ok('describe twice', "$K idempotency_confirm_describe a; idempotency_confir
                [ 'the page, a parameter other than secret=', "idempotency_approve_identity \$remote_user; idempotency_approve_page key=$p/hs.key;", qr/secret=FILE/ ],
                [ 'the page, a missing secret file', "idempotency_approve_identity \$remote_user; idempotency_approve_page secret=$p/nope.key;", qr/idempotency_approve_page/ ],
                [ 'the page, a short secret', "idempotency_approve_identity \$remote_user; idempotency_approve_page secret=$p/short.key;", qr/idempotency_approve_page/ ],
+               [ 'the page with max_ttl', "idempotency_approve_identity \$remote_user; idempotency_approve_page max_ttl=2h secret=$p/hs.key;" ],
+               [ 'the page, max_ttl under 5 minutes', "idempotency_approve_identity \$remote_user; idempotency_approve_page max_ttl=1m;", qr/max_ttl/ ],
+               [ 'the page, max_ttl not a time', "idempotency_approve_identity \$remote_user; idempotency_approve_page max_ttl=soon;", qr/max_ttl/ ],
                [ 'the page twice', "idempotency_approve_identity \$remote_user; idempotency_approve_page; idempotency_approve_page;", qr/duplicate/ ],
                [ 'the page beside proxy_pass', "idempotency_approve_identity \$remote_user; idempotency_approve_page; proxy_pass http://127.0.0.1:1;", qr/content handler/ ]) {
         ($rc, $out) = $t->nginx_test_conf($loc->($c->[1]));

@@ -66,6 +66,7 @@ async function seen(page) {
             who: text('#who'),
             result: text('#result'),
             rows,
+            ttls: Array.from(document.querySelectorAll('select[name=ttl] option')).map((o) => o.value),
             approve: !!document.querySelector('button#approve'),
             decline: !!document.querySelector('button#decline'),
             images: document.querySelectorAll('img').length,
