@@ -534,6 +534,7 @@ static void
 ngx_http_idem_approve_found(ngx_http_idem_cmd_t *cmd, redisReply *reply)
 {
     ngx_int_t                  rc;
+    const char                *decision;
     ngx_http_idem_cmd_t       *sc;
     ngx_http_idem_ctx_t       *ctx;
     ngx_http_idem_approval_t  *a;
@@ -561,6 +562,10 @@ ngx_http_idem_approve_found(ngx_http_idem_cmd_t *cmd, redisReply *reply)
     ngx_memcpy(ctx->rkey, reply->str, IDEM_RECORD_KEY_LEN);
     ctx->rkey[IDEM_RECORD_KEY_LEN] = '\0';
 
+    /* the page's decisions are once: a replayed form changes nothing */
+    decision = a->decline ? (a->once ? "decline_once" : "decline")
+                          : (a->once ? "approve_once" : "approve");
+
     sc = ngx_http_idem_approve_cmd(ctx, a);
     if (sc) {
         ngx_http_idem_cmd_set(sc, NGX_HTTP_IDEM_APPROVE_OP, a->op.data,
@@ -572,9 +577,7 @@ ngx_http_idem_approve_found(ngx_http_idem_cmd_t *cmd, redisReply *reply)
         ngx_http_idem_cmd_set_num(sc, NGX_HTTP_IDEM_APPROVE_EXPIRES_IN,
                                   (int64_t) a->expires_in * 1000);
         ngx_http_idem_cmd_set(sc, NGX_HTTP_IDEM_APPROVE_DECISION,
-                              a->decline ? "decline"
-                              : a->once ? "approve_once" : "approve",
-                              a->decline ? 7 : a->once ? 12 : 7);
+                              (u_char *) decision, ngx_strlen(decision));
         ngx_http_idem_cmd_set_num(sc, NGX_HTTP_IDEM_APPROVE_KEEP,
                                   (int64_t) ctx->conf->ttl * 1000);
     }

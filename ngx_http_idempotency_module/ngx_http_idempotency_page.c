@@ -1007,6 +1007,7 @@ ngx_http_idem_page_decision(ngx_http_request_t *r,
     {
         a->decline = 1;
         a->expires_in = 1;
+        a->once = 1;
         return NGX_OK;
     }
 

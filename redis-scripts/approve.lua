@@ -14,9 +14,9 @@
 -- fp          the fingerprint the person saw
 -- approver    who approved (non-empty, checked by the module)
 -- expires_in  how long the approval holds, in ms
--- decision    "approve", "approve_once" (the approval page: an approved
---             operation is not approved again by a replayed form) or
---             "decline"
+-- decision    "approve", "decline", or "approve_once", "decline_once"
+--             (the approval page: an operation decided already is not
+--             decided again by a replayed form)
 -- keep        a declined record lives at least this long, in ms (the
 --             approving location's idempotency_ttl): its key stays
 --             refused as a completed one stays answered
@@ -48,7 +48,7 @@ if state == 'r' or string.sub(v, 4, 35) ~= op then
 end
 
 if (state ~= 'a' and state ~= 'p')
-   or (state == 'p' and decision == 'approve_once') then
+   or (state == 'p' and string.sub(decision, -5) == '_once') then
     return {'refused', names[state]}
 end
 
@@ -66,7 +66,7 @@ local now = now_ms()
 
 -- a decline also ends an approval not claimed yet: the person changed
 -- their mind before the operation ran
-if decision == 'decline' then
+if string.sub(decision, 1, 7) == 'decline' then
     local left = redis.call('PTTL', KEYS[1])
     if left < tonumber(keep) then
         left = tonumber(keep)

@@ -205,6 +205,15 @@ like($s->{result} // '', qr/not valid for this operation/, '... the page says wh
 is(($t->record($k4, 'Bearer agent-7') // {})->{state}, 'awaiting_confirmation', '... B is not approved');
 is(($t->record($k3, 'Bearer agent-7') // {})->{state}, 'awaiting_confirmation', '... nor A');
 
+# ---- a form replayed after a decision changes nothing
+my $k6 = $t->key('page-twice');
+my $p6 = proposal($k6, { amount => 6, to => 'x', ref => 'y' });
+my $tw = browser('twice', $p6->{approve_url});
+is($tw->{first}{title}, 'Approved', 'two tabs: the first approves');
+is($tw->{second}{status}, 409, 'the second tab\'s form, replayed after the decision: 409') or diag(explain($tw));
+like($tw->{second}{result} // '', qr/already decided: nothing changed/, '... the page says so');
+is(($t->record($k6, 'Bearer agent-7') // {})->{state}, 'approved', '... the record is still approved');
+
 # ---- an expired proposal: the page says so, no button; posting anyway is refused
 my $k5 = $t->key('page-expired');
 my $p5 = proposal($k5, { amount => 3, to => 'x', ref => 'y' }, '/pay-short');

@@ -159,6 +159,20 @@ $r = $t->http(POST => '/approve', json => { operation_id => $op, fingerprint => 
                                             approved_by => 'a', decision => 'maybe' });
 is($t->ptype($r), 'bad-approval-request', 'an unknown decision: 400');
 
+# ---- at the JSON endpoint, a decline also ends an approval not claimed yet
+{
+    my $k = $t->key('revoke');
+    my $pp = proposal($k);
+    my %id = (operation_id => $pp->{operation_id}, fingerprint => $pp->{fingerprint});
+    $r = $t->http(POST => '/approve', json => { %id, approved_by => 'alice', expires_in => 600 });
+    is($r->{status}, 200, 'approved');
+    $r = $t->http(POST => '/approve', json => { %id, approved_by => 'alice', decision => 'decline' });
+    is($r->{status}, 200, 'then declined before the retry (a change of mind)');
+    $r = pay($k);
+    is($t->ptype($r), 'confirmation-declined', 'the retry: confirmation-declined');
+    is($t->effects(key => $k), 0, 'no effect');
+}
+
 # ---- the identity: approved_by comes from the authenticated user
 my $k2 = $t->key('identity');
 $prop = proposal($k2);

@@ -14,6 +14,8 @@
 //   stale URL WAITFILE           keep the form open until WAITFILE exists
 //                                (the proposal has expired by then), open
 //                                the page again, then press Approve anyway
+//   twice URL                    two tabs: Approve in one, then Decline
+//                                with the other's (replayed) form
 //   list URL                     the pending operations the list shows
 
 'use strict';
@@ -188,6 +190,20 @@ async function stale(url, waitfile) {
     return out;
 }
 
+// two tabs of one page: Approve in the first, then the second's form (a
+// valid token, replayed after the decision) tries Decline
+async function twice(url) {
+    const b = await browser();
+    const one = await open(b, url);
+    const two = await open(b, url);
+    const first = await press(one.page, 'approve');
+    const a = { ...(await headers(first)), ...(await seen(one.page)) };
+    const second = await press(two.page, 'decline');
+    const d = { ...(await headers(second)), ...(await seen(two.page)) };
+    await close(b);
+    return { first: a, second: d };
+}
+
 async function list(url) {
     const b = await browser();
     const { page, resp } = await open(b, url);
@@ -201,7 +217,7 @@ async function list(url) {
 
 async function main() {
     const [cmd, ...args] = process.argv.slice(2);
-    const cmds = { view, decide, evil, swap, stale, list };
+    const cmds = { view, decide, evil, swap, stale, twice, list };
     if (!cmds[cmd]) {
         throw new Error(`unknown command ${cmd}`);
     }
