@@ -546,7 +546,7 @@ ngx_http_idem_page_form(ngx_http_idem_page_t *pg, ngx_http_idem_lookup_t *lk,
         return;
     }
 
-    ngx_http_idem_page_lit(pg, "<form method=\"post\" action=\"\">");
+    ngx_http_idem_page_lit(pg, "<form method=\"post\">");
     ngx_http_idem_page_hidden(pg, "op", lk->op.data, lk->op.len);
     ngx_http_idem_page_hidden(pg, "fp", fp.data, fp.len);
     ngx_http_idem_page_hidden(pg, "exp", num, ngx_sprintf(num, "%T", exp)
