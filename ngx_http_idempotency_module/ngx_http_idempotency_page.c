@@ -101,7 +101,8 @@ ngx_http_idem_page_grow(ngx_http_idem_page_t *pg, size_t len)
         return;
     }
 
-    pg->pos = ngx_cpymem(p, pg->start, pg->pos - pg->start);
+    /* the first growth has nothing to keep (and memcpy no NULL source) */
+    pg->pos = pg->start ? ngx_cpymem(p, pg->start, pg->pos - pg->start) : p;
     pg->start = p;
     pg->end = p + size;
 }
