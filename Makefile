@@ -153,7 +153,7 @@ FUZZ_CFLAGS  ?= -g -O1 -fno-omit-frame-pointer \
                 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
                 -Wall -Wextra -Wno-unused-parameter -Wno-unused-function
 FUZZ_SECONDS ?= 60
-FUZZ_TARGETS := jcs fingerprint key record claim jws audit
+FUZZ_TARGETS := jcs fingerprint key record claim jws audit html
 FUZZ_BINS    := $(patsubst %,$(ASAN_BUILD)/fuzz/fuzz_%,$(FUZZ_TARGETS))
 
 .PHONY: module-asan unit-asan test-asan valgrind-check fuzz-build fuzz fuzz-ci clean-hardening
