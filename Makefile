@@ -26,7 +26,8 @@ CORE_SRCS := $(MODDIR)/idem_text.c $(MODDIR)/idem_number.c \
              $(MODDIR)/idem_pointer.c $(MODDIR)/idem_jws.c \
              $(MODDIR)/idem_json.c $(MODDIR)/idem_slot.c \
              $(MODDIR)/idem_audit.c $(MODDIR)/idem_answer.c \
-             $(MODDIR)/idem_audit_file.c
+             $(MODDIR)/idem_audit_file.c \
+             $(MODDIR)/idem_html.c
 CORE_HDRS := $(wildcard $(MODDIR)/idem_*.h)
 NGX_SRCS  := $(wildcard $(MODDIR)/ngx_http_idempotency*.c) \
              $(wildcard $(MODDIR)/ngx_http_idempotency*.h)
@@ -93,7 +94,7 @@ $(BUILD)/idempotency-fingerprint: tools/idempotency-fingerprint.c $(CORE_SRCS) $
 # libcurl for --endpoint
 APPROVE_CORE := $(MODDIR)/idem_jws.c $(MODDIR)/idem_pointer.c $(MODDIR)/idem_text.c \
                 $(MODDIR)/idem_json.c $(MODDIR)/idem_jcs.c $(MODDIR)/idem_jcs_parse.c \
-                $(MODDIR)/idem_number.c
+                $(MODDIR)/idem_number.c $(MODDIR)/idem_html.c
 $(BUILD)/idempotency-approve: tools/idempotency-approve.c $(APPROVE_CORE) $(CORE_HDRS)
 	@mkdir -p $(BUILD)
 	$(CC) $(CFLAGS) $(CPPFLAGS) -I$(MODDIR) $(shell pkg-config --cflags libcurl) -o $@ $< \
@@ -148,7 +149,15 @@ TESTS_SLOW := $(filter $(wildcard t/*.t), t/56-cluster.t t/44-sentinel.t \
               t/46-fingerprint-exclude.t t/41-redis-stall.t)
 TESTS      := $(TESTS_SLOW) $(filter-out $(TESTS_SLOW),$(sort $(wildcard t/*.t)))
 
-test: all
+# the JavaScript clients of the tests (t/mcp: the MCP SDK, t/browser:
+# playwright-core), pinned by their package-lock.json
+NODE_DEPS := t/mcp/node_modules/.package-lock.json \
+             t/browser/node_modules/.package-lock.json
+
+%/node_modules/.package-lock.json: %/package-lock.json %/package.json
+	cd $* && npm ci --no-audit --no-fund
+
+test: all $(NODE_DEPS)
 	$(PROVE) -j$(PROVE_JOBS) --timer $(TESTS)
 
 demo: all
@@ -190,7 +199,7 @@ $(NGINX_DIR)/ngx_http_idempotency_module.so: $(NGINX_DIR)/objs/Makefile $(NGX_SR
 	$(MAKE) -C $(NGINX_DIR) -f $(NGINX_DIR)/objs/Makefile binary modules
 	cp $(NGINX_DIR)/objs/ngx_http_idempotency_module.so $@.tmp && mv -f $@.tmp $@
 
-test-nginx: $(NGINX_DIR)/ngx_http_idempotency_module.so unit tools
+test-nginx: $(NGINX_DIR)/ngx_http_idempotency_module.so unit tools $(NODE_DEPS)
 	$(NGINX_DIR)/objs/nginx -V
 	IDEM_NGINX=$(NGINX_DIR)/objs/nginx IDEM_MODULE=$(NGINX_DIR)/ngx_http_idempotency_module.so \
 	    $(PROVE) -j$(PROVE_JOBS) --timer $(TESTS)
@@ -239,7 +248,7 @@ FUZZ_CFLAGS  ?= -g -O1 -fno-omit-frame-pointer \
                 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
                 -Wall -Wextra -Wno-unused-parameter -Wno-unused-function
 FUZZ_SECONDS ?= 60
-FUZZ_TARGETS := jcs fingerprint key record claim jws audit
+FUZZ_TARGETS := jcs fingerprint key record claim jws audit html
 FUZZ_BINS    := $(patsubst %,$(ASAN_BUILD)/fuzz/fuzz_%,$(FUZZ_TARGETS))
 
 .PHONY: module-asan unit-asan test-asan valgrind-check fuzz-build fuzz fuzz-ci clean-hardening
@@ -277,7 +286,7 @@ $(ASAN_BUILD)/unit/%: t/unit/%.c $(TEST_SRCS) $(TEST_HDRS) $(CORE_SRCS) $(CORE_H
 # The suite runs here with idempotency_complete_beside on in every http{}
 # (IDEM_COMPLETE_BESIDE, t/lib), so that the sanitizers watch its native
 # completion too, and CI runs the suite once with each setting.
-test-asan: $(ASAN_MODULE) $(ASAN_UNIT) unit tools
+test-asan: $(ASAN_MODULE) $(ASAN_UNIT) unit tools $(NODE_DEPS)
 	IDEM_MODULE=$(ASAN_MODULE) IDEM_SANITIZE=1 IDEM_COMPLETE_BESIDE=on $(PROVE) -j$(PROVE_JOBS) --timer $(TESTS)
 	@for u in $(ASAN_UNIT); do \
 	    echo "== $$u (ASan+UBSan, leak detection on)"; \

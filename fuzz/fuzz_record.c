@@ -354,12 +354,14 @@ value_diff(const idem_value_t *in, const idem_value_t *out)
 
     case 'a':
     case 'p':
+    case 'd':
         if (out->created != in->created || out->expires != in->expires
-            || (in->state == 'p' && out->approved_until != in->approved_until))
+            || (in->state != 'a'
+                && out->approved_until != in->approved_until))
         {
             return "proposal numbers";
         }
-        if (in->state == 'p'
+        if (in->state != 'a'
             && !same_bytes(out->approver, out->approver_len, in->approver,
                            in->approver_len))
         {
@@ -516,6 +518,7 @@ check_accepted(const char *in, size_t size, const idem_value_t *v)
 
     case 'a':
     case 'p':
+    case 'd':
         FUZZ_CHECK(in_range(v->created, 0, IDEM_TIME_MS_MAX)
                    && in_range(v->expires, 0, IDEM_TIME_MS_MAX)
                    && (v->state == 'a'
@@ -582,11 +585,11 @@ fuzz_long_name(void)
 static void
 value_from_input(fuzz_reader_t *r, fuzz_value_t *fv)
 {
-    static const char   states[] = "icurapsi";
+    static const char   states[] = "icurapsdi";
     unsigned            b;
 
     b = rd8(r);
-    fuzz_value_from_input(r, states[b % 8], b / 8, fv);
+    fuzz_value_from_input(r, states[b % 9], b / 9, fv);
 }
 
 
@@ -715,7 +718,7 @@ check_near_miss(fuzz_reader_t *r, const fuzz_value_t *fv, const char *enc,
         break;
 
     case 1:
-        m[1] = "xIRCUS\x00" "d2"[at % 9];
+        m[1] = "xIRCUS\x00" "e2"[at % 9];
         expect_refused(m, mlen, "state byte");
         break;
 
@@ -799,6 +802,7 @@ check_near_miss(fuzz_reader_t *r, const fuzz_value_t *fv, const char *enc,
             w.created = IDEM_TIME_MS_MAX + 1 + at;
             break;
         case 'p':
+        case 'd':
             if (at & 1) {
                 w.approved_until = IDEM_TIME_MS_MAX + 1 + at;
             } else {

@@ -166,10 +166,11 @@ fuzz_value_from_input(fuzz_reader_t *r, char state, unsigned b,
 
     case 'a':
     case 'p':
+    case 'd':
         v->created = rd_num(r, 0, IDEM_TIME_MS_MAX);
         v->expires = rd_num(r, 0, IDEM_TIME_MS_MAX);
 
-        if (state == 'p') {
+        if (state != 'a') {
             v->approved_until = rd_num(r, 0, IDEM_TIME_MS_MAX);
             rest = r->n - r->i;
             hlen = rest ? 1 + rd8(r) % IDEM_APPROVER_MAX : 1;

@@ -21,7 +21,7 @@ const char  idem_audit_genesis[IDEM_AUDIT_HASH_LEN + 1] =
 static const char  *idem_audit_events[IDEM_AUDIT_NEVENTS] = {
     "attempted", "confirmation_required", "approved", "sent", "accepted",
     "completed", "replayed", "reused", "conflict", "in_progress", "unknown",
-    "released", "resolved"
+    "released", "resolved", "declined"
 };
 
 

@@ -63,6 +63,7 @@ typedef enum {
     IDEM_AUDIT_UNKNOWN,
     IDEM_AUDIT_RELEASED,
     IDEM_AUDIT_RESOLVED,
+    IDEM_AUDIT_DECLINED,
     IDEM_AUDIT_NEVENTS
 } idem_audit_event_e;
 

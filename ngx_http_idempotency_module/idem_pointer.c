@@ -303,3 +303,34 @@ idem_ptr_set_add(idem_ptr_set_t *set, const char *s, size_t len)
 
     return IDEM_PTR_OK;
 }
+
+
+int
+idem_ptr_set_overlaps(const idem_ptr_set_t *set, const idem_ptr_t *p)
+{
+    size_t                  i;
+    const idem_ptr_node_t  *node;
+
+    if (set == NULL) {
+        return 0;
+    }
+
+    node = &set->root;
+
+    for (i = 0; i < p->ntokens; i++) {
+        /* tokens are compared as text: "/a/0" names member "0" or index 0 */
+        node = idem_ptr_member(node, p->tokens[i].canon,
+                               p->tokens[i].canon_len);
+
+        if (node == NULL) {
+            return 0;
+        }
+
+        if (node->bit != 0) {
+            return 1;
+        }
+    }
+
+    /* p names a value that holds an excluded one */
+    return node->child != NULL;
+}

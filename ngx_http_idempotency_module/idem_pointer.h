@@ -121,4 +121,12 @@ idem_ptr_element(const idem_ptr_node_t *node, int64_t i)
     return NULL;
 }
 
+/*
+ * 1 when pointer p names what a pointer of the set names, something
+ * inside it, or something that contains one (idempotency_confirm_show
+ * must never show what the fingerprint leaves out: the person would
+ * approve a value the request can change freely); 0 otherwise.
+ */
+int idem_ptr_set_overlaps(const idem_ptr_set_t *set, const idem_ptr_t *p);
+
 #endif /* IDEM_POINTER_H */

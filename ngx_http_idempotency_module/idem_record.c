@@ -252,6 +252,8 @@ idem_state_name(char state)
         return "awaiting_confirmation";
     case 'p':
         return "approved";
+    case 'd':
+        return "declined";
     case 's':
         return "alias";
     default:
@@ -394,6 +396,7 @@ idem_value_fields(idem_fields_t *f, idem_value_t *v)
         break;
 
     case 'p':
+    case 'd':
         v->created = idem_fields_num(f, 0, IDEM_TIME_MS_MAX, 0);
         v->expires = idem_fields_num(f, 0, IDEM_TIME_MS_MAX, 0);
         v->approved_until = idem_fields_num(f, 0, IDEM_TIME_MS_MAX, 0);
@@ -556,6 +559,7 @@ idem_value_len(const idem_value_t *v)
         break;
 
     case 'p':
+    case 'd':
         len += idem_ns_len(idem_num_len(v->created))
                + idem_ns_len(idem_num_len(v->expires))
                + idem_ns_len(idem_num_len(v->approved_until))
@@ -626,6 +630,7 @@ idem_value_encode(char *p, const idem_value_t *v)
         return idem_num_put(p, v->expires);
 
     case 'p':
+    case 'd':
         p = idem_num_put(p, v->created);
         p = idem_num_put(p, v->expires);
         p = idem_num_put(p, v->approved_until);

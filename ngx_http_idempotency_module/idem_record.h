@@ -47,6 +47,16 @@
                                 + sizeof(IDEM_OPERATION_SUFFIX) - 1)
 
 /*
+ * The operations awaiting approval, for the approval page's list: one
+ * sorted set, the operation ids scored by their proposal's end (ms), kept
+ * to the IDEM_PENDING_MAX latest-ending and trimmed of the ended ones at
+ * each new proposal.  As long as a record key, as every key the
+ * transport sends.
+ */
+#define IDEM_PENDING_KEY  "idem:{00000000000000000000000000000000}:p"
+#define IDEM_PENDING_MAX  1000
+
+/*
  * idempotency_unique and idempotency_lock name keys of their own, as long
  * as a record key: IDEM_RECORD_PREFIX + 32 hex + one of these.  A unique
  * key (of a scope and a business identity) holds the record key of the
@@ -147,6 +157,7 @@ int idem_is_hex(const char *p, size_t len);
  *                 r released (a marker, see below),
  *                 a awaiting_confirmation (idempotency_confirm),
  *                 p approved (a recorded approval, idempotency_approve),
+ *                 d declined (a person said no, idempotency_approve),
  *                 s alias (idempotency_unique: this key's request reused
  *                 the operation of another key)
  *   2       1     waiters: '1' once a duplicate waits (idempotency_wait)
@@ -162,6 +173,8 @@ int idem_is_hex(const char *p, size_t len);
  *     a  created, proposal expires (ms); no owner: nothing runs yet
  *     p  created, proposal expires, approval expires (ms), approver;
  *        no owner: the next attempt with its fingerprint claims it
+ *     d  created, proposal expires, declined at (ms), who declined (in
+ *        approved_until and approver); no owner, nothing ever runs
  *     s  created, the record key of the operation it reuses; the head's
  *        operation id is that operation's, the fingerprint this key's
  *
@@ -187,7 +200,7 @@ int idem_is_hex(const char *p, size_t len);
 #define IDEM_APPROVER_MAX    256     /* bytes of an approver's name */
 
 typedef struct {
-    char                 state;       /* 'i', 'c', 'u', 'r', 'a', 'p', 's' */
+    char                 state;       /* 'i', 'c', 'u', 'r', 'a', 'p', 'd', 's' */
     int                  waiters;
     const char          *op;          /* IDEM_TOKEN_LEN hex */
     const char          *fp;          /* IDEM_FP_LEN hex */

@@ -283,7 +283,7 @@ idem_admin_decode(const idem_rv_t *el, size_t n, const char **state)
     size_t  i;
 
     /* the states an operator may not resolve */
-    static const char  states[] = "icaps";
+    static const char  states[] = "icapsd";
 
     *state = NULL;
 
@@ -316,7 +316,7 @@ idem_approve_kind_e
 idem_approve_decode(const idem_rv_t *el, size_t n, const char **state,
     long long *until)
 {
-    static const char   states[] = "icus";
+    static const char   states[] = "icusdp";
     const char         *name;
     size_t              i;
 
@@ -342,11 +342,14 @@ idem_approve_decode(const idem_rv_t *el, size_t n, const char **state,
         }
     }
 
-    if (n == 2 && idem_rv_is(&el[0], "approved")) {
+    if (n == 2 && (idem_rv_is(&el[0], "approved")
+                   || idem_rv_is(&el[0], "declined")))
+    {
         *until = idem_rv_decimal(&el[1]);
 
         if (*until >= 0 && *until <= IDEM_TIME_MS_MAX) {
-            return IDEM_APPROVE_APPROVED;
+            return idem_rv_is(&el[0], "approved") ? IDEM_APPROVE_APPROVED
+                                                  : IDEM_APPROVE_DECLINED;
         }
 
         *until = -1;

@@ -120,8 +120,8 @@ idem_admin_kind_e idem_admin_decode(const idem_rv_t *el, size_t n,
 
 
 /*
- * approve.lua: {"approved", until ms} | {"none"} | {"mismatch"}
- *              | {"refused", state}
+ * approve.lua: {"approved", until ms} | {"declined", at ms} | {"none"}
+ *              | {"mismatch"} | {"refused", state}
  */
 #define IDEM_APPROVE_ELEMS  2
 
@@ -130,12 +130,14 @@ typedef enum {
     IDEM_APPROVE_NONE,
     IDEM_APPROVE_MISMATCH,
     IDEM_APPROVE_REFUSED,
-    IDEM_APPROVE_APPROVED
+    IDEM_APPROVE_APPROVED,
+    IDEM_APPROVE_DECLINED
 } idem_approve_kind_e;
 
 /*
  * *state is set for REFUSED only ("in_progress", "completed", "unknown",
- * static); *until for APPROVED only.
+ * "alias", "declined", static); *until for APPROVED (the approval's end)
+ * and DECLINED (when it was declined) only.
  */
 idem_approve_kind_e idem_approve_decode(const idem_rv_t *el, size_t n,
     const char **state, long long *until);

@@ -142,7 +142,15 @@ typedef struct {
     ngx_http_complex_value_t    *confirm;
     ngx_array_t                 *confirm_keys;     /* idem_jws_key_t */
     ngx_array_t                 *confirm_show;     /* ngx_http_idem_pointer_t */
+    ngx_array_t                 *confirm_labels;   /* ngx_str_t, per show */
     time_t                       confirm_ttl;
+    ngx_http_complex_value_t    *confirm_describe; /* NULL: none */
+    ngx_str_t                    confirm_link;     /* "": no approve_url */
+
+    /* idempotency_approve(_page): who approves; NULL: the body says */
+    ngx_http_complex_value_t    *approve_identity;
+    idem_jws_key_t              *page_secret;      /* NULL: no page here */
+    time_t                       page_ttl_max;     /* s */
 
     /* idempotency_unique, idempotency_lock: NULL when off */
     ngx_http_idem_business_t    *unique;
@@ -201,6 +209,7 @@ typedef enum {
     NGX_HTTP_IDEM_ANS_RELEASED,      /* the attempt waited on: "later" */
     NGX_HTTP_IDEM_ANS_CONFIRM,       /* awaiting_confirmation: 428 */
     NGX_HTTP_IDEM_ANS_APPROVAL_EXPIRED,  /* approved, but no longer: 428 */
+    NGX_HTTP_IDEM_ANS_DECLINED,      /* a person said no: 403 */
     NGX_HTTP_IDEM_ANS_REUSED,        /* another key's stored 2xx */
     NGX_HTTP_IDEM_ANS_LOCKED,        /* idempotency_lock held: 409 */
     NGX_HTTP_IDEM_ANS_STORE_DOWN,    /* no reply: connection, timeout */
@@ -375,6 +384,10 @@ struct ngx_http_idem_ctx_s {
     int64_t                      proposal_expires;   /* ms */
     ngx_str_t                    problem_extra;   /* ",..." members */
     void                        *approval;     /* idempotency_approve's */
+    ngx_str_t                    proposal;     /* its JSON, as stored */
+    void                        *lookup;       /* by operation id */
+    ngx_int_t                  (*propose)(ngx_http_request_t *r,
+                                          ngx_http_idem_ctx_t *ctx);
 
     unsigned                     fingerprinted:1;
     unsigned                     reclaimed:1;   /* a recorded approval */
@@ -463,8 +476,12 @@ char *ngx_http_idem_confirm_key_conf(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 char *ngx_http_idem_confirm_show_conf(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
+char *ngx_http_idem_confirm_describe_conf(ngx_conf_t *cf,
+    ngx_command_t *cmd, void *conf);
 char *ngx_http_idem_confirm_merge(ngx_conf_t *cf,
     ngx_http_idem_loc_conf_t *prev, ngx_http_idem_loc_conf_t *conf);
+ngx_int_t ngx_http_idem_confirm_proposal(ngx_http_request_t *r,
+    ngx_http_idem_ctx_t *ctx);
 ngx_int_t ngx_http_idem_confirm_check(ngx_http_request_t *r,
     ngx_http_idem_ctx_t *ctx);
 ngx_int_t ngx_http_idem_confirm_send(ngx_http_request_t *r,
@@ -578,7 +595,58 @@ ngx_int_t ngx_http_idem_admin_handler(ngx_http_request_t *r);
 ngx_int_t ngx_http_idem_metrics_handler(ngx_http_request_t *r);
 
 /* ngx_http_idempotency_approve.c: idempotency_approve */
+
+/* what a person decided, and who answers it (the JSON endpoint, the page) */
+typedef struct ngx_http_idem_approval_s  ngx_http_idem_approval_t;
+
+typedef ngx_int_t (*ngx_http_idem_decided_pt)(ngx_http_request_t *r,
+    ngx_http_idem_ctx_t *ctx, idem_approve_kind_e kind, const char *state,
+    long long at);
+
+struct ngx_http_idem_approval_s {
+    ngx_str_t                    op;
+    ngx_str_t                    fp;
+    ngx_str_t                    approver;
+    ngx_int_t                    expires_in;    /* s; approve only */
+    ngx_uint_t                   decline;
+    ngx_uint_t                   once;          /* not if approved */
+    ngx_http_idem_decided_pt     decided;
+};
+
 ngx_int_t ngx_http_idem_approve_handler(ngx_http_request_t *r);
+ngx_int_t ngx_http_idem_approve_record(ngx_http_request_t *r,
+    ngx_http_idem_ctx_t *ctx, ngx_http_idem_approval_t *a);
+ngx_int_t ngx_http_idem_approve_who(ngx_http_request_t *r,
+    ngx_http_idem_loc_conf_t *conf, ngx_str_t *who);
+ngx_int_t ngx_http_idem_same_site(ngx_http_request_t *r);
+
+/* ngx_http_idempotency_page.c: idempotency_approve_page */
+ngx_int_t ngx_http_idem_page_handler(ngx_http_request_t *r);
+char *ngx_http_idem_page_conf(ngx_conf_t *cf, ngx_http_idem_loc_conf_t *lcf);
+
+/* ngx_http_idempotency_proposal.c: a proposal by its operation id */
+typedef struct ngx_http_idem_lookup_s  ngx_http_idem_lookup_t;
+
+typedef ngx_int_t (*ngx_http_idem_lookup_pt)(ngx_http_request_t *r,
+    ngx_http_idem_ctx_t *ctx, ngx_http_idem_lookup_t *lk);
+
+struct ngx_http_idem_lookup_s {
+    ngx_str_t                    op;
+    ngx_uint_t                   found;     /* the index holds it */
+    ngx_str_t                    proposal;  /* its JSON; empty: not kept */
+    ngx_str_t                    value;     /* its record's, copied */
+    idem_value_t                 rec;       /* valid when has_rec */
+    ngx_uint_t                   has_rec;   /* a record of this op */
+    ngx_http_idem_problem_e      problem;   /* store down or error */
+    ngx_uint_t                   failed;
+    ngx_http_idem_lookup_pt      done;
+};
+
+ngx_int_t ngx_http_idem_lookup(ngx_http_request_t *r,
+    ngx_http_idem_ctx_t *ctx, ngx_http_idem_lookup_t *lk);
+ngx_int_t ngx_http_idem_op_arg(ngx_http_request_t *r, ngx_str_t *op);
+char *ngx_http_idem_approve_identity_conf(ngx_conf_t *cf,
+    ngx_command_t *cmd, void *conf);
 
 /* ngx_http_idempotency_variables.c */
 ngx_int_t ngx_http_idem_add_variables(ngx_conf_t *cf);

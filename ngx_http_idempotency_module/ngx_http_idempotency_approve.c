@@ -8,7 +8,15 @@
  * IDEM_OPERATION_PREFIX), written when the proposal was made.  Then
  * approve.lua checks, in one step, that the record is still that
  * operation's proposal and has the fingerprint the person saw, and turns
- * it approved; the caller's next attempt claims it.
+ * it approved; the caller's next attempt claims it.  Or the person
+ * declines it ("decision": "decline"): the record becomes declined and
+ * every attempt with its key is refused.
+ *
+ * With idempotency_approve_identity, the approver is who nginx
+ * authenticated, never a name in the body.  The endpoint takes
+ * application/json only and refuses a request that says it comes from
+ * another site: a form of another origin, posted with the approver's
+ * browser credentials, must not record anything.
  */
 
 #include <ngx_config.h>
@@ -22,20 +30,18 @@
 #define NGX_HTTP_IDEM_APPROVE_TTL_MAX    (30 * 86400)   /* s */
 
 
-typedef struct {
-    ngx_str_t   op;
-    ngx_str_t   fp;
-    ngx_str_t   approver;
-    ngx_int_t   expires_in;    /* s */
-} ngx_http_idem_approval_t;
-
-
 static void ngx_http_idem_approve_found(ngx_http_idem_cmd_t *cmd,
     redisReply *reply);
+static ngx_int_t ngx_http_idem_approve_answer(ngx_http_request_t *r,
+    ngx_http_idem_ctx_t *ctx, idem_approve_kind_e kind, const char *state,
+    long long at);
 static void ngx_http_idem_approve_done(ngx_http_idem_cmd_t *cmd,
     redisReply *reply);
 static ngx_http_idem_cmd_t *ngx_http_idem_approve_cmd(
     ngx_http_idem_ctx_t *ctx, ngx_http_idem_approval_t *a);
+static ngx_int_t ngx_http_idem_approve_send(ngx_http_request_t *r,
+    ngx_http_idem_ctx_t *ctx, ngx_http_idem_cmd_t *cmd,
+    ngx_http_idem_reply_pt handler);
 
 
 static ngx_str_t  ngx_http_idem_get = ngx_string("GET");
@@ -162,37 +168,81 @@ ngx_http_idem_approve_copy(ngx_http_request_t *r, ngx_str_t *dst,
 }
 
 
-/* NGX_OK, NGX_DECLINED (with *detail) for a malformed approval */
+/* "decision": absent or "approve" (0), "decline" (1); else -1 */
 static ngx_int_t
-ngx_http_idem_approve_fields(ngx_http_request_t *r, cJSON *o,
-    ngx_http_idem_approval_t *a, const char **detail)
+ngx_http_idem_approve_decision(cJSON *o)
 {
-    size_t       len[3];
-    cJSON       *n;
-    const char  *op, *fp, *who;
+    cJSON       *m;
+    const char  *s;
 
-    op = ngx_http_idem_approve_str(o, "operation_id", IDEM_TOKEN_LEN,
-                                   IDEM_TOKEN_LEN, 1, &len[0]);
-    fp = ngx_http_idem_approve_str(o, "fingerprint", IDEM_FP_LEN, IDEM_FP_LEN,
-                                   1, &len[1]);
-    who = ngx_http_idem_approve_str(o, "approved_by", 1, IDEM_APPROVER_MAX, 0,
-                                    &len[2]);
+    m = ngx_http_idem_approve_member(o, "decision");
+
+    if (m == NULL) {
+        /* given twice is as bad as a wrong value */
+        return cJSON_GetObjectItemCaseSensitive(o, "decision") ? -1 : 0;
+    }
+
+    s = cJSON_GetStringValue(m);
+
+    if (s && ngx_strcmp(s, "approve") == 0) {
+        return 0;
+    }
+
+    return (s && ngx_strcmp(s, "decline") == 0) ? 1 : -1;
+}
+
+
+/*
+ * approved_by: with idempotency_approve_identity (a->approver set), the
+ * body may only repeat it (NGX_ABORT otherwise); without, it is required
+ */
+static ngx_int_t
+ngx_http_idem_approve_by(cJSON *o, ngx_http_idem_approval_t *a,
+    const char **who, size_t *len, const char **detail)
+{
+    *who = ngx_http_idem_approve_str(o, "approved_by", 1, IDEM_APPROVER_MAX,
+                                     0, len);
+
+    if (a->approver.data == NULL) {
+        if (*who == NULL) {
+            *detail = "approved_by must be a string of 1 to 256 bytes "
+                      "without control characters";
+            return NGX_DECLINED;
+        }
+
+        return NGX_OK;
+    }
+
+    if (cJSON_GetObjectItemCaseSensitive(o, "approved_by") != NULL
+        && (*who == NULL || *len != a->approver.len
+            || ngx_memcmp(*who, a->approver.data, *len) != 0))
+    {
+        *detail = "approved_by names someone other than the authenticated "
+                  "approver";
+        return NGX_ABORT;
+    }
+
+    *who = (const char *) a->approver.data;
+    *len = a->approver.len;
+
+    return NGX_OK;
+}
+
+
+/* expires_in: required to approve, ignored when declining */
+static ngx_int_t
+ngx_http_idem_approve_expires(cJSON *o, ngx_http_idem_approval_t *a,
+    const char **detail)
+{
+    cJSON  *n;
+
     n = ngx_http_idem_approve_member(o, "expires_in");
 
-    if (op == NULL) {
-        *detail = "operation_id must be the proposal's: 32 lowercase hex";
-        return NGX_DECLINED;
-    }
-
-    if (fp == NULL) {
-        *detail = "fingerprint must be the proposal's: 64 lowercase hex";
-        return NGX_DECLINED;
-    }
-
-    if (who == NULL) {
-        *detail = "approved_by must be a string of 1 to 256 bytes "
-                  "without control characters";
-        return NGX_DECLINED;
+    if (a->decline && n == NULL
+        && cJSON_GetObjectItemCaseSensitive(o, "expires_in") == NULL)
+    {
+        a->expires_in = 1;
+        return NGX_OK;
     }
 
     if (!cJSON_IsNumber(n) || n->valuedouble < 1
@@ -205,6 +255,52 @@ ngx_http_idem_approve_fields(ngx_http_request_t *r, cJSON *o,
     }
 
     a->expires_in = (ngx_int_t) n->valuedouble;
+
+    return NGX_OK;
+}
+
+
+/* NGX_OK, NGX_DECLINED (with *detail) for a malformed approval */
+static ngx_int_t
+ngx_http_idem_approve_fields(ngx_http_request_t *r, cJSON *o,
+    ngx_http_idem_approval_t *a, const char **detail)
+{
+    size_t       len[3];
+    ngx_int_t    decision, rc;
+    const char  *op, *fp, *who;
+
+    op = ngx_http_idem_approve_str(o, "operation_id", IDEM_TOKEN_LEN,
+                                   IDEM_TOKEN_LEN, 1, &len[0]);
+    fp = ngx_http_idem_approve_str(o, "fingerprint", IDEM_FP_LEN, IDEM_FP_LEN,
+                                   1, &len[1]);
+    decision = ngx_http_idem_approve_decision(o);
+
+    if (op == NULL) {
+        *detail = "operation_id must be the proposal's: 32 lowercase hex";
+        return NGX_DECLINED;
+    }
+
+    if (fp == NULL) {
+        *detail = "fingerprint must be the proposal's: 64 lowercase hex";
+        return NGX_DECLINED;
+    }
+
+    if (decision < 0) {
+        *detail = "decision must be \"approve\" or \"decline\"";
+        return NGX_DECLINED;
+    }
+
+    a->decline = decision;
+
+    rc = ngx_http_idem_approve_by(o, a, &who, &len[2], detail);
+
+    if (rc == NGX_OK) {
+        rc = ngx_http_idem_approve_expires(o, a, detail);
+    }
+
+    if (rc != NGX_OK) {
+        return rc;
+    }
 
     if (ngx_http_idem_approve_copy(r, &a->op, op, len[0]) != NGX_OK
         || ngx_http_idem_approve_copy(r, &a->fp, fp, len[1]) != NGX_OK
@@ -278,36 +374,23 @@ ngx_http_idem_approve_send(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
 }
 
 
-/* the body is read: look the operation's record up */
-static void
-ngx_http_idem_approve_body(ngx_http_request_t *r)
+/*
+ * Look the operation's record up by its id, then record the decision;
+ * a->decided answers.  NGX_DONE while Redis works, else the status the
+ * caller finalizes with.
+ */
+ngx_int_t
+ngx_http_idem_approve_record(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
+    ngx_http_idem_approval_t *a)
 {
-    u_char                    *key, *p;
-    ngx_int_t                  rc;
-    const char                *detail;
-    ngx_http_idem_ctx_t       *ctx;
-    ngx_http_idem_approval_t  *a;
+    u_char  *key, *p;
 
-    ctx = ngx_http_idem_get_ctx(r);
-    a = ngx_pcalloc(r->pool, sizeof(ngx_http_idem_approval_t));
     key = ngx_pnalloc(r->pool, IDEM_OPERATION_KEY_LEN + 1);
-
-    if (ctx == NULL || a == NULL || key == NULL) {
-        ngx_http_idem_approve_finish(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
-        return;
+    if (key == NULL) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
     }
 
     ctx->approval = a;
-    rc = ngx_http_idem_approve_parse(r, a, &detail);
-
-    if (rc != NGX_OK) {
-        ngx_http_idem_approve_finish(r, rc == NGX_DECLINED
-            ? ngx_http_idem_send_problem(r, ctx, NGX_HTTP_IDEM_P_BAD_APPROVAL,
-                                         detail)
-            : NGX_HTTP_INTERNAL_SERVER_ERROR);
-        return;
-    }
-
     ctx->op_id = a->op;
 
     p = ngx_cpymem(key, IDEM_OPERATION_PREFIX,
@@ -315,10 +398,57 @@ ngx_http_idem_approve_body(ngx_http_request_t *r)
     p = ngx_cpymem(p, a->op.data, a->op.len);
     ngx_memcpy(p, IDEM_OPERATION_SUFFIX, sizeof(IDEM_OPERATION_SUFFIX));
 
-    rc = ngx_http_idem_approve_send(r, ctx,
-             ngx_http_idem_cmd_native(ctx->conf->redis, &ngx_http_idem_get,
-                                      0, key, 0, r->connection->log),
-             ngx_http_idem_approve_found);
+    return ngx_http_idem_approve_send(r, ctx,
+               ngx_http_idem_cmd_native(ctx->conf->redis, &ngx_http_idem_get,
+                                        0, key, 0, r->connection->log),
+               ngx_http_idem_approve_found);
+}
+
+
+/* the body is read: look the operation's record up */
+static void
+ngx_http_idem_approve_body(ngx_http_request_t *r)
+{
+    ngx_int_t                  rc;
+    const char                *detail;
+    ngx_http_idem_ctx_t       *ctx;
+    ngx_http_idem_approval_t  *a;
+
+    ctx = ngx_http_idem_get_ctx(r);
+    a = ngx_pcalloc(r->pool, sizeof(ngx_http_idem_approval_t));
+
+    if (ctx == NULL || a == NULL) {
+        ngx_http_idem_approve_finish(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
+        return;
+    }
+
+    a->decided = ngx_http_idem_approve_answer;
+    ctx->approval = a;
+    detail = NULL;
+
+    rc = ngx_http_idem_approve_who(r, ctx->conf, &a->approver);
+
+    if (rc == NGX_OK) {
+        rc = ngx_http_idem_approve_parse(r, a, &detail);
+
+    } else if (rc == NGX_DECLINED) {
+        rc = NGX_ABORT;
+        detail = "no authenticated approver "
+                 "(idempotency_approve_identity is empty)";
+    }
+
+    if (rc == NGX_OK) {
+        rc = ngx_http_idem_approve_record(r, ctx, a);
+
+    } else if (rc == NGX_DECLINED || rc == NGX_ABORT) {
+        rc = ngx_http_idem_send_problem(r, ctx, rc == NGX_DECLINED
+                                        ? NGX_HTTP_IDEM_P_BAD_APPROVAL
+                                        : NGX_HTTP_IDEM_P_APPROVER_MISMATCH,
+                                        detail);
+
+    } else {
+        rc = NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
 
     if (rc != NGX_DONE) {
         ngx_http_idem_approve_finish(r, rc);
@@ -359,21 +489,10 @@ ngx_http_idem_approve_reply(ngx_http_idem_cmd_t *cmd, redisReply *reply,
 }
 
 
-static void
-ngx_http_idem_approve_not_found(ngx_http_idem_ctx_t *ctx)
-{
-    ngx_http_idem_approve_finish(ctx->request,
-        ngx_http_idem_send_problem(ctx->request, ctx,
-                                   NGX_HTTP_IDEM_P_NOT_FOUND,
-                                   "no proposal with this operation id is "
-                                   "known (it may have expired)"));
-}
-
-
 /*
- * approve.lua; with idempotency_audit it appends "approved" (the
- * operation, the fingerprint the person saw, who approved) when it turns
- * the proposal approved
+ * approve.lua; with idempotency_audit it appends "approved" or "declined"
+ * (the operation, the fingerprint the person saw, who decided) when it
+ * changes the record
  */
 static ngx_http_idem_cmd_t *
 ngx_http_idem_approve_cmd(ngx_http_idem_ctx_t *ctx,
@@ -385,7 +504,7 @@ ngx_http_idem_approve_cmd(ngx_http_idem_ctx_t *ctx,
     idem_audit_entry_t   e;
 
     r = ctx->request;
-    size = a->op.len + a->fp.len + a->approver.len + NGX_INT64_LEN;
+    size = a->op.len + a->fp.len + a->approver.len + 2 * NGX_INT64_LEN + 16;
 
     if (ctx->conf->audit == NULL) {
         return ngx_http_idem_cmd_create(ctx->conf->redis,
@@ -399,7 +518,8 @@ ngx_http_idem_approve_cmd(ngx_http_idem_ctx_t *ctx,
 
     ctx->approver = a->approver;
     ngx_str_null(&ctx->route);
-    ngx_http_idem_audit_entry(ctx, IDEM_AUDIT_APPROVED, 0, &e);
+    ngx_http_idem_audit_entry(ctx, a->decline ? IDEM_AUDIT_DECLINED
+                                              : IDEM_AUDIT_APPROVED, 0, &e);
     e.fp.data = (const char *) a->fp.data;
     e.fp.len = a->fp.len;
 
@@ -414,6 +534,7 @@ static void
 ngx_http_idem_approve_found(ngx_http_idem_cmd_t *cmd, redisReply *reply)
 {
     ngx_int_t                  rc;
+    const char                *decision;
     ngx_http_idem_cmd_t       *sc;
     ngx_http_idem_ctx_t       *ctx;
     ngx_http_idem_approval_t  *a;
@@ -427,18 +548,23 @@ ngx_http_idem_approve_found(ngx_http_idem_cmd_t *cmd, redisReply *reply)
         return;
     }
 
+    a = ctx->approval;
+
+    /* the record key, then the proposal as it was shown (if kept) */
     if (reply->type == REDIS_REPLY_NIL
-        || reply->len != IDEM_RECORD_KEY_LEN
-        || ngx_strncmp(reply->str, IDEM_RECORD_PREFIX,
-                       sizeof(IDEM_RECORD_PREFIX) - 1) != 0)
+        || reply->len < IDEM_RECORD_KEY_LEN
+        || !idem_is_key(reply->str, IDEM_RECORD_KEY_LEN, IDEM_RECORD_SUFFIX))
     {
-        ngx_http_idem_approve_not_found(ctx);
-        return;
+        rc = a->decided(ctx->request, ctx, IDEM_APPROVE_NONE, NULL, -1);
+        goto done;
     }
 
     ngx_memcpy(ctx->rkey, reply->str, IDEM_RECORD_KEY_LEN);
     ctx->rkey[IDEM_RECORD_KEY_LEN] = '\0';
-    a = ctx->approval;
+
+    /* the page's decisions are once: a replayed form changes nothing */
+    decision = a->decline ? (a->once ? "decline_once" : "decline")
+                          : (a->once ? "approve_once" : "approve");
 
     sc = ngx_http_idem_approve_cmd(ctx, a);
     if (sc) {
@@ -450,10 +576,16 @@ ngx_http_idem_approve_found(ngx_http_idem_cmd_t *cmd, redisReply *reply)
                               a->approver.data, a->approver.len);
         ngx_http_idem_cmd_set_num(sc, NGX_HTTP_IDEM_APPROVE_EXPIRES_IN,
                                   (int64_t) a->expires_in * 1000);
+        ngx_http_idem_cmd_set(sc, NGX_HTTP_IDEM_APPROVE_DECISION,
+                              (u_char *) decision, ngx_strlen(decision));
+        ngx_http_idem_cmd_set_num(sc, NGX_HTTP_IDEM_APPROVE_KEEP,
+                                  (int64_t) ctx->conf->ttl * 1000);
     }
 
     rc = ngx_http_idem_approve_send(ctx->request, ctx, sc,
                                     ngx_http_idem_approve_done);
+
+done:
 
     if (rc != NGX_DONE) {
         ngx_http_idem_approve_finish(ctx->request, rc);
@@ -463,7 +595,7 @@ ngx_http_idem_approve_found(ngx_http_idem_cmd_t *cmd, redisReply *reply)
 
 static ngx_int_t
 ngx_http_idem_approve_ok(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
-    long long until)
+    long long at)
 {
     u_char                    *body, *p, *end;
     size_t                     size;
@@ -472,8 +604,8 @@ ngx_http_idem_approve_ok(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
     a = ctx->approval;
 
     ngx_log_error(NGX_LOG_NOTICE, r->connection->log, 0,
-                  "idempotency: operation %V approved by \"%V\" for %is",
-                  &a->op, &a->approver, a->expires_in);
+                  "idempotency: operation %V %s by \"%V\"", &a->op,
+                  a->decline ? "declined" : "approved", &a->approver);
 
     size = 256 + a->approver.len * 6;
 
@@ -485,36 +617,35 @@ ngx_http_idem_approve_ok(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
     end = body + size;
 
     p = ngx_slprintf(body, end, "{\"operation_id\":\"%V\",\"fingerprint\":"
-                     "\"%V\",\"state\":\"approved\",\"approved_by\":",
-                     &a->op, &a->fp);
+                     "\"%V\",\"state\":\"%s\",\"%s\":", &a->op, &a->fp,
+                     a->decline ? "declined" : "approved",
+                     a->decline ? "declined_by" : "approved_by");
     p = ngx_http_idem_json_str(p, end, a->approver.data, a->approver.len);
-    p = ngx_slprintf(p, end, ",\"approval_expires_at\":");
-    p = ngx_http_idem_json_time(p, end, until);
+    p = ngx_slprintf(p, end, a->decline ? ",\"declined_at\":"
+                                        : ",\"approval_expires_at\":");
+    p = ngx_http_idem_json_time(p, end, at);
     p = ngx_slprintf(p, end, "}\n");
 
     return ngx_http_idem_send_json(r, NGX_HTTP_OK, body, p - body);
 }
 
 
+/* the JSON endpoint's answer to what approve.lua said */
 static ngx_int_t
 ngx_http_idem_approve_answer(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
-    redisReply *reply)
+    idem_approve_kind_e kind, const char *state, long long at)
 {
-    size_t              n;
-    idem_rv_t           el[IDEM_APPROVE_ELEMS];
-    long long           until;
-    const char         *state;
-
-    n = ngx_http_idem_reply_elements(reply, el, IDEM_APPROVE_ELEMS);
-
-    switch (idem_approve_decode(el, n, &state, &until)) {
+    switch (kind) {
 
     case IDEM_APPROVE_APPROVED:
-        return ngx_http_idem_approve_ok(r, ctx, until);
+    case IDEM_APPROVE_DECLINED:
+        return ngx_http_idem_approve_ok(r, ctx, at);
 
     case IDEM_APPROVE_NONE:
-        ngx_http_idem_approve_not_found(ctx);
-        return NGX_DONE;
+        return ngx_http_idem_send_problem(r, ctx, NGX_HTTP_IDEM_P_NOT_FOUND,
+                                          "no proposal with this operation "
+                                          "id is known (it may have "
+                                          "expired)");
 
     case IDEM_APPROVE_MISMATCH:
         return ngx_http_idem_send_problem(r, ctx,
@@ -529,8 +660,6 @@ ngx_http_idem_approve_answer(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
                                           NULL);
 
     default:
-        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
-                      "idempotency: unexpected reply from redis");
         return ngx_http_idem_send_problem(r, ctx, NGX_HTTP_IDEM_P_STORE_ERROR,
                                           NULL);
     }
@@ -540,9 +669,15 @@ ngx_http_idem_approve_answer(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
 static void
 ngx_http_idem_approve_done(ngx_http_idem_cmd_t *cmd, redisReply *reply)
 {
-    ngx_int_t             rc;
-    ngx_uint_t            appended;
-    ngx_http_idem_ctx_t  *ctx;
+    size_t                 n;
+    ngx_int_t              rc;
+    idem_rv_t              el[IDEM_APPROVE_ELEMS];
+    long long              at;
+    ngx_uint_t             appended;
+    const char                 *state;
+    idem_approve_kind_e         kind;
+    ngx_http_idem_ctx_t        *ctx;
+    ngx_http_idem_approval_t   *a;
 
     ctx = cmd->data;
 
@@ -553,14 +688,162 @@ ngx_http_idem_approve_done(ngx_http_idem_cmd_t *cmd, redisReply *reply)
         return;
     }
 
-    rc = (reply->type == REDIS_REPLY_NIL)
-         ? ngx_http_idem_send_problem(ctx->request, ctx,
-                                      NGX_HTTP_IDEM_P_STORE_ERROR, NULL)
-         : ngx_http_idem_approve_answer(ctx->request, ctx, reply);
+    kind = IDEM_APPROVE_INVALID;
+    state = NULL;
+    at = -1;
+
+    if (reply->type != REDIS_REPLY_NIL) {
+        n = ngx_http_idem_reply_elements(reply, el, IDEM_APPROVE_ELEMS);
+        kind = idem_approve_decode(el, n, &state, &at);
+    }
+
+    if (kind == IDEM_APPROVE_INVALID) {
+        ngx_log_error(NGX_LOG_ERR, ctx->request->connection->log, 0,
+                      "idempotency: unexpected reply from redis");
+    }
+
+    a = ctx->approval;
+    rc = a->decided(ctx->request, ctx, kind, state, at);
 
     if (rc != NGX_DONE) {
         ngx_http_idem_approve_finish(ctx->request, rc);
     }
+}
+
+
+/* idempotency_approve_identity's value: NGX_DECLINED when empty */
+ngx_int_t
+ngx_http_idem_approve_who(ngx_http_request_t *r,
+    ngx_http_idem_loc_conf_t *conf, ngx_str_t *who)
+{
+    size_t  i;
+
+    ngx_str_null(who);
+
+    if (conf->approve_identity == NULL) {
+        return NGX_OK;
+    }
+
+    if (ngx_http_complex_value(r, conf->approve_identity, who) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
+    if (who->len == 0 || who->len > IDEM_APPROVER_MAX) {
+        return NGX_DECLINED;
+    }
+
+    /* it goes into logs, records and pages: no control bytes */
+    for (i = 0; i < who->len; i++) {
+        if (who->data[i] < 0x20 || who->data[i] == 0x7f) {
+            return NGX_DECLINED;
+        }
+    }
+
+    return NGX_OK;
+}
+
+
+/* the header's value, NULL when absent */
+static ngx_str_t *
+ngx_http_idem_approve_header(ngx_http_request_t *r, const char *name,
+    size_t len)
+{
+    ngx_uint_t        i;
+    ngx_list_part_t  *part;
+    ngx_table_elt_t  *h;
+
+    part = &r->headers_in.headers.part;
+    h = part->elts;
+
+    for (i = 0; /* void */ ; i++) {
+
+        if (i >= part->nelts) {
+            if (part->next == NULL) {
+                return NULL;
+            }
+
+            part = part->next;
+            h = part->elts;
+            i = 0;
+        }
+
+        if (h[i].key.len == len
+            && ngx_strncasecmp(h[i].key.data, (u_char *) name, len) == 0)
+        {
+            return &h[i].value;
+        }
+    }
+}
+
+
+/*
+ * NGX_OK unless the browser says the request comes from another site:
+ * Sec-Fetch-Site other than same-origin or none (a person typing); or,
+ * from a browser that does not send it, an Origin other than this
+ * request's own scheme and Host.  Sec-Fetch-Site decides when present: a
+ * page with Referrer-Policy no-referrer (the approval page) makes the
+ * browser send "Origin: null" with its own form.  A client that sends
+ * neither (curl, the tools) is no browser with someone's cookies.
+ */
+ngx_int_t
+ngx_http_idem_same_site(ngx_http_request_t *r)
+{
+    u_char     *p, buf[16];
+    ngx_str_t  *v, *host;
+
+    v = ngx_http_idem_approve_header(r, "Sec-Fetch-Site", 14);
+
+    if (v) {
+        return ((v->len == 11 && ngx_strncmp(v->data, "same-origin", 11) == 0)
+                || (v->len == 4 && ngx_strncmp(v->data, "none", 4) == 0))
+               ? NGX_OK : NGX_DECLINED;
+    }
+
+    v = ngx_http_idem_approve_header(r, "Origin", 6);
+    host = r->headers_in.host ? &r->headers_in.host->value : NULL;
+
+    if (v == NULL) {
+        return NGX_OK;
+    }
+
+#if (NGX_HTTP_SSL)
+    p = ngx_cpymem(buf, r->connection->ssl ? "https://" : "http://",
+                   r->connection->ssl ? 8 : 7);
+#else
+    p = ngx_cpymem(buf, "http://", 7);
+#endif
+
+    if (host == NULL || v->len != (size_t) (p - buf) + host->len
+        || ngx_strncasecmp(v->data, buf, p - buf) != 0
+        || ngx_strncasecmp(v->data + (p - buf), host->data, host->len) != 0)
+    {
+        return NGX_DECLINED;
+    }
+
+    return NGX_OK;
+}
+
+
+/* application/json, with parameters (charset) or not */
+static ngx_int_t
+ngx_http_idem_approve_json(ngx_http_request_t *r)
+{
+    ngx_str_t  *ct;
+
+    if (r->headers_in.content_type == NULL) {
+        return NGX_DECLINED;
+    }
+
+    ct = &r->headers_in.content_type->value;
+
+    if (ct->len < 16
+        || ngx_strncasecmp(ct->data, (u_char *) "application/json", 16) != 0
+        || (ct->len > 16 && ct->data[16] != ';' && ct->data[16] != ' '))
+    {
+        return NGX_DECLINED;
+    }
+
+    return NGX_OK;
 }
 
 
@@ -582,6 +865,22 @@ ngx_http_idem_approve_handler(ngx_http_request_t *r)
     ctx->conf = ngx_http_get_module_loc_conf(r, ngx_http_idempotency_module);
     ctx->phase = NGX_HTTP_IDEM_DONE;
 
+    /* refused before the body is read: nothing of it is believed */
+    if (ngx_http_idem_same_site(r) != NGX_OK
+        || ngx_http_idem_approve_json(r) != NGX_OK)
+    {
+        rc = ngx_http_discard_request_body(r);
+
+        if (rc != NGX_OK) {
+            return rc;
+        }
+
+        return ngx_http_idem_send_problem(r, ctx,
+                   ngx_http_idem_same_site(r) != NGX_OK
+                   ? NGX_HTTP_IDEM_P_CROSS_SITE
+                   : NGX_HTTP_IDEM_P_UNSUPPORTED_MEDIA, NULL);
+    }
+
     r->request_body_in_single_buf = 1;
 
     rc = ngx_http_read_client_request_body(r, ngx_http_idem_approve_body);
@@ -591,4 +890,36 @@ ngx_http_idem_approve_handler(ngx_http_request_t *r)
     }
 
     return NGX_DONE;
+}
+
+
+/* idempotency_approve_identity $remote_user | $http_x_sso_user ... */
+char *
+ngx_http_idem_approve_identity_conf(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf)
+{
+    ngx_http_idem_loc_conf_t *lcf = conf;
+
+    ngx_str_t                         *value;
+    ngx_http_compile_complex_value_t   ccv;
+
+    if (lcf->approve_identity != NGX_CONF_UNSET_PTR) {
+        return "is duplicate";
+    }
+
+    value = cf->args->elts;
+
+    lcf->approve_identity = ngx_palloc(cf->pool,
+                                       sizeof(ngx_http_complex_value_t));
+    if (lcf->approve_identity == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    ngx_memzero(&ccv, sizeof(ngx_http_compile_complex_value_t));
+    ccv.cf = cf;
+    ccv.value = &value[1];
+    ccv.complex_value = lcf->approve_identity;
+
+    return ngx_http_compile_complex_value(&ccv) == NGX_OK ? NGX_CONF_OK
+                                                           : NGX_CONF_ERROR;
 }

@@ -202,6 +202,11 @@ ngx_http_idem_claim_answer_entry(ngx_http_request_t *r,
         status = ctx->conf->conflict_status;
         break;
 
+    case NGX_HTTP_IDEM_ANS_DECLINED:
+        event = IDEM_AUDIT_CONFLICT;
+        status = NGX_HTTP_FORBIDDEN;
+        break;
+
     case NGX_HTTP_IDEM_ANS_IN_PROGRESS:
     case NGX_HTTP_IDEM_ANS_LOCKED:
         event = IDEM_AUDIT_IN_PROGRESS;
@@ -641,6 +646,11 @@ ngx_http_idem_claim_held(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
         return NGX_HTTP_IDEM_ANS_STORE_ERROR;
     }
 
+    /* a person said no to what this key proposed: no request of it runs */
+    if (v->state == 'd') {
+        return NGX_HTTP_IDEM_ANS_DECLINED;
+    }
+
     if (!same) {
         return NGX_HTTP_IDEM_ANS_MISMATCH;
     }
@@ -657,11 +667,16 @@ ngx_http_idem_claim_held(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
 /*
  * The operation id of a new proposal names its record for the approval
  * endpoint (idempotency_approve), which is given the id and not the key:
- * SET <IDEM_OPERATION_PREFIX><op id>} <record key> PX <proposal TTL>.
- * It is sent before the 428 leaves, so Redis has it before anybody can
- * read the id; if it fails, the approval endpoint answers 404 and a
- * signed approval still works.
+ * SET <IDEM_OPERATION_PREFIX><op id>} <record key><proposal> PX <proposal
+ * TTL>, the proposal as the 428 shows it (JSON, at most
+ * NGX_HTTP_IDEM_PROPOSAL_MAX bytes; a larger one is not kept, and the
+ * approval page and idempotency-approve then refuse to show it).  It is
+ * sent before the 428 leaves, so Redis has it before anybody can read the
+ * id; if it fails, the approval endpoint answers 404 and a signed
+ * approval still works.
  */
+#define NGX_HTTP_IDEM_PROPOSAL_MAX  (64 * 1024)
+
 typedef char  ngx_http_idem_index_len_check[
     IDEM_OPERATION_KEY_LEN == IDEM_RECORD_KEY_LEN ? 1 : -1];
 
@@ -671,6 +686,57 @@ enum {
     NGX_HTTP_IDEM_INDEX_TTL,
     NGX_HTTP_IDEM_INDEX_NARGS
 };
+
+static ngx_str_t  ngx_http_idem_zadd = ngx_string("ZADD");
+static ngx_str_t  ngx_http_idem_zrem_score = ngx_string("ZREMRANGEBYSCORE");
+static ngx_str_t  ngx_http_idem_zrem_rank = ngx_string("ZREMRANGEBYRANK");
+
+typedef char  ngx_http_idem_pending_len_check[
+    sizeof(IDEM_PENDING_KEY) - 1 == IDEM_RECORD_KEY_LEN ? 1 : -1];
+
+
+/*
+ * The approval page's list of pending operations (IDEM_PENDING_KEY):
+ * this one added with its end, the ended ones and those beyond
+ * IDEM_PENDING_MAX removed.  Three commands of O(log N) (plus what they
+ * remove); nobody waits for them, and a lost one only shortens the list.
+ */
+static void
+ngx_http_idem_claim_pending(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
+{
+    ngx_uint_t            i;
+    ngx_http_idem_cmd_t  *cmd[3];
+    ngx_http_idem_redis_t  *rd;
+
+    rd = ctx->conf->redis;
+
+    cmd[0] = ngx_http_idem_cmd_native(rd, &ngx_http_idem_zadd, 2,
+                                      (u_char *) IDEM_PENDING_KEY,
+                                      ctx->op_id.len + NGX_INT64_LEN,
+                                      r->connection->log);
+    cmd[1] = ngx_http_idem_cmd_native(rd, &ngx_http_idem_zrem_score, 2,
+                                      (u_char *) IDEM_PENDING_KEY,
+                                      NGX_INT64_LEN + 8, r->connection->log);
+    cmd[2] = ngx_http_idem_cmd_native(rd, &ngx_http_idem_zrem_rank, 2,
+                                      (u_char *) IDEM_PENDING_KEY,
+                                      NGX_INT64_LEN + 8, r->connection->log);
+
+    if (cmd[0] == NULL || cmd[1] == NULL || cmd[2] == NULL) {
+        return;
+    }
+
+    ngx_http_idem_cmd_set_num(cmd[0], 0, ctx->proposal_expires);
+    ngx_http_idem_cmd_set(cmd[0], 1, ctx->op_id.data, ctx->op_id.len);
+    ngx_http_idem_cmd_set(cmd[1], 0, "-inf", 4);
+    ngx_http_idem_cmd_set_num(cmd[1], 1, ngx_http_idem_now_ms());
+    ngx_http_idem_cmd_set_num(cmd[2], 0, 0);
+    ngx_http_idem_cmd_set_num(cmd[2], 1, -(IDEM_PENDING_MAX + 1));
+
+    for (i = 0; i < 3; i++) {
+        (void) ngx_http_idem_cmd_send(cmd[i], NULL, NULL);
+    }
+}
+
 
 static void
 ngx_http_idem_claim_index(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
@@ -691,15 +757,29 @@ ngx_http_idem_claim_index(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
 
     len = ngx_strlen(ctx->rkey);
 
+    /* made by idempotency_confirm's code, which the claim does not call */
+    if (ctx->propose == NULL || ctx->propose(r, ctx) != NGX_OK
+        || ctx->proposal.len > NGX_HTTP_IDEM_PROPOSAL_MAX)
+    {
+        ngx_str_null(&ctx->proposal);
+    }
+
     cmd = ngx_http_idem_cmd_native(ctx->conf->redis, &ngx_http_idem_set,
                                    NGX_HTTP_IDEM_INDEX_NARGS, key,
-                                   len + NGX_INT64_LEN + 2,
-                                   r->connection->log);
+                                   len + ctx->proposal.len + NGX_INT64_LEN
+                                   + 2, r->connection->log);
     if (cmd == NULL) {
         return;
     }
 
-    ngx_http_idem_cmd_set(cmd, NGX_HTTP_IDEM_INDEX_VALUE, ctx->rkey, len);
+    p = ngx_http_idem_cmd_start(cmd, NGX_HTTP_IDEM_INDEX_VALUE);
+    p = ngx_cpymem(p, ctx->rkey, len);
+
+    if (ctx->proposal.len) {
+        p = ngx_cpymem(p, ctx->proposal.data, ctx->proposal.len);
+    }
+
+    ngx_http_idem_cmd_end(cmd, NGX_HTTP_IDEM_INDEX_VALUE, p);
     ngx_http_idem_cmd_set(cmd, NGX_HTTP_IDEM_INDEX_PX, "PX", 2);
     ngx_http_idem_cmd_set_num(cmd, NGX_HTTP_IDEM_INDEX_TTL,
                               ngx_http_idem_claim_ttl(ctx));
@@ -774,6 +854,7 @@ ngx_http_idem_claim_decoded(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
             ctx->proposal_expires = ctx->created
                                     + ngx_http_idem_claim_ttl(ctx);
             ngx_http_idem_claim_index(r, ctx);
+            ngx_http_idem_claim_pending(r, ctx);
             return NGX_HTTP_IDEM_ANS_CONFIRM;
         }
 

@@ -155,15 +155,71 @@ ngx_http_idem_confirm_key_conf(ngx_conf_t *cf, ngx_command_t *cmd,
 }
 
 
-/* idempotency_confirm_show /json/pointer ... */
+/* idempotency_confirm_describe "one sentence with $variables" */
+char *
+ngx_http_idem_confirm_describe_conf(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf)
+{
+    ngx_http_idem_loc_conf_t *lcf = conf;
+
+    ngx_str_t                         *value;
+    ngx_http_compile_complex_value_t   ccv;
+
+    if (lcf->confirm_describe != NGX_CONF_UNSET_PTR) {
+        return "is duplicate";
+    }
+
+    value = cf->args->elts;
+
+    lcf->confirm_describe = ngx_palloc(cf->pool,
+                                       sizeof(ngx_http_complex_value_t));
+    if (lcf->confirm_describe == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    ngx_memzero(&ccv, sizeof(ngx_http_compile_complex_value_t));
+    ccv.cf = cf;
+    ccv.value = &value[1];
+    ccv.complex_value = lcf->confirm_describe;
+
+    return ngx_http_compile_complex_value(&ccv) == NGX_OK ? NGX_CONF_OK
+                                                           : NGX_CONF_ERROR;
+}
+
+
+/* "label=Text" after a pointer names it for the person; else the pointer */
+static char *
+ngx_http_idem_confirm_label(ngx_conf_t *cf, ngx_http_idem_loc_conf_t *lcf,
+    ngx_str_t *arg)
+{
+    ngx_str_t  *label;
+
+    label = lcf->confirm_labels->elts;
+    label += lcf->confirm_labels->nelts - 1;
+
+    if (arg->len <= 6 || label->data != NULL) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"idempotency_confirm_show\": \"%V\" must follow "
+                           "a pointer once and name it: label=Text", arg);
+        return NGX_CONF_ERROR;
+    }
+
+    label->data = arg->data + 6;
+    label->len = arg->len - 6;
+
+    return NGX_CONF_OK;
+}
+
+
+/* idempotency_confirm_show /json/pointer [label=Text] ... */
 char *
 ngx_http_idem_confirm_show_conf(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf)
 {
     ngx_http_idem_loc_conf_t *lcf = conf;
 
-    ngx_str_t               *value;
-    ngx_uint_t               i;
+    ngx_str_t                *value, *label;
+    ngx_uint_t                i;
     ngx_http_idem_pointer_t  *ptr;
 
     if (lcf->confirm_show != NGX_CONF_UNSET_PTR) {
@@ -172,23 +228,98 @@ ngx_http_idem_confirm_show_conf(ngx_conf_t *cf, ngx_command_t *cmd,
 
     lcf->confirm_show = ngx_array_create(cf->pool, cf->args->nelts,
                                          sizeof(ngx_http_idem_pointer_t));
-    if (lcf->confirm_show == NULL) {
+    lcf->confirm_labels = ngx_array_create(cf->pool, cf->args->nelts,
+                                           sizeof(ngx_str_t));
+    if (lcf->confirm_show == NULL || lcf->confirm_labels == NULL) {
         return NGX_CONF_ERROR;
     }
 
     value = cf->args->elts;
 
     for (i = 1; i < cf->args->nelts; i++) {
+        if (ngx_strncmp(value[i].data, "label=", 6) == 0) {
+            if (lcf->confirm_labels->nelts == 0
+                || ngx_http_idem_confirm_label(cf, lcf, &value[i])
+                   != NGX_CONF_OK)
+            {
+                return lcf->confirm_labels->nelts ? NGX_CONF_ERROR
+                       : "label=Text must follow a pointer";
+            }
+
+            continue;
+        }
+
         ptr = ngx_array_push(lcf->confirm_show);
-        if (ptr == NULL
+        label = ngx_array_push(lcf->confirm_labels);
+        if (ptr == NULL || label == NULL
             || ngx_http_idem_pointer_conf(cf, &cmd->name, &value[i], ptr)
                != NGX_OK)
         {
             return NGX_CONF_ERROR;
         }
+
+        ngx_str_null(label);
     }
 
     return NGX_CONF_OK;
+}
+
+
+/* a shown value the fingerprint leaves out could change after the yes */
+static char *
+ngx_http_idem_confirm_check_show(ngx_conf_t *cf,
+    ngx_http_idem_loc_conf_t *conf)
+{
+    ngx_uint_t                i;
+    ngx_http_idem_pointer_t  *ptr;
+
+    if (conf->confirm_show == NULL || conf->fp_exclude == NULL) {
+        return NGX_CONF_OK;
+    }
+
+    ptr = conf->confirm_show->elts;
+
+    for (i = 0; i < conf->confirm_show->nelts; i++) {
+        if (idem_ptr_set_overlaps(conf->fp_exclude, &ptr[i].parsed)) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "\"idempotency_confirm_show\" %V is, holds or "
+                               "is inside a member that "
+                               "\"idempotency_fingerprint_exclude\" leaves "
+                               "out of the fingerprint: the person would "
+                               "approve a value the request can change",
+                               &ptr[i].text);
+            return NGX_CONF_ERROR;
+        }
+    }
+
+    return NGX_CONF_OK;
+}
+
+
+/* idempotency_confirm_link: an absolute http(s) URL, ?op= is appended */
+static char *
+ngx_http_idem_confirm_check_link(ngx_conf_t *cf,
+    ngx_http_idem_loc_conf_t *conf)
+{
+    ngx_str_t  *l;
+
+    l = &conf->confirm_link;
+
+    if (l->len == 0
+        || (((l->len > 8 && ngx_strncmp(l->data, "https://", 8) == 0)
+             || (l->len > 7 && ngx_strncmp(l->data, "http://", 7) == 0))
+            && ngx_strlchr(l->data, l->data + l->len, '#') == NULL
+            && ngx_strlchr(l->data, l->data + l->len, '"') == NULL))
+    {
+        return NGX_CONF_OK;
+    }
+
+    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                       "\"idempotency_confirm_link\" \"%V\" must be an "
+                       "absolute http:// or https:// URL without a fragment",
+                       l);
+
+    return NGX_CONF_ERROR;
 }
 
 
@@ -198,8 +329,32 @@ ngx_http_idem_confirm_merge(ngx_conf_t *cf, ngx_http_idem_loc_conf_t *prev,
 {
     ngx_conf_merge_ptr_value(conf->confirm, prev->confirm, NULL);
     ngx_conf_merge_ptr_value(conf->confirm_keys, prev->confirm_keys, NULL);
-    ngx_conf_merge_ptr_value(conf->confirm_show, prev->confirm_show, NULL);
+    if (conf->confirm_show == NGX_CONF_UNSET_PTR) {
+        conf->confirm_show = (prev->confirm_show == NGX_CONF_UNSET_PTR)
+                             ? NULL : prev->confirm_show;
+        conf->confirm_labels = prev->confirm_labels;
+    }
+
     ngx_conf_merge_sec_value(conf->confirm_ttl, prev->confirm_ttl, 3600);
+    ngx_conf_merge_ptr_value(conf->confirm_describe, prev->confirm_describe,
+                             NULL);
+    ngx_conf_merge_str_value(conf->confirm_link, prev->confirm_link, "");
+    ngx_conf_merge_ptr_value(conf->approve_identity, prev->approve_identity,
+                             NULL);
+
+    if (conf->page_secret && conf->approve_identity == NULL) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"idempotency_approve_page\" needs "
+                           "\"idempotency_approve_identity\" (who approves: "
+                           "the user nginx authenticated, e.g. $remote_user)");
+        return NGX_CONF_ERROR;
+    }
+
+    if (ngx_http_idem_confirm_check_show(cf, conf) != NGX_CONF_OK
+        || ngx_http_idem_confirm_check_link(cf, conf) != NGX_CONF_OK)
+    {
+        return NGX_CONF_ERROR;
+    }
 
     if (conf->enable && conf->confirm && conf->confirm_keys == NULL) {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
@@ -309,6 +464,9 @@ ngx_http_idem_confirm_check(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
 
     rc = ngx_http_idem_confirm_header(r, &h);
 
+    /* the claim stores the proposal it makes (the operation id's index) */
+    ctx->propose = ngx_http_idem_confirm_proposal;
+
     if (rc == NGX_DECLINED) {
         ctx->confirm = NGX_HTTP_IDEM_CONFIRM_PROPOSE;
         return NGX_OK;
@@ -403,8 +561,8 @@ static void
 ngx_http_idem_confirm_show(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
     cJSON *proposal)
 {
-    cJSON                    *root, *show;
-    ngx_str_t                 text;
+    cJSON                    *root, *show, *labels;
+    ngx_str_t                 text, *label;
     ngx_uint_t                i;
     const cJSON              *v;
     ngx_http_idem_pointer_t  *ptr;
@@ -414,14 +572,23 @@ ngx_http_idem_confirm_show(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
     }
 
     show = cJSON_AddObjectToObject(proposal, "show");
-    if (show == NULL) {
+    labels = cJSON_AddObjectToObject(proposal, "labels");
+    if (show == NULL || labels == NULL) {
         return;
     }
 
     root = ngx_http_idem_json_body(r, ctx);
     ptr = ctx->conf->confirm_show->elts;
+    label = ctx->conf->confirm_labels->elts;
 
     for (i = 0; i < ctx->conf->confirm_show->nelts; i++) {
+        /* a label is configuration text: the page escapes it as any value */
+        ngx_http_idem_confirm_add_str(r, labels, (char *) ptr[i].text.data,
+                                      label[i].data ? label[i].data
+                                                    : ptr[i].text.data,
+                                      label[i].data ? label[i].len
+                                                    : ptr[i].text.len);
+
         v = root ? idem_json_pointer_walk(root, &ptr[i].parsed) : NULL;
 
         /* exactly what the fingerprint reads: cJSON prints 0.3 for ...04 */
@@ -478,6 +645,93 @@ ngx_http_idem_confirm_approve(ngx_http_idem_ctx_t *ctx, cJSON *proposal)
 }
 
 
+/*
+ * Who asked: the audit's identity when the location names one, else the
+ * scope as a short digest (its value may be a credential), the scope tag
+ * a lock keeps (idem_record.h)
+ */
+static ngx_int_t
+ngx_http_idem_confirm_asker(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
+    cJSON *proposal)
+{
+    u_char     buf[IDEM_RECORD_KEY_LEN + 1], text[32], *p;
+    ngx_str_t  v;
+
+    if (ctx->conf->audit_identity) {
+        if (ngx_http_complex_value(r, ctx->conf->audit_identity, &v)
+            != NGX_OK)
+        {
+            return NGX_ERROR;
+        }
+
+        ngx_http_idem_confirm_add_str(r, proposal, "requested_by", v.data,
+                                      v.len);
+        return NGX_OK;
+    }
+
+    if (ctx->scope.len == 0) {
+        cJSON_AddStringToObject(proposal, "requested_by", "no scope");
+        return NGX_OK;
+    }
+
+    if (idem_derived_key("idem-scope-v1", (const char *) ctx->scope.data,
+                         ctx->scope.len, NULL, 0, IDEM_SCOPE_SUFFIX,
+                         (char *) buf) != 0)
+    {
+        return NGX_ERROR;
+    }
+
+    p = ngx_sprintf(text, "scope %*s", (size_t) 12,
+                    buf + sizeof(IDEM_RECORD_PREFIX) - 1);
+    ngx_http_idem_confirm_add_str(r, proposal, "requested_by", text,
+                                  p - text);
+
+    return NGX_OK;
+}
+
+
+/* idempotency_confirm_describe and idempotency_confirm_link */
+static ngx_int_t
+ngx_http_idem_confirm_person(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
+    cJSON *proposal)
+{
+    u_char     *p;
+    ngx_str_t   v, *link;
+
+    if (ctx->conf->confirm_describe) {
+        if (ngx_http_complex_value(r, ctx->conf->confirm_describe, &v)
+            != NGX_OK)
+        {
+            return NGX_ERROR;
+        }
+
+        ngx_http_idem_confirm_add_str(r, proposal, "describe", v.data, v.len);
+    }
+
+    link = &ctx->conf->confirm_link;
+
+    if (link->len == 0) {
+        return NGX_OK;
+    }
+
+    p = ngx_pnalloc(r->pool, link->len + 5 + ctx->op_id.len);
+    if (p == NULL) {
+        return NGX_ERROR;
+    }
+
+    v.data = p;
+    p = ngx_cpymem(p, link->data, link->len);
+    p = ngx_cpymem(p, ngx_strlchr(link->data, link->data + link->len, '?')
+                      ? "&op=" : "?op=", 4);
+    p = ngx_cpymem(p, ctx->op_id.data, ctx->op_id.len);
+    v.len = p - v.data;
+
+    ngx_http_idem_confirm_add_str(r, proposal, "approve_url", v.data, v.len);
+
+    return NGX_OK;
+}
+
+
 /* the proposal's end, as RFC 3339 UTC */
 static void
 ngx_http_idem_confirm_expiry(ngx_http_idem_ctx_t *ctx, cJSON *proposal)
@@ -516,9 +770,23 @@ ngx_http_idem_proposal(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
                                   IDEM_FP_HEX_LEN);
     ngx_http_idem_confirm_add_str(r, o, "method", r->method_name.data,
                                   r->method_name.len);
+    /* as the client wrote it, port included */
+    if (r->headers_in.host) {
+        ngx_http_idem_confirm_add_str(r, o, "host",
+                                      r->headers_in.host->value.data,
+                                      r->headers_in.host->value.len);
+    }
+
     ngx_http_idem_confirm_add_str(r, o, "route", ctx->route.data,
                                   ctx->route.len);
     ngx_http_idem_confirm_add_str(r, o, "query", r->args.data, r->args.len);
+
+    if (ngx_http_idem_confirm_person(r, ctx, o) != NGX_OK
+        || ngx_http_idem_confirm_asker(r, ctx, o) != NGX_OK)
+    {
+        cJSON_Delete(o);
+        return NULL;
+    }
 
     ngx_http_idem_confirm_show(r, ctx, o);
     ngx_http_idem_confirm_expiry(ctx, o);
@@ -528,14 +796,11 @@ ngx_http_idem_proposal(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
 }
 
 
-/* ctx->problem_extra: ",\"name\":" and the JSON text of o, freed here */
+/* the JSON text of o in the pool, freed here */
 static ngx_int_t
-ngx_http_idem_confirm_extra(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
-    const char *name, cJSON *o)
+ngx_http_idem_confirm_text(ngx_http_request_t *r, cJSON *o, ngx_str_t *out)
 {
-    char    *text;
-    size_t   len;
-    u_char  *p;
+    char  *text;
 
     text = o ? cJSON_PrintUnformatted(o) : NULL;
     cJSON_Delete(o);
@@ -544,20 +809,56 @@ ngx_http_idem_confirm_extra(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
         return NGX_ERROR;
     }
 
-    len = ngx_strlen(text);
-    p = ngx_pnalloc(r->pool, len + ngx_strlen(name) + 4);
+    out->len = ngx_strlen(text);
+    out->data = ngx_pnalloc(r->pool, out->len);
 
-    if (p == NULL) {
+    if (out->data == NULL) {
         cJSON_free(text);
+        return NGX_ERROR;
+    }
+
+    ngx_memcpy(out->data, text, out->len);
+    cJSON_free(text);
+
+    return NGX_OK;
+}
+
+
+/*
+ * ctx->proposal, made once: the 428 carries it, and the operation id's
+ * index keeps it as it was shown (the approval page, idempotency-approve
+ * and the status endpoint by operation id show that, never what a client
+ * hands over)
+ */
+ngx_int_t
+ngx_http_idem_confirm_proposal(ngx_http_request_t *r,
+    ngx_http_idem_ctx_t *ctx)
+{
+    if (ctx->proposal.len) {
+        return NGX_OK;
+    }
+
+    return ngx_http_idem_confirm_text(r, ngx_http_idem_proposal(r, ctx),
+                                      &ctx->proposal);
+}
+
+
+/* ctx->problem_extra: ",\"name\":" and the JSON text */
+static ngx_int_t
+ngx_http_idem_confirm_extra(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
+    const char *name, ngx_str_t *text)
+{
+    u_char  *p;
+
+    p = ngx_pnalloc(r->pool, text->len + ngx_strlen(name) + 4);
+    if (p == NULL) {
         return NGX_ERROR;
     }
 
     ctx->problem_extra.data = p;
     p = ngx_sprintf(p, ",\"%s\":", name);
-    p = ngx_cpymem(p, text, len);
+    p = ngx_cpymem(p, text->data, text->len);
     ctx->problem_extra.len = p - ctx->problem_extra.data;
-
-    cJSON_free(text);
 
     return NGX_OK;
 }
@@ -568,6 +869,7 @@ ngx_int_t
 ngx_http_idem_confirm_send(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
 {
     ngx_int_t                rc;
+    ngx_str_t                reason;
     ngx_http_idem_problem_e  problem;
 
     ctx->outcome = NGX_HTTP_IDEM_OUT_CONFIRM_REQUIRED;
@@ -576,8 +878,12 @@ ngx_http_idem_confirm_send(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
         && ctx->jws_rc == IDEM_JWS_OK)
     {
         problem = NGX_HTTP_IDEM_P_CONFIRM_REQUIRED;
-        rc = ngx_http_idem_confirm_extra(r, ctx, "proposal",
-                                         ngx_http_idem_proposal(r, ctx));
+        rc = ngx_http_idem_confirm_proposal(r, ctx);
+
+        if (rc == NGX_OK) {
+            rc = ngx_http_idem_confirm_extra(r, ctx, "proposal",
+                                             &ctx->proposal);
+        }
 
     } else if (ctx->jws_rc == IDEM_JWS_EXPIRED
                || ctx->answer == NGX_HTTP_IDEM_ANS_APPROVAL_EXPIRED)
@@ -587,8 +893,12 @@ ngx_http_idem_confirm_send(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
 
     } else {
         problem = NGX_HTTP_IDEM_P_CONFIRM_INVALID;
-        rc = ngx_http_idem_confirm_extra(r, ctx, "reason",
-                 cJSON_CreateString(idem_jws_reason(ctx->jws_rc)));
+        rc = ngx_http_idem_confirm_text(r,
+                 cJSON_CreateString(idem_jws_reason(ctx->jws_rc)), &reason);
+
+        if (rc == NGX_OK) {
+            rc = ngx_http_idem_confirm_extra(r, ctx, "reason", &reason);
+        }
     }
 
     if (rc != NGX_OK) {

@@ -40,6 +40,8 @@ static char *ngx_http_idem_check_positive_msec(ngx_conf_t *cf, void *post,
     void *data);
 static char *ngx_http_idem_thread_pool(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
+static char *ngx_http_idem_approve_page_conf(ngx_conf_t *cf,
+    ngx_command_t *cmd, void *conf);
 static char *ngx_http_idem_approve_conf(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 static ngx_int_t ngx_http_idem_init_process(ngx_cycle_t *cycle);
@@ -261,6 +263,27 @@ static ngx_command_t  ngx_http_idem_commands[] = {
       0,
       NULL },
 
+    { ngx_string("idempotency_confirm_describe"),
+      NGX_HTTP_IDEM_CONF_ANY|NGX_CONF_TAKE1,
+      ngx_http_idem_confirm_describe_conf,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      0,
+      NULL },
+
+    { ngx_string("idempotency_confirm_link"),
+      NGX_HTTP_IDEM_CONF_ANY|NGX_CONF_TAKE1,
+      ngx_conf_set_str_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_idem_loc_conf_t, confirm_link),
+      NULL },
+
+    { ngx_string("idempotency_approve_identity"),
+      NGX_HTTP_IDEM_CONF_ANY|NGX_CONF_TAKE1,
+      ngx_http_idem_approve_identity_conf,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      0,
+      NULL },
+
     { ngx_string("idempotency_confirm_ttl"),
       NGX_HTTP_IDEM_CONF_ANY|NGX_CONF_TAKE1,
       ngx_conf_set_sec_slot,
@@ -278,6 +301,13 @@ static ngx_command_t  ngx_http_idem_commands[] = {
     { ngx_string("idempotency_approve"),
       NGX_HTTP_LOC_CONF|NGX_CONF_NOARGS,
       ngx_http_idem_approve_conf,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      0,
+      NULL },
+
+    { ngx_string("idempotency_approve_page"),
+      NGX_HTTP_LOC_CONF|NGX_CONF_NOARGS|NGX_CONF_TAKE12,
+      ngx_http_idem_approve_page_conf,
       NGX_HTTP_LOC_CONF_OFFSET,
       0,
       NULL },
@@ -463,6 +493,8 @@ ngx_http_idem_create_loc_conf(ngx_conf_t *cf)
     conf->confirm_keys = NGX_CONF_UNSET_PTR;
     conf->confirm_show = NGX_CONF_UNSET_PTR;
     conf->confirm_ttl = NGX_CONF_UNSET;
+    conf->confirm_describe = NGX_CONF_UNSET_PTR;
+    conf->approve_identity = NGX_CONF_UNSET_PTR;
     conf->unique = NGX_CONF_UNSET_PTR;
     conf->lock = NGX_CONF_UNSET_PTR;
     conf->audit_on = NGX_CONF_UNSET;
@@ -1260,6 +1292,27 @@ ngx_http_idem_approve_conf(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     lcf->ops = 1;
 
     return ngx_http_idem_ops_location(cf, ngx_http_idem_approve_handler);
+}
+
+
+/* idempotency_approve_page: the approvers' page (_page.c) */
+static char *
+ngx_http_idem_approve_page_conf(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf)
+{
+    ngx_http_idem_loc_conf_t  *lcf = conf;
+
+    if (lcf->page_secret) {
+        return "is duplicate";
+    }
+
+    lcf->ops = 1;
+
+    if (ngx_http_idem_page_conf(cf, lcf) != NGX_CONF_OK) {
+        return NGX_CONF_ERROR;
+    }
+
+    return ngx_http_idem_ops_location(cf, ngx_http_idem_page_handler);
 }
 
 

@@ -60,9 +60,18 @@ ngx_http_idem_status_body(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
     p = ngx_slprintf(p, end, ",\"completed_at\":");
     p = ngx_http_idem_json_time(p, end, st->rec.completed);
 
-    if (st->rec.state == 'a' || st->rec.state == 'p') {
+    if (st->rec.state == 'a' || st->rec.state == 'p' || st->rec.state == 'd')
+    {
         p = ngx_slprintf(p, end, ",\"expires_at\":");
         p = ngx_http_idem_json_time(p, end, st->rec.expires);
+    }
+
+    if (st->rec.state == 'd') {
+        p = ngx_slprintf(p, end, ",\"declined_by\":");
+        p = ngx_http_idem_json_str(p, end, (u_char *) st->rec.approver,
+                                   st->rec.approver_len);
+        p = ngx_slprintf(p, end, ",\"declined_at\":");
+        p = ngx_http_idem_json_time(p, end, st->rec.approved_until);
     }
 
     if (st->rec.state == 'p') {
@@ -412,6 +421,85 @@ ngx_http_idem_ops_send(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
 
 
 /*
+ * ?op=ID: the proposal as it was shown, and its operation's state now
+ * (for idempotency-approve and anyone who has the id but not the key)
+ */
+static ngx_int_t
+ngx_http_idem_status_op_done(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
+    ngx_http_idem_lookup_t *lk)
+{
+    u_char  *body, *p, *end;
+    size_t   size;
+
+    if (lk->failed || !lk->found) {
+        return ngx_http_idem_send_problem(r, ctx, lk->failed ? lk->problem
+                                          : NGX_HTTP_IDEM_P_NOT_FOUND,
+                                          lk->failed ? NULL
+                                          : "no proposal with this operation "
+                                            "id is known (it may have "
+                                            "expired)");
+    }
+
+    size = 256 + lk->proposal.len + lk->rec.approver_len * 6;
+    body = ngx_pnalloc(r->pool, size);
+    if (body == NULL) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    end = body + size;
+    p = ngx_slprintf(body, end, "{\"operation_id\":\"%V\",\"state\":\"%s\"",
+                     &lk->op, lk->has_rec ? idem_state_name(lk->rec.state)
+                                          : "expired");
+
+    if (lk->has_rec && (lk->rec.state == 'p' || lk->rec.state == 'd')) {
+        p = ngx_slprintf(p, end, lk->rec.state == 'p' ? ",\"approved_by\":"
+                                                      : ",\"declined_by\":");
+        p = ngx_http_idem_json_str(p, end, (u_char *) lk->rec.approver,
+                                   lk->rec.approver_len);
+    }
+
+    p = ngx_slprintf(p, end, ",\"proposal\":%s}\n",
+                     lk->proposal.len ? (char *) lk->proposal.data : "null");
+
+    return ngx_http_idem_send_json(r, NGX_HTTP_OK, body, p - body);
+}
+
+
+static ngx_int_t
+ngx_http_idem_status_op(ngx_http_request_t *r, ngx_str_t *op, ngx_int_t arg)
+{
+    ngx_int_t                rc;
+    ngx_http_idem_ctx_t     *ctx;
+    ngx_http_idem_lookup_t  *lk;
+
+    rc = ngx_http_discard_request_body(r);
+    if (rc != NGX_OK) {
+        return rc;
+    }
+
+    ctx = ngx_http_idem_create_ctx(r);
+    lk = ngx_pcalloc(r->pool, sizeof(ngx_http_idem_lookup_t));
+    if (ctx == NULL || lk == NULL) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    ctx->conf = ngx_http_get_module_loc_conf(r, ngx_http_idempotency_module);
+    ctx->phase = NGX_HTTP_IDEM_DONE;
+
+    if (arg != NGX_OK) {
+        return ngx_http_idem_send_problem(r, ctx, NGX_HTTP_IDEM_P_NOT_FOUND,
+                                          "op must be an operation id: 32 "
+                                          "lowercase hex");
+    }
+
+    lk->op = *op;
+    lk->done = ngx_http_idem_status_op_done;
+
+    return ngx_http_idem_lookup(r, ctx, lk);
+}
+
+
+/*
  * status.lua gets the record and the key beside it that names the lock
  * its operation took (idempotency_lock): the request has the key, not the
  * body the lock key is derived from.  Not on a cluster, where no lock is
@@ -423,11 +511,18 @@ ngx_http_idem_status_handler(ngx_http_request_t *r)
 {
     u_char               *keys[1], hkey[IDEM_RECORD_KEY_LEN + 1];
     ngx_int_t             rc;
+    ngx_str_t             op;
     ngx_uint_t            n;
     ngx_http_idem_ctx_t  *ctx;
 
     if (!(r->method & (NGX_HTTP_GET|NGX_HTTP_HEAD))) {
         return ngx_http_idem_send_not_allowed(r, "GET, HEAD");
+    }
+
+    rc = ngx_http_idem_op_arg(r, &op);
+
+    if (rc != NGX_DECLINED) {
+        return ngx_http_idem_status_op(r, &op, rc);
     }
 
     if (ngx_http_idem_ops_ctx(r, &ctx, &rc) != NGX_OK) {

@@ -539,6 +539,11 @@ ngx_http_idem_send_answer(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
         problem = NGX_HTTP_IDEM_P_LOCK_HELD;
         break;
 
+    case NGX_HTTP_IDEM_ANS_DECLINED:
+        ctx->outcome = NGX_HTTP_IDEM_OUT_REJECTED;
+        problem = NGX_HTTP_IDEM_P_CONFIRM_DECLINED;
+        break;
+
     case NGX_HTTP_IDEM_ANS_STORE_DOWN:
         ctx->outcome = NGX_HTTP_IDEM_OUT_REJECTED;
         problem = NGX_HTTP_IDEM_P_STORE_DOWN;

@@ -17,9 +17,10 @@
 -- Replies: {"released"} | {"completed"} | {"none"} | {"refused", state};
 -- with the audit, see audit.lua
 
--- a proposal (a, p) has not run: nothing to resolve, it expires
+-- a proposal (a, p, d) has not run: nothing to resolve, it expires
 local names = { i = 'in_progress', c = 'completed', u = 'unknown',
-                a = 'awaiting_confirmation', p = 'approved', s = 'alias' }
+                a = 'awaiting_confirmation', p = 'approved', s = 'alias',
+                d = 'declined' }
 local now = now_ms()
 local v = redis.pcall('GET', KEYS[1])
 local state, stuck, head, created

@@ -1,10 +1,12 @@
 -- A person's recorded approval (idempotency_approve): the proposal of
 -- this operation, with this fingerprint, becomes approved until the given
 -- time, by the given approver.  The next attempt with the same key and
--- fingerprint claims it (claim.lua) without carrying anything.
+-- fingerprint claims it (claim.lua) without carrying anything.  Or the
+-- person declines it: the record becomes declined (state d), and no
+-- attempt with its key runs while it lives.
 --
 --: needs fields audit
---: args op fp approver expires_in
+--: args op fp approver expires_in decision keep
 --
 -- KEYS[1]     record key
 -- KEYS[2]     idempotency_audit: the stream ("approved")
@@ -12,12 +14,19 @@
 -- fp          the fingerprint the person saw
 -- approver    who approved (non-empty, checked by the module)
 -- expires_in  how long the approval holds, in ms
+-- decision    "approve", "decline", or "approve_once", "decline_once"
+--             (the approval page: an operation decided already is not
+--             decided again by a replayed form)
+-- keep        a declined record lives at least this long, in ms (the
+--             approving location's idempotency_ttl): its key stays
+--             refused as a completed one stays answered
 --
--- Replies: {"approved", until_ms} | {"none"} | {"mismatch"}
---          | {"refused", state}; with the audit, see audit.lua
+-- Replies: {"approved", until_ms} | {"declined", at_ms} | {"none"}
+--          | {"mismatch"} | {"refused", state}; with the audit, see
+--          audit.lua
 
 local names = { i = 'in_progress', c = 'completed', u = 'unknown',
-                s = 'alias' }
+                s = 'alias', d = 'declined', p = 'approved' }
 local v = redis.pcall('GET', KEYS[1])
 
 if type(v) == 'table' or not v then
@@ -38,7 +47,8 @@ if state == 'r' or string.sub(v, 4, 35) ~= op then
     return {'none'}
 end
 
-if state ~= 'a' and state ~= 'p' then
+if (state ~= 'a' and state ~= 'p')
+   or (state == 'p' and string.sub(decision, -5) == '_once') then
     return {'refused', names[state]}
 end
 
@@ -53,6 +63,20 @@ if stop then
 end
 
 local now = now_ms()
+
+-- a decline also ends an approval not claimed yet: the person changed
+-- their mind before the operation ran
+if string.sub(decision, 1, 7) == 'decline' then
+    local left = redis.call('PTTL', KEYS[1])
+    if left < tonumber(keep) then
+        left = tonumber(keep)
+    end
+    redis.call('SET', KEYS[1],
+               '2d' .. string.sub(v, 3, 131) .. ns(f[1]) .. ns(f[2])
+               .. ns(ms(now)) .. ns(approver), 'PX', ms(left))
+    return audit_done({'declined', ms(now)})
+end
+
 local untl = now + tonumber(expires_in)
 
 -- it lives until the approval ends, and never less than the proposal

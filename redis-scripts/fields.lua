@@ -36,7 +36,8 @@ local function corrupt(what)
 end
 
 -- the number of fields each state has (see idem_record.h)
-local field_count = { i = 3, c = 7, u = 2, r = 2, a = 2, p = 4, s = 2 }
+local field_count = { i = 3, c = 7, u = 2, r = 2, a = 2, p = 4, s = 2,
+                      d = 4 }
 
 -- A string record of layout 2, or nil: anything else under our key is
 -- somebody else's (or damaged), and never written into.

@@ -3,7 +3,7 @@
 -- "--: args" line) as locals.
 --
 -- The record is one string, layout 2 (docs/states.md): a 131-byte head,
--- '2', the state (i, c, u, r, a, p, s), the waiters flag, the operation id (32 hex),
+-- '2', the state (i, c, u, r, a, p, d, s), the waiters flag, the operation id (32 hex),
 -- the fingerprint (64 hex) and the owner token (32 hex or 32 '-'), then
 -- netstring fields.  Lua reads the head at fixed offsets.
 --

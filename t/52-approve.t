@@ -138,7 +138,7 @@ is($t->effects(key => $k1), 1, 'still one effect');
     $x = $t->http(POST => '/upay', key => $k2, json => $body, @h2);
     my $p2 = (($t->problem($x) // {})->{proposal} // {});
     open(my $fh, '>', "$p/u428.json") or die; print $fh $x->{content}; close $fh;
-    my $jws = `$TOOL --key $p/hs.key --sub dave --yes $p/u428.json 2>/dev/null`;
+    my $jws = `$TOOL --trust-file --key $p/hs.key --sub dave --yes $p/u428.json 2>/dev/null`;
     chomp $jws;
     $x = $t->http(POST => '/upay', key => $k2, json => $body,
                   headers => [ 'X-Order' => "order-$k2", 'Idempotency-Confirmation' => $jws ]);
@@ -255,7 +255,7 @@ my $k6 = $t->key('approve-tool');
 $r = pay($k6);
 open my $fh, '>', "$p/answer.json" or die; print $fh $r->{content}; close $fh;
 my $url = "http://127.0.0.1:" . $t->{nginx_port} . "/approve";
-my $out = `$TOOL --endpoint $url --header 'X-Operator: 1' --sub frank --ttl 120 --yes $p/answer.json 2>$p/shown`;
+my $out = `$TOOL --endpoint $url --status http://127.0.0.1:$t->{nginx_port}/status --header 'X-Operator: 1' --sub frank --ttl 120 --yes $p/answer.json 2>$p/shown`;
 is($?, 0, 'idempotency-approve --endpoint --yes: exit 0');
 like($out, qr/"state":"approved"/, 'it prints the endpoint\'s answer');
 my $shown = do { local (@ARGV, $/) = ("$p/shown"); <> } // '';
@@ -264,9 +264,9 @@ is(($t->record($k6) // {})->{approver}, 'frank', 'recorded with --sub as approve
 $r = pay($k6);
 is($r->{status}, 201, 'the retry executes') or diag($t->show($r));
 is($t->effects(key => $k6), 1, 'one effect');
-$out = `$TOOL --endpoint $url --sub frank --yes $p/answer.json 2>/dev/null`;
+$out = `$TOOL --trust-file --endpoint $url --sub frank --yes $p/answer.json 2>/dev/null`;
 is($? >> 8, 2, 'approving it again (executed): exit 2');
-$out = `$TOOL --endpoint $url --key $p/x --sub frank --yes $p/answer.json 2>/dev/null`;
+$out = `$TOOL --trust-file --endpoint $url --key $p/x --sub frank --yes $p/answer.json 2>/dev/null`;
 is($? >> 8, 2, '--endpoint and --key together: usage, exit 2');
 
 # ---- the approver in the access log

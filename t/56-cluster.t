@@ -106,11 +106,13 @@ system("openssl rand -hex 32 > $p/hs.key") == 0 or BAIL_OUT('openssl rand');
 my @ports = $t->start_cluster(masters => 3, replicas => 1);
 my $seeds = join ' ', "127.0.0.1:$dead", map { "127.0.0.1:$_" } @ports[0, 4];
 
-# the least the module needs, docs/redis.md "ACL user" with its Cluster and
-# WAIT additions, on every node (ACL rules are not replicated)
+# the least the module needs, docs/redis.md "ACL user" with its Cluster,
+# WAIT and confirmation (the pending operations' list) additions, on every
+# node (ACL rules are not replicated)
 my @ACL = qw(on >idem-secret ~idem:* &idem:done +evalsha +eval +script|load +subscribe +set
              +get +pttl +pexpire +del +type +time +publish +hmget +hset +hdel
-             +cluster|slots +asking +wait);
+             +cluster|slots +asking +wait
+             +zadd +zremrangebyscore +zremrangebyrank +zrevrangebyscore);
 is(scalar(grep { $t->redis_at($_, 'ACL', 'SETUSER', 'idem', 'reset', @ACL) eq 'OK' } @ports), 6,
    'the ACL user on the six nodes');
 $t->start_upstream;

@@ -106,7 +106,7 @@ my $body = { amount => 4200 };
     open my $f, '>', "$p/answer.json" or die;
     print $f $r->{content};
     close $f;
-    my $jws = `$TOOL --key $p/hs.key --sub carol --yes $p/answer.json 2>/dev/null`;
+    my $jws = `$TOOL --trust-file --key $p/hs.key --sub carol --yes $p/answer.json 2>/dev/null`;
     chomp $jws;
     $r = $t->http(POST => '/pay', key => $k, json => $body,
                   headers => [ @alice, 'Idempotency-Confirmation' => $jws ]);

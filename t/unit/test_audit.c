@@ -110,7 +110,7 @@ test_events(void)
     }
 
     ok(ok_all, "every event name parses back to its event");
-    is_int(IDEM_AUDIT_NEVENTS, 13, "thirteen events, as docs/audit.md lists");
+    is_int(IDEM_AUDIT_NEVENTS, 14, "fourteen events, as docs/audit.md lists");
     ok(idem_audit_event_parse("sent ", 5) == -1
        && idem_audit_event_parse("", 0) == -1, "other names are refused");
     ok(idem_audit_event_name(IDEM_AUDIT_NEVENTS) == NULL, "out of range");

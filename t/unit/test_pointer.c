@@ -197,6 +197,50 @@ test_set(void)
 }
 
 
+/* idempotency_confirm_show against idempotency_fingerprint_exclude */
+static int
+overlaps(idem_ptr_set_t *set, const char *s)
+{
+    int         r;
+    idem_ptr_t  p;
+
+    if (idem_ptr_parse(s, strlen(s), &p) != IDEM_PTR_OK) {
+        return -1;
+    }
+
+    r = idem_ptr_set_overlaps(set, &p);
+    idem_ptr_free(&p);
+
+    return r;
+}
+
+
+static void
+test_overlaps(void)
+{
+    idem_ptr_set_t  *set;
+
+    set = idem_ptr_set_create();
+
+    ok(set != NULL && idem_ptr_set_add(set, "/memo", 5) == IDEM_PTR_OK
+       && idem_ptr_set_add(set, "/meta/trace", 11) == IDEM_PTR_OK
+       && idem_ptr_set_add(set, "/items/0", 8) == IDEM_PTR_OK,
+       "an exclusion set");
+    ok(overlaps(set, "/memo") == 1, "a shown pointer equal to an excluded one");
+    ok(overlaps(set, "/memo/text") == 1 && overlaps(set, "/meta/trace/id") == 1,
+       "a shown pointer inside an excluded one");
+    ok(overlaps(set, "/meta") == 1 && overlaps(set, "/items") == 1,
+       "a shown pointer containing an excluded one");
+    ok(overlaps(set, "/amount") == 0 && overlaps(set, "/meta/to") == 0
+       && overlaps(set, "/items/1") == 0 && overlaps(set, "/mem") == 0
+       && overlaps(set, "/memo2") == 0,
+       "a shown pointer beside the excluded ones");
+    ok(idem_ptr_set_overlaps(NULL, NULL) == 0, "no exclusion set");
+
+    idem_ptr_set_free(set);
+}
+
+
 /* exclusion */
 
 typedef struct {
@@ -772,6 +816,7 @@ main(int argc, char **argv)
     test_parse_valid();
     test_parse_invalid();
     test_set();
+    test_overlaps();
     test_exclude_table();
     test_exclude_depth();
     test_exclude_none();

@@ -1881,8 +1881,17 @@ test_approve_decode(void)
        == IDEM_APPROVE_REFUSED && state && strcmp(state, "unknown") == 0,
        "approve: refused, unknown");
     ok(APPROVE(&state, &until, 2, S("refused"), S("approved"))
+       == IDEM_APPROVE_REFUSED && state && strcmp(state, "approved") == 0,
+       "approve: refused, approved (the page's approve_once)");
+    ok(APPROVE(&state, &until, 2, S("refused"), S("declined"))
+       == IDEM_APPROVE_REFUSED && state && strcmp(state, "declined") == 0,
+       "approve: refused, declined");
+    ok(APPROVE(&state, &until, 2, S("refused"), S("awaiting_confirmation"))
        == IDEM_APPROVE_INVALID && state == NULL,
-       "approve: refused an approved record is not an answer it gives");
+       "approve: refused a proposal is not an answer it gives");
+    ok(APPROVE(&state, &until, 2, S("declined"), S("1700000000000"))
+       == IDEM_APPROVE_DECLINED && until == 1700000000000LL,
+       "approve: declined, with its time");
     ok(APPROVE(&state, &until, 2, S("approved"), S("-1"))
        == IDEM_APPROVE_INVALID && until == -1, "approve: a negative end");
     ok(APPROVE(&state, &until, 2, S("approved"), S("253402300800000"))

@@ -941,7 +941,7 @@ sub record_name {
 # such a record. Written from the documented layout, not from the C code,
 # so it checks what the module writes.
 my %STATE = (i => 'in_progress', c => 'completed', u => 'unknown', r => 'released',
-             a => 'awaiting_confirmation', p => 'approved');
+             a => 'awaiting_confirmation', p => 'approved', d => 'declined');
 my %FIELDS = (
     i => [qw(created lease_ms ttl_ms)],
     c => [qw(created completed status stored resolved hdr body)],
@@ -949,11 +949,12 @@ my %FIELDS = (
     r => [qw(status retry_after)],
     a => [qw(created expires)],
     p => [qw(created expires approved_until approver)],
+    d => [qw(created expires declined_at approver)],
 );
 sub decode_record {
     my ($self, $v) = @_;
     return undef unless defined $v && length($v) >= 131
-        && $v =~ /\A2([icurap])([01])([0-9a-f]{32})([0-9a-f]{64})([0-9a-f]{32}|-{32})/;
+        && $v =~ /\A2([icurapd])([01])([0-9a-f]{32})([0-9a-f]{64})([0-9a-f]{32}|-{32})/;
     my %r = (v => 2, state => $STATE{$1}, waiters => $2, op => $3, fp => $4);
     $r{owner} = $5 unless $5 eq '-' x 32;
     my $pos = 131;
