@@ -1,6 +1,6 @@
 #!/usr/bin/env node
 // The approval page in a real headless Chromium (Debian's), driven by
-// t/69-approve-page.t: each command opens the page as the approver (HTTP
+// t/76-approve-page.t: each command opens the page as the approver (HTTP
 // basic credentials), does what a person (or an attacker's page) would
 // do, and prints what the browser saw as one JSON object on stdout. The
 // Perl test checks it, with the upstream's effect counts.
