@@ -164,7 +164,7 @@ async function confirmation(c) {
     const p = report.confirm1.structuredContent && report.confirm1.structuredContent.proposal;
     fs.writeFileSync(`${E.MCP_STATE_DIR}/../proposal.json`, JSON.stringify({ proposal: p }));
     try {
-        report.approveOut = execFileSync(E.MCP_APPROVE, ['--endpoint', `${E.MCP_BASE}/approve`,
+        report.approveOut = execFileSync(E.MCP_APPROVE, ['--endpoint', `${E.MCP_BASE}/approve`, '--status', `${E.MCP_BASE}/idempotency/status`,
             '--sub', 'alice', '--yes', `${E.MCP_STATE_DIR}/../proposal.json`],
             { stdio: ['ignore', 'pipe', 'ignore'] }).toString();
     } catch (e) { report.approveOut = `failed: ${e.message}`; }
