@@ -81,6 +81,8 @@ typedef struct {
 typedef struct {
     ngx_http_complex_value_t     value;
     ngx_array_t                 *vars;     /* ngx_http_complex_value_t */
+    ngx_str_t                    shared;   /* unique: shared=NAME, or "" */
+    ngx_uint_t                   optional; /* lock: an empty value passes */
 } ngx_http_idem_business_t;
 
 
@@ -123,6 +125,19 @@ typedef struct {
     /* idempotency_unique, idempotency_lock: NULL when off */
     ngx_http_idem_business_t    *unique;
     ngx_http_idem_business_t    *lock;
+
+    /*
+     * A guarded location (idempotency_confirm, _unique or _lock): what a
+     * client omits or relabels never turns a guard off (docs/directives.md,
+     * "Guarded locations").  "allow" is the Allow of its 405; "unique_ns"
+     * the namespace of its identities (the location, or shared=NAME), and
+     * "loc_tag" names the location to the holder of an identity.
+     */
+    ngx_uint_t                   guarded;
+    ngx_str_t                    allow;
+    ngx_array_t                 *json_types;       /* ngx_str_t, lowercase */
+    ngx_str_t                    unique_ns;
+    u_char                       loc_tag[IDEM_RECORD_KEY_LEN + 1];
 
     /* idempotency_audit: the stream, NULL when off */
     ngx_flag_t                   audit_on;
@@ -242,6 +257,10 @@ typedef enum {
     NGX_HTTP_IDEM_P_NOT_APPROVABLE,
     NGX_HTTP_IDEM_P_LOCK_HELD,
     NGX_HTTP_IDEM_P_BODY_UNREADABLE,
+    NGX_HTTP_IDEM_P_METHOD_NOT_ALLOWED,
+    NGX_HTTP_IDEM_P_UNSUPPORTED_MEDIA,
+    NGX_HTTP_IDEM_P_LOCK_VALUE_MISSING,
+    NGX_HTTP_IDEM_P_IDENTITY_ELSEWHERE,
     NGX_HTTP_IDEM_NPROBLEMS
 } ngx_http_idem_problem_e;
 
@@ -352,6 +371,8 @@ struct ngx_http_idem_ctx_s {
      * type, could not be (not canonical JSON, or too large)
      */
     unsigned                     json_unreadable:1;
+    /* a variable was read once the body was (a guard's 415) */
+    unsigned                     json_read:1;
 
     /*
      * idempotency_unique and idempotency_lock: their keys, "" when the
@@ -366,6 +387,7 @@ struct ngx_http_idem_ctx_s {
     ngx_str_t                    op;      /* LOCKED: the holder's */
     unsigned                     reused:1;     /* another key's operation */
     unsigned                     business:1;   /* ukey, lkey, hkey set */
+    unsigned                     lock_missing:1;  /* no lock value */
 
     /* idempotency_audit */
     ngx_str_t                    audit_identity;

@@ -135,7 +135,30 @@ static ngx_http_idem_problem_t  ngx_http_idem_problems[] = {
       "this endpoint decides by members of the JSON body (its business "
       "identity, lock or confirmation), and the body could not be read as "
       "the upstream would read it (not canonical JSON, such as duplicate "
-      "member names, or larger than 1 MiB); nothing was executed" }
+      "member names, or larger than 1 MiB); nothing was executed" },
+
+    { "method-not-allowed", "Method not allowed here",
+      NGX_HTTP_NOT_ALLOWED, 0, 0, 0,
+      "this endpoint is guarded (confirmation, business identity or lock) "
+      "and does not handle this method; nothing was executed (see Allow)" },
+
+    { "unsupported-media-type", "Body must be JSON",
+      NGX_HTTP_UNSUPPORTED_MEDIA_TYPE, 0, 0, 0,
+      "this endpoint decides by members of the JSON body (its business "
+      "identity, lock or confirmation), and the body is not of a JSON "
+      "media type; nothing was executed: send it as application/json" },
+
+    { "lock-value-missing", "Lock value missing",
+      NGX_HTTP_BAD_REQUEST, 0, 0, 0,
+      "this endpoint takes a lock named by the request (idempotency_lock), "
+      "and the request names none; nothing was executed" },
+
+    { "identity-held-elsewhere", "Business identity held by another endpoint",
+      NGX_HTTP_CONFLICT, 0, 0, 0,
+      "this request's business identity (idempotency_unique shared=) is held "
+      "by an operation of another endpoint; nothing was executed, and that "
+      "operation's answer is not this request's: use a new identity or fix "
+      "the request" }
 };
 
 
