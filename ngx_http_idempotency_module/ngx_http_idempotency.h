@@ -17,6 +17,7 @@
 #include "idem_jws.h"
 #include "idem_key.h"
 #include "idem_record.h"
+#include "idem_text.h"
 #include "ngx_http_idempotency_redis.h"
 #include "ngx_http_idempotency_metrics.h"
 
@@ -195,7 +196,8 @@ typedef enum {
     NGX_HTTP_IDEM_ANS_LOCKED,        /* idempotency_lock held: 409 */
     NGX_HTTP_IDEM_ANS_STORE_DOWN,    /* no reply: connection, timeout */
     NGX_HTTP_IDEM_ANS_NOT_REPLICATED,   /* claimed, then released: WAIT */
-    NGX_HTTP_IDEM_ANS_STORE_ERROR    /* a reply we do not understand */
+    NGX_HTTP_IDEM_ANS_STORE_ERROR,   /* a reply we do not understand */
+    NGX_HTTP_IDEM_ANS_ELSEWHERE      /* identity held by another location */
 } ngx_http_idem_answer_e;
 
 
@@ -414,6 +416,50 @@ ngx_http_idem_now_ms(void)
 
     return (int64_t) tp->sec * 1000 + tp->msec;
 }
+
+/*
+ * A value a client or an approver chose (a key, an approval's sub), as
+ * the error log may show it: control characters, DEL and ill-formed UTF-8
+ * as \xNN (idem_log_escape()), so that it cannot forge a line or send a
+ * terminal escape.  In the pool; a placeholder when memory is short,
+ * never the raw value.
+ */
+static ngx_inline ngx_str_t *
+ngx_http_idem_log_str(ngx_pool_t *pool, ngx_str_t *v)
+{
+    size_t      n;
+    ngx_str_t  *out;
+
+    static ngx_str_t  unloggable = ngx_string("(not logged)");
+
+    out = ngx_palloc(pool, sizeof(ngx_str_t));
+    if (out == NULL) {
+        return &unloggable;
+    }
+
+    n = idem_log_escape_len((const char *) v->data, v->len);
+
+    if (n == v->len) {
+        *out = *v;
+        return out;
+    }
+
+    out->data = ngx_pnalloc(pool, n);
+    if (out->data == NULL) {
+        return &unloggable;
+    }
+
+    out->len = idem_log_escape((char *) out->data, (const char *) v->data,
+                               v->len);
+
+    return out;
+}
+
+
+/* the request's key, as the error log may show it */
+#define ngx_http_idem_log_key(ctx)                                          \
+    ngx_http_idem_log_str((ctx)->request->pool, &(ctx)->key)
+
 
 /* ngx_http_idempotency_ctx.c: the request context */
 ngx_http_idem_ctx_t *ngx_http_idem_get_ctx(ngx_http_request_t *r);

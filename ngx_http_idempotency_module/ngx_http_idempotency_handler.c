@@ -461,7 +461,7 @@ ngx_http_idem_bypass(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
 {
     ngx_log_error(NGX_LOG_WARN, r->connection->log, 0,
                   "idempotency: redis unavailable, passing key "
-                  "\"%V\" through unprotected", &ctx->key);
+                  "\"%V\" through unprotected", ngx_http_idem_log_key(ctx));
 
     ctx->phase = NGX_HTTP_IDEM_DONE;
     ctx->outcome = NGX_HTTP_IDEM_OUT_BYPASSED;

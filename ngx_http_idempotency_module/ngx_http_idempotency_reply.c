@@ -559,7 +559,7 @@ ngx_http_idem_send_replay(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
     if (rc == NGX_DECLINED) {
         ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
                       "idempotency: stored headers of key \"%V\" are "
-                      "malformed", &ctx->key);
+                      "malformed", ngx_http_idem_log_key(ctx));
 
         ngx_http_clean_header(r);
         ctx->outcome = NGX_HTTP_IDEM_OUT_REJECTED;
@@ -630,6 +630,11 @@ ngx_http_idem_send_answer(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
     case NGX_HTTP_IDEM_ANS_LOCKED:
         ctx->outcome = NGX_HTTP_IDEM_OUT_LOCKED;
         problem = NGX_HTTP_IDEM_P_LOCK_HELD;
+        break;
+
+    case NGX_HTTP_IDEM_ANS_ELSEWHERE:
+        ctx->outcome = NGX_HTTP_IDEM_OUT_CONFLICT;
+        problem = NGX_HTTP_IDEM_P_IDENTITY_ELSEWHERE;
         break;
 
     case NGX_HTTP_IDEM_ANS_STORE_DOWN:
