@@ -96,6 +96,20 @@ server {
         idempotency_unique \$source_event_id shared=ledger;
         proxy_pass http://%%UPSTREAM%%;
     }
+    location /audited-a {
+        idempotency on;
+        idempotency_audit on;
+        idempotency_audit_stream idem:guards;
+        idempotency_unique \$source_event_id shared=audited;
+        proxy_pass http://%%UPSTREAM%%;
+    }
+    location /audited-b {
+        idempotency on;
+        idempotency_audit on;
+        idempotency_audit_stream idem:guards;
+        idempotency_unique \$source_event_id shared=audited;
+        proxy_pass http://%%UPSTREAM%%;
+    }
     location /open-pay {
         idempotency on;
         idempotency_redis 127.0.0.1:$DEAD timeout=300ms;
@@ -290,6 +304,17 @@ sub token {
     my $a2 = post('/ledger-a', $t->key('row8-a2'), $ev, ct => 'application/json');
     is($a2->{headers}{'idempotent-reused'}, 'true', 'row 8: shared: the same location is reused');
     is($t->effects(uri => '/ledger-a'), 1, 'row 8: shared: 1 effect');
+
+    # with idempotency_audit, the refusal is an answer in the stream
+    is(post('/audited-a', $t->key('row8-aa'), $ev, ct => 'application/json')->{status}, 201,
+       'row 8: audited, shared: the first location executes');
+    $k = $t->key('row8-ab');
+    $b = post('/audited-b', $k, $ev, ct => 'application/json');
+    $t->is_problem($b, 409, 'identity-held-elsewhere', name => 'row 8: audited: 409 identity-held-elsewhere');
+    is($t->effects(uri => '/audited-b'), 0, 'row 8: audited: 0 effects in the other location');
+    my $stream = JSON::PP->new->encode([ $t->redis('XRANGE', 'idem:guards', '-', '+') ]);
+    like($stream, qr/8:conflict,0:,\d+:\Q$k\E,[^"]*,3:409,/,
+         "row 8: audited: the refusal is in the stream, a 409 conflict without the holder's operation id");
 }
 
 # ---- row 9: store_failure open, Redis down, one signed approval sent 3
