@@ -138,8 +138,10 @@ ngx_http_idem_business_option(ngx_conf_t *cf, ngx_command_t *cmd,
 }
 
 
-/* idempotency_unique value [shared=NAME] | off; idempotency_lock value
- * [optional] | off */
+/*
+ * idempotency_unique value [shared=NAME] | off;
+ * idempotency_lock value [optional] | off;
+ */
 char *
 ngx_http_idem_business_conf(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 {

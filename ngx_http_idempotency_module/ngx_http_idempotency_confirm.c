@@ -326,7 +326,8 @@ ngx_http_idem_confirm_check(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
     if (ctx->jws_rc != IDEM_JWS_OK) {
         ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
                       "idempotency: approval of key \"%V\" refused: %s",
-                      ngx_http_idem_log_key(ctx), idem_jws_reason(ctx->jws_rc));
+                      ngx_http_idem_log_key(ctx),
+                      idem_jws_reason(ctx->jws_rc));
         ctx->confirm = NGX_HTTP_IDEM_CONFIRM_PROPOSE;
         return NGX_OK;
     }

@@ -267,8 +267,13 @@ ngx_http_idem_json_type(ngx_http_idem_loc_conf_t *lcf, ngx_str_t *ct)
     end = ngx_strlchr(p, ct->data + ct->len, ';');
     end = end ? end : ct->data + ct->len;
 
-    while (p < end && (*p == ' ' || *p == '\t')) { p++; }
-    while (end > p && (end[-1] == ' ' || end[-1] == '\t')) { end--; }
+    while (p < end && (*p == ' ' || *p == '\t')) {
+        p++;
+    }
+
+    while (end > p && (end[-1] == ' ' || end[-1] == '\t')) {
+        end--;
+    }
 
     t = lcf->json_types->elts;
 
