@@ -390,7 +390,9 @@ check_claim_rewrite(const idem_claim_t *c)
     enc = NULL;
     len = 0;
 
-    if (c->kind != IDEM_CLAIM_CLAIMED && c->kind != IDEM_CLAIM_LOCKED) {
+    if (c->kind != IDEM_CLAIM_CLAIMED && c->kind != IDEM_CLAIM_LOCKED
+        && c->kind != IDEM_CLAIM_ELSEWHERE)
+    {
         enc = encode_exact(&c->rec, &len);
         el[1] = rv_str(enc, len);
     }
@@ -422,6 +424,11 @@ check_claim_rewrite(const idem_claim_t *c)
     case IDEM_CLAIM_RECORD:
         el[0] = rv_str("record", 6);
         n = 2;
+        break;
+
+    case IDEM_CLAIM_ELSEWHERE:
+        el[0] = rv_str("elsewhere", 9);
+        n = 1;
         break;
 
     case IDEM_CLAIM_RELEASED:
@@ -565,6 +572,12 @@ check_claim(const fuzz_reply_t *rp)
 
     case IDEM_CLAIM_LOCKED:
         check_locked(rp, el, &a);
+        break;
+
+    case IDEM_CLAIM_ELSEWHERE:
+        FUZZ_CHECK(rp->count == 1 && rv_is(&el[0], "elsewhere")
+                   && value_unset(&a.rec) && a.op == NULL,
+                   "claim: elsewhere is not {\"elsewhere\"} alone");
         break;
 
     default:

@@ -155,6 +155,10 @@ idem_claim_kind(const idem_rv_t *el, size_t n, idem_claim_t *c)
         return idem_claim_locked(el, n, c);
     }
 
+    if (n == 1 && idem_rv_is(&el[0], "elsewhere")) {
+        return IDEM_CLAIM_ELSEWHERE;
+    }
+
     if (n < 2 || !el[1].is_str
         || idem_value_decode(el[1].data, el[1].len, &c->rec) != 0)
     {

@@ -33,7 +33,9 @@ typedef enum {
     IDEM_CLAIM_IN_PROGRESS,    /* rec is a live claim: lease_left ms */
     IDEM_CLAIM_RELEASED,       /* rec: the marker of the attempt waited on */
     IDEM_CLAIM_REUSED,         /* rec: the operation holding the identity */
-    IDEM_CLAIM_LOCKED          /* another operation holds the lock */
+    IDEM_CLAIM_LOCKED,         /* another operation holds the lock */
+    IDEM_CLAIM_ELSEWHERE       /* another location's operation holds the
+                                  identity (idempotency_unique shared=) */
 } idem_claim_kind_e;
 
 typedef struct {
@@ -62,7 +64,8 @@ idem_claim_kind_e idem_claim_set_decode(const char *data, size_t len,
  * {"in_progress", value, lease ms left}, {"released", marker},
  * {"reused", value[, lease ms left]} (idempotency_unique: a completed 2xx,
  * an unknown or a live claim of another key), {"locked", lease ms left
- * | "", op id | ""} (idempotency_lock).  el holds
+ * | "", op id | ""} (idempotency_lock), {"elsewhere"} (an identity held
+ * by another location's operation).  el holds
  * the first min(n, IDEM_CLAIM_ELEMS) elements of a reply of n.
  */
 #define IDEM_CLAIM_ELEMS  3

@@ -302,3 +302,68 @@ idem_utf16_cmp(const char *a, size_t alen, const char *b, size_t blen,
 
     return text_utf8_order(ua[i], ub[i]);
 }
+
+
+/*
+ * Bytes of s[i..] kept as they are (a printable ASCII character or one
+ * well-formed UTF-8 sequence that is not a C1 control), or 0: escape s[i]
+ */
+static size_t
+log_kept(const unsigned char *s, size_t avail)
+{
+    size_t    n;
+    uint32_t  cp;
+
+    if (s[0] < 0x80) {
+        return (s[0] >= 0x20 && s[0] < 0x7f && s[0] != '\\') ? 1 : 0;
+    }
+
+    n = idem_utf8_decode(s, avail, &cp);
+
+    return (n == 0 || cp <= 0x9f) ? 0 : n;
+}
+
+
+size_t
+idem_log_escape_len(const char *s, size_t len)
+{
+    size_t                i, n, out;
+    const unsigned char  *p = (const unsigned char *) s;
+
+    out = 0;
+
+    for (i = 0; i < len; i += n) {
+        n = log_kept(p + i, len - i);
+        out += n ? n : 4;
+        n = n ? n : 1;
+    }
+
+    return out;
+}
+
+
+size_t
+idem_log_escape(char *out, const char *s, size_t len)
+{
+    char                 *o = out;
+    size_t                i, n;
+    const unsigned char  *p = (const unsigned char *) s;
+
+    for (i = 0; i < len; i += n) {
+        n = log_kept(p + i, len - i);
+
+        if (n) {
+            memcpy(o, p + i, n);
+            o += n;
+            continue;
+        }
+
+        *o++ = '\\';
+        *o++ = 'x';
+        *o++ = "0123456789ABCDEF"[p[i] >> 4];
+        *o++ = "0123456789ABCDEF"[p[i] & 0xf];
+        n = 1;
+    }
+
+    return (size_t) (o - out);
+}

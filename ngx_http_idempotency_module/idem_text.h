@@ -71,4 +71,17 @@ size_t idem_json_escape(uint32_t c, char esc[6]);
 int idem_utf16_cmp(const char *a, size_t alen, const char *b, size_t blen,
     int escaped);
 
+/*
+ * A value a client or an approver chose (a key, an approval's sub, an
+ * approved_by, a route, an identity), made safe for one line of a log or
+ * a terminal: printable ASCII and well-formed UTF-8 are kept; a control
+ * character (C0, DEL, and the C1 controls U+0080-U+009F), each byte of an
+ * ill-formed UTF-8 sequence, and the backslash (so that a "\x0A" the
+ * client typed is not read as an escaped newline) are written \xNN, two
+ * uppercase hex digits per byte.  idem_log_escape_len() is the length
+ * idem_log_escape() writes (at most 4 * len), without a NUL.
+ */
+size_t idem_log_escape_len(const char *s, size_t len);
+size_t idem_log_escape(char *out, const char *s, size_t len);
+
 #endif /* IDEM_TEXT_H */

@@ -18,6 +18,7 @@
 #include "idem_jws.h"
 #include "idem_key.h"
 #include "idem_record.h"
+#include "idem_text.h"
 #include "ngx_http_idempotency_redis.h"
 #include "ngx_http_idempotency_metrics.h"
 
@@ -105,6 +106,8 @@ typedef struct {
 typedef struct {
     ngx_http_complex_value_t     value;
     ngx_array_t                 *vars;     /* ngx_http_complex_value_t */
+    ngx_str_t                    shared;   /* unique: shared=NAME, or "" */
+    ngx_uint_t                   optional; /* lock: an empty value passes */
 } ngx_http_idem_business_t;
 
 
@@ -155,6 +158,19 @@ typedef struct {
     /* idempotency_unique, idempotency_lock: NULL when off */
     ngx_http_idem_business_t    *unique;
     ngx_http_idem_business_t    *lock;
+
+    /*
+     * A guarded location (idempotency_confirm, _unique or _lock): what a
+     * client omits or relabels never turns a guard off (docs/directives.md,
+     * "Guarded locations").  "allow" is the Allow of its 405; "unique_ns"
+     * the namespace of its identities (the location, or shared=NAME), and
+     * "loc_tag" names the location to the holder of an identity.
+     */
+    ngx_uint_t                   guarded;
+    ngx_str_t                    allow;
+    ngx_array_t                 *json_types;       /* ngx_str_t, lowercase */
+    ngx_str_t                    unique_ns;
+    u_char                       loc_tag[IDEM_RECORD_KEY_LEN + 1];
 
     /* idempotency_audit: the devices, NULL when off */
     ngx_flag_t                   audit_on;         /* the stream */
@@ -215,8 +231,9 @@ typedef enum {
     NGX_HTTP_IDEM_ANS_STORE_DOWN,    /* no reply: connection, timeout */
     NGX_HTTP_IDEM_ANS_NOT_REPLICATED,   /* claimed, then released: WAIT */
     NGX_HTTP_IDEM_ANS_STORE_ERROR,   /* a reply we do not understand */
-    NGX_HTTP_IDEM_ANS_AUDIT_DOWN     /* claimed, then released: the audit
+    NGX_HTTP_IDEM_ANS_AUDIT_DOWN,    /* claimed, then released: the audit
                                         file could not record it */
+    NGX_HTTP_IDEM_ANS_ELSEWHERE      /* identity held by another location */
 } ngx_http_idem_answer_e;
 
 
@@ -403,6 +420,8 @@ struct ngx_http_idem_ctx_s {
      * type, could not be (not canonical JSON, or too large)
      */
     unsigned                     json_unreadable:1;
+    /* a variable was read once the body was (a guard's 415) */
+    unsigned                     json_read:1;
 
     /*
      * idempotency_unique and idempotency_lock: their keys, "" when the
@@ -417,6 +436,7 @@ struct ngx_http_idem_ctx_s {
     ngx_str_t                    op;      /* LOCKED: the holder's */
     unsigned                     reused:1;     /* another key's operation */
     unsigned                     business:1;   /* ukey, lkey, hkey set */
+    unsigned                     lock_missing:1;  /* no lock value */
 
     /* idempotency_audit */
     ngx_str_t                    audit_identity;
@@ -445,6 +465,50 @@ ngx_http_idem_now_ms(void)
 
     return (int64_t) tp->sec * 1000 + tp->msec;
 }
+
+/*
+ * A value a client or an approver chose (a key, an approval's sub), as
+ * the error log may show it: control characters, DEL and ill-formed UTF-8
+ * as \xNN (idem_log_escape()), so that it cannot forge a line or send a
+ * terminal escape.  In the pool; a placeholder when memory is short,
+ * never the raw value.
+ */
+static ngx_inline ngx_str_t *
+ngx_http_idem_log_str(ngx_pool_t *pool, ngx_str_t *v)
+{
+    size_t      n;
+    ngx_str_t  *out;
+
+    static ngx_str_t  unloggable = ngx_string("(not logged)");
+
+    out = ngx_palloc(pool, sizeof(ngx_str_t));
+    if (out == NULL) {
+        return &unloggable;
+    }
+
+    n = idem_log_escape_len((const char *) v->data, v->len);
+
+    if (n == v->len) {
+        *out = *v;
+        return out;
+    }
+
+    out->data = ngx_pnalloc(pool, n);
+    if (out->data == NULL) {
+        return &unloggable;
+    }
+
+    out->len = idem_log_escape((char *) out->data, (const char *) v->data,
+                               v->len);
+
+    return out;
+}
+
+
+/* the request's key, as the error log may show it */
+#define ngx_http_idem_log_key(ctx)                                          \
+    ngx_http_idem_log_str((ctx)->request->pool, &(ctx)->key)
+
 
 /* ngx_http_idempotency_ctx.c: the request context */
 ngx_http_idem_ctx_t *ngx_http_idem_get_ctx(ngx_http_request_t *r);

@@ -82,7 +82,66 @@ ngx_http_idem_business_vars(ngx_conf_t *cf, ngx_str_t *text,
 }
 
 
-/* idempotency_unique | idempotency_lock off | value */
+/*
+ * The option after the value: "shared=NAME" of idempotency_unique (the
+ * locations that mean one identity), "optional" of idempotency_lock (an
+ * empty value takes no lock instead of being refused)
+ */
+static char *
+ngx_http_idem_business_option(ngx_conf_t *cf, ngx_command_t *cmd,
+    ngx_str_t *opt, ngx_http_idem_business_t *b)
+{
+    size_t      i;
+    ngx_uint_t  unique;
+
+    unique = (cmd->offset == offsetof(ngx_http_idem_loc_conf_t, unique));
+
+    if (!unique && opt->len == 8
+        && ngx_strncmp(opt->data, "optional", 8) == 0)
+    {
+        b->optional = 1;
+        return NGX_CONF_OK;
+    }
+
+    if (!unique || opt->len <= 7 || ngx_strncmp(opt->data, "shared=", 7))
+    {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"%V\": invalid parameter \"%V\", expected %s",
+                           &cmd->name, opt,
+                           unique ? "shared=NAME" : "optional");
+        return NGX_CONF_ERROR;
+    }
+
+    /* a name, not a value: the same on every host that shares Redis */
+    for (i = 7; i < opt->len; i++) {
+        if (!(isalnum(opt->data[i]) || ngx_strchr("._:-/", opt->data[i]))) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "\"%V\": \"%V\": the name is 1 to 64 "
+                               "characters of A-Z a-z 0-9 . _ : - /",
+                               &cmd->name, opt);
+            return NGX_CONF_ERROR;
+        }
+    }
+
+    if (opt->len - 7 > 64) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"%V\": \"%V\": the name is 1 to 64 "
+                           "characters of A-Z a-z 0-9 . _ : - /",
+                           &cmd->name, opt);
+        return NGX_CONF_ERROR;
+    }
+
+    b->shared.data = opt->data + 7;
+    b->shared.len = opt->len - 7;
+
+    return NGX_CONF_OK;
+}
+
+
+/*
+ * idempotency_unique value [shared=NAME] | off;
+ * idempotency_lock value [optional] | off;
+ */
 char *
 ngx_http_idem_business_conf(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 {
@@ -100,6 +159,10 @@ ngx_http_idem_business_conf(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     value = cf->args->elts;
 
     if (ngx_strcmp(value[1].data, "off") == 0) {
+        if (cf->args->nelts > 2) {
+            return "takes no parameter after \"off\"";
+        }
+
         *bv = NULL;
         return NGX_CONF_OK;
     }
@@ -114,6 +177,13 @@ ngx_http_idem_business_conf(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
         || ngx_http_idem_business_compile(cf, &value[1], &b->value)
            != NGX_CONF_OK
         || ngx_http_idem_business_vars(cf, &value[1], b) != NGX_OK)
+    {
+        return NGX_CONF_ERROR;
+    }
+
+    if (cf->args->nelts > 2
+        && ngx_http_idem_business_option(cf, cmd, &value[2], b)
+           != NGX_CONF_OK)
     {
         return NGX_CONF_ERROR;
     }
@@ -163,31 +233,50 @@ ngx_http_idem_business_none(ngx_http_request_t *r,
 }
 
 
-/* the key of one value, or "" (nothing to check) */
+/*
+ * The key of one value, or "" (nothing to check; *none says the value
+ * named nothing).  An identity's value is preceded by its namespace
+ * (ns, the location's or shared=NAME) and a NUL, which neither holds:
+ * the same event id of two locations is two identities.
+ */
 static ngx_int_t
 ngx_http_idem_business_key(ngx_http_request_t *r, ngx_http_idem_business_t *b,
-    ngx_uint_t any, const char *domain, ngx_str_t *scope, const char *suffix,
-    u_char *out)
+    ngx_uint_t any, const char *domain, ngx_str_t *scope, ngx_str_t *ns,
+    const char *suffix, u_char *out, ngx_uint_t *none)
 {
+    u_char     *p;
     ngx_str_t   v;
-    ngx_uint_t  none;
 
     out[0] = '\0';
+    *none = 0;
 
     if (b == NULL) {
         return NGX_OK;
     }
 
-    if (ngx_http_idem_business_none(r, b, any, &none) != NGX_OK) {
+    if (ngx_http_idem_business_none(r, b, any, none) != NGX_OK) {
         return NGX_ERROR;
     }
 
-    if (none) {
+    if (*none) {
         return NGX_OK;
     }
 
     if (ngx_http_complex_value(r, &b->value, &v) != NGX_OK) {
         return NGX_ERROR;
+    }
+
+    if (ns) {
+        p = ngx_pnalloc(r->pool, ns->len + 1 + v.len);
+        if (p == NULL) {
+            return NGX_ERROR;
+        }
+
+        ngx_memcpy(p, ns->data, ns->len);
+        p[ns->len] = '\0';
+        ngx_memcpy(p + ns->len + 1, v.data, v.len);
+        v.data = p;
+        v.len += ns->len + 1;
     }
 
     /* a value of any length is a digest in Redis, never stored raw */
@@ -213,6 +302,7 @@ ngx_int_t
 ngx_http_idem_business_keys(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
 {
     ngx_str_t                  none = ngx_null_string, *scope;
+    ngx_uint_t                 no_identity, no_lock;
     ngx_http_idem_loc_conf_t  *lcf;
 
     lcf = ctx->conf;
@@ -224,15 +314,20 @@ ngx_http_idem_business_keys(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
     ctx->business = 1;
     scope = &ctx->scope;
 
-    if (ngx_http_idem_business_key(r, lcf->unique, 1, "idem-unique-v1",
-                                   scope, IDEM_UNIQUE_SUFFIX, ctx->ukey)
+    if (ngx_http_idem_business_key(r, lcf->unique, 1, "idem-unique-v2",
+                                   scope, &lcf->unique_ns, IDEM_UNIQUE_SUFFIX,
+                                   ctx->ukey, &no_identity)
         != NGX_OK
         || ngx_http_idem_business_key(r, lcf->lock, 0, "idem-lock-v1", &none,
-                                      IDEM_LOCK_SUFFIX, ctx->lkey)
+                                      NULL, IDEM_LOCK_SUFFIX, ctx->lkey,
+                                      &no_lock)
            != NGX_OK)
     {
         return NGX_ERROR;
     }
+
+    /* a lock the request does not name is refused, unless optional */
+    ctx->lock_missing = no_lock && !lcf->lock->optional;
 
     if (ctx->lkey[0] == '\0') {
         return NGX_OK;

@@ -104,6 +104,10 @@ ngx_http_idem_tokens(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
 }
 
 
+static void ngx_http_idem_claim_index(ngx_http_request_t *r,
+    ngx_http_idem_ctx_t *ctx, int64_t ttl);
+
+
 /* the record's TTL: a proposal lives for idempotency_confirm_ttl */
 static int64_t
 ngx_http_idem_claim_ttl(ngx_http_idem_ctx_t *ctx)
@@ -207,6 +211,11 @@ ngx_http_idem_claim_answer_entry(ngx_http_request_t *r,
         status = NGX_HTTP_FORBIDDEN;
         break;
 
+    case NGX_HTTP_IDEM_ANS_ELSEWHERE:
+        event = IDEM_AUDIT_CONFLICT;
+        status = NGX_HTTP_CONFLICT;
+        break;
+
     case NGX_HTTP_IDEM_ANS_IN_PROGRESS:
     case NGX_HTTP_IDEM_ANS_LOCKED:
         event = IDEM_AUDIT_IN_PROGRESS;
@@ -236,8 +245,10 @@ ngx_http_idem_claim_answer_entry(ngx_http_request_t *r,
     ngx_http_idem_audit_entry(ctx, ctx->reused ? IDEM_AUDIT_REUSED : event,
                               status, e);
 
-    if (answer == NGX_HTTP_IDEM_ANS_LOCKED) {
-        /* the operation holding the lock is not this request's */
+    if (answer == NGX_HTTP_IDEM_ANS_LOCKED
+        || answer == NGX_HTTP_IDEM_ANS_ELSEWHERE)
+    {
+        /* the operation holding the lock or identity is not this request's */
         e->op.len = 0;
     }
 
@@ -362,7 +373,7 @@ ngx_http_idem_claim_script_cmd(ngx_http_request_t *r,
                                              + 2 * NGX_HTTP_IDEM_TOKEN_HEX
                                              + NGX_HTTP_IDEM_CLAIM_VALUE_MAX
                                              + NGX_INT64_LEN + 2
-                                             + IDEM_RECORD_KEY_LEN);
+                                             + 2 * IDEM_RECORD_KEY_LEN);
     if (cmd == NULL) {
         return NULL;
     }
@@ -385,6 +396,8 @@ ngx_http_idem_claim_script_cmd(ngx_http_request_t *r,
                           ? "1" : "0", 1);
     ngx_http_idem_cmd_set(cmd, NGX_HTTP_IDEM_CLAIM_SCOPE, ctx->stag,
                           ngx_strlen(ctx->stag));
+    ngx_http_idem_cmd_set(cmd, NGX_HTTP_IDEM_CLAIM_LOC, lcf->loc_tag,
+                          ctx->ukey[0] ? ngx_strlen(lcf->loc_tag) : 0);
 
     return cmd;
 }
@@ -589,6 +602,8 @@ static ngx_http_idem_answer_e
 ngx_http_idem_claim_proposal(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
     idem_value_t *v)
 {
+    int64_t  left;
+
     ctx->proposal_expires = v->expires;
 
     if (ctx->confirm == NGX_HTTP_IDEM_CONFIRM_APPROVED) {
@@ -596,6 +611,18 @@ ngx_http_idem_claim_proposal(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
     }
 
     if (v->state == 'a') {
+        /*
+         * The proposal sent again: its operation-id index may have been
+         * evicted, and without it the approval endpoint cannot find the
+         * operation until the proposal expires.  Written again, for the
+         * proposal's life left.
+         */
+        left = v->expires - ngx_http_idem_now_ms();
+
+        if (left > 0) {
+            ngx_http_idem_claim_index(r, ctx, left);
+        }
+
         return NGX_HTTP_IDEM_ANS_CONFIRM;
     }
 
@@ -739,7 +766,8 @@ ngx_http_idem_claim_pending(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
 
 
 static void
-ngx_http_idem_claim_index(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
+ngx_http_idem_claim_index(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
+    int64_t ttl)
 {
     u_char               *key, *p;
     size_t                len;
@@ -781,8 +809,7 @@ ngx_http_idem_claim_index(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
 
     ngx_http_idem_cmd_end(cmd, NGX_HTTP_IDEM_INDEX_VALUE, p);
     ngx_http_idem_cmd_set(cmd, NGX_HTTP_IDEM_INDEX_PX, "PX", 2);
-    ngx_http_idem_cmd_set_num(cmd, NGX_HTTP_IDEM_INDEX_TTL,
-                              ngx_http_idem_claim_ttl(ctx));
+    ngx_http_idem_cmd_set_num(cmd, NGX_HTTP_IDEM_INDEX_TTL, ttl);
 
     (void) ngx_http_idem_cmd_send(cmd, NULL, NULL);
 }
@@ -853,7 +880,8 @@ ngx_http_idem_claim_decoded(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
             ngx_http_idem_set_state(ctx, 'a');
             ctx->proposal_expires = ctx->created
                                     + ngx_http_idem_claim_ttl(ctx);
-            ngx_http_idem_claim_index(r, ctx);
+            ngx_http_idem_claim_index(r, ctx,
+                                      ngx_http_idem_claim_ttl(ctx));
             ngx_http_idem_claim_pending(r, ctx);
             return NGX_HTTP_IDEM_ANS_CONFIRM;
         }
@@ -900,6 +928,11 @@ ngx_http_idem_claim_decoded(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
     case IDEM_CLAIM_LOCKED:
         return ngx_http_idem_claim_locked(r, ctx, c);
 
+    case IDEM_CLAIM_ELSEWHERE:
+        /* the holder is another location's: its id is not this request's */
+        ngx_str_null(&ctx->op_id);
+        return NGX_HTTP_IDEM_ANS_ELSEWHERE;
+
     case IDEM_CLAIM_RELEASED:
         if (ngx_http_idem_claim_record(r, ctx, &c->rec) != NGX_OK) {
             return NGX_HTTP_IDEM_ANS_STORE_ERROR;
@@ -913,7 +946,7 @@ ngx_http_idem_claim_decoded(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
         ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
                       "idempotency: redis holds a value under key \"%V\"'s "
                       "record that is not a record of this module",
-                      &ctx->key);
+                      ngx_http_idem_log_key(ctx));
         return NGX_HTTP_IDEM_ANS_STORE_ERROR;
     }
 }
@@ -1211,7 +1244,7 @@ ngx_http_idem_claim_unreplicated(ngx_http_request_t *r,
         ngx_log_error(NGX_LOG_WARN, r->connection->log, 0,
                       "idempotency: the claim of key \"%V\" reached %i of "
                       "%ui replicas within %Mms; it is released and "
-                      "answered 503", &ctx->key, acked,
+                      "answered 503", ngx_http_idem_log_key(ctx), acked,
                       ctx->conf->wait_replicas,
                       ctx->conf->wait_replicas_timeout);
     }

@@ -189,7 +189,8 @@ ngx_http_idem_closed_replicated(ngx_http_idem_replicas_t *w, ngx_int_t acked)
                       "idempotency: the record of key \"%V\" reached %i of "
                       "%ui replicas within %Mms; it is kept, and a failover "
                       "before the replicas have it may lose it",
-                      &ctx->key, acked, ctx->conf->wait_replicas,
+                      ngx_http_idem_log_key(ctx), acked,
+                      ctx->conf->wait_replicas,
                       ctx->conf->wait_replicas_timeout);
     }
 
@@ -601,7 +602,8 @@ ngx_http_idem_finish(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
     if (rc == NGX_ERROR) {
         ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
                       "idempotency: cannot close the record of key \"%V\"; "
-                      "it turns unknown when its lease lapses", &ctx->key);
+                      "it turns unknown when its lease lapses",
+                      ngx_http_idem_log_key(ctx));
     }
 
     return NGX_DECLINED;
@@ -631,7 +633,7 @@ ngx_http_idem_abandon(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
 
     ngx_log_error(NGX_LOG_WARN, r->connection->log, 0,
                   "idempotency: no complete response for key "
-                  "\"%V\", outcome unknown%s", &ctx->key,
+                  "\"%V\", outcome unknown%s", ngx_http_idem_log_key(ctx),
                   r->connection->error
                   ? " (the client went away first; "
                     "\"proxy_ignore_client_abort on\" lets the "

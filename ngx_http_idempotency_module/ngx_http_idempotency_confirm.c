@@ -484,7 +484,8 @@ ngx_http_idem_confirm_check(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
     if (ctx->jws_rc != IDEM_JWS_OK) {
         ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
                       "idempotency: approval of key \"%V\" refused: %s",
-                      &ctx->key, idem_jws_reason(ctx->jws_rc));
+                      ngx_http_idem_log_key(ctx),
+                      idem_jws_reason(ctx->jws_rc));
         ctx->confirm = NGX_HTTP_IDEM_CONFIRM_PROPOSE;
         return NGX_OK;
     }
@@ -500,7 +501,8 @@ ngx_http_idem_confirm_check(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
 
     ngx_log_error(NGX_LOG_NOTICE, r->connection->log, 0,
                   "idempotency: key \"%V\" approved by \"%V\" (kid \"%s\")",
-                  &ctx->key, &ctx->approver, claims.kid);
+                  ngx_http_idem_log_key(ctx),
+                  ngx_http_idem_log_str(r->pool, &ctx->approver), claims.kid);
 
     return NGX_OK;
 }

@@ -334,7 +334,8 @@ ngx_http_idem_hold_timeout(ngx_event_t *ev)
     ngx_log_error(NGX_LOG_WARN, ev->log, 0,
                   "idempotency: the record of key \"%V\" was not "
                   "acknowledged in time; the response is sent, and a retry "
-                  "may find the record in progress", &ctx->key);
+                  "may find the record in progress",
+                  ngx_http_idem_log_key(ctx));
 
     ngx_http_idem_hold_release(ctx);
 }

@@ -22,6 +22,9 @@ static ngx_int_t ngx_http_idem_claim_fingerprinted(ngx_http_request_t *r,
     ngx_http_idem_ctx_t *ctx);
 static ngx_int_t ngx_http_idem_act(ngx_http_request_t *r,
     ngx_http_idem_ctx_t *ctx);
+static ngx_int_t ngx_http_idem_reject(ngx_http_request_t *r,
+    ngx_http_idem_ctx_t *ctx, ngx_http_idem_problem_e problem,
+    const char *detail);
 
 
 /* status and admin locations name a record, they are not operations */
@@ -51,6 +54,47 @@ ngx_http_idem_rewrite_handler(ngx_http_request_t *r)
 }
 
 
+/*
+ * A guarded location handles a write, or refuses it: a method the module
+ * does not claim would reach the upstream unconfirmed, with no identity or
+ * lock.  GET, HEAD and OPTIONS change nothing by definition (RFC 9110).
+ */
+static ngx_int_t
+ngx_http_idem_not_allowed(ngx_http_request_t *r, ngx_http_idem_loc_conf_t *lcf,
+    ngx_http_idem_ctx_t *ctx)
+{
+    ngx_table_elt_t  *h;
+
+    if (r != r->main || !lcf->guarded
+        || (r->method & (NGX_HTTP_GET|NGX_HTTP_HEAD|NGX_HTTP_OPTIONS)))
+    {
+        return NGX_DECLINED;
+    }
+
+    if (ctx == NULL) {
+        ctx = ngx_http_idem_create_ctx(r);
+        if (ctx == NULL) {
+            return NGX_HTTP_INTERNAL_SERVER_ERROR;
+        }
+    }
+
+    ctx->conf = lcf;
+
+    h = ngx_list_push(&r->headers_out.headers);
+    if (h == NULL) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    h->hash = 1;
+    ngx_str_set(&h->key, "Allow");
+    h->value = lcf->allow;
+    h->lowcase_key = (u_char *) "allow";
+
+    return ngx_http_idem_reject(r, ctx, NGX_HTTP_IDEM_P_METHOD_NOT_ALLOWED,
+                                NULL);
+}
+
+
 static ngx_int_t
 ngx_http_idem_first_look(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
 {
@@ -59,7 +103,7 @@ ngx_http_idem_first_look(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
     lcf = ngx_http_get_module_loc_conf(r, ngx_http_idempotency_module);
 
     if (!ngx_http_idem_wants(r, lcf)) {
-        return NGX_DECLINED;
+        return ngx_http_idem_not_allowed(r, lcf, ctx);
     }
 
     if (ctx == NULL) {
@@ -167,7 +211,8 @@ ngx_http_idem_start(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
     rc = ngx_http_idem_parse_key(r, ctx, &lcf->key_header, &detail);
 
     if (rc == NGX_DECLINED) {
-        if (lcf->required) {
+        /* a guard is not turned off by leaving the key out */
+        if (lcf->required == 1 || lcf->guarded) {
             return ngx_http_idem_reject(r, ctx, NGX_HTTP_IDEM_P_KEY_MISSING,
                                         NULL);
         }
@@ -192,6 +237,55 @@ ngx_http_idem_start(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
 
     ngx_http_finalize_request(r, NGX_DONE);
     return NGX_DONE;
+}
+
+
+/*
+ * Whether a body of this Content-Type is read as JSON: a JSON media type
+ * (application/json, any +json), or one idempotency_json_types lists
+ */
+static ngx_uint_t
+ngx_http_idem_json_type(ngx_http_idem_loc_conf_t *lcf, ngx_str_t *ct)
+{
+    u_char      *p, *end;
+    ngx_str_t   *t;
+    ngx_uint_t   i;
+
+    if (ct == NULL) {
+        return 0;
+    }
+
+    if (idem_media_type_is_json((const char *) ct->data, ct->len)) {
+        return 1;
+    }
+
+    if (lcf->json_types == NULL) {
+        return 0;
+    }
+
+    p = ct->data;
+    end = ngx_strlchr(p, ct->data + ct->len, ';');
+    end = end ? end : ct->data + ct->len;
+
+    while (p < end && (*p == ' ' || *p == '\t')) {
+        p++;
+    }
+
+    while (end > p && (end[-1] == ' ' || end[-1] == '\t')) {
+        end--;
+    }
+
+    t = lcf->json_types->elts;
+
+    for (i = 0; i < lcf->json_types->nelts; i++) {
+        if (t[i].len == (size_t) (end - p)
+            && ngx_strncasecmp(t[i].data, p, t[i].len) == 0)
+        {
+            return 1;
+        }
+    }
+
+    return 0;
 }
 
 
@@ -228,8 +322,7 @@ ngx_http_idem_fingerprint(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
     ct = r->headers_in.content_type ? &r->headers_in.content_type->value
                                     : NULL;
 
-    in.body_json = ct && idem_media_type_is_json((const char *) ct->data,
-                                                 ct->len);
+    in.body_json = ngx_http_idem_json_type(ctx->conf, ct);
 
     return ngx_http_idem_body_fingerprint(r, ctx, &in);
 }
@@ -264,11 +357,85 @@ ngx_http_idem_claim(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
 }
 
 
+/* whether the request has a body of at least one byte */
+static ngx_uint_t
+ngx_http_idem_has_body(ngx_http_request_t *r)
+{
+    ngx_buf_t    *b;
+    ngx_chain_t  *cl;
+
+    if (r->request_body == NULL) {
+        return 0;
+    }
+
+    for (cl = r->request_body->bufs; cl; cl = cl->next) {
+        b = cl->buf;
+
+        if ((ngx_buf_in_memory(b) && b->last > b->pos)
+            || (b->in_file && b->file_last > b->file_pos))
+        {
+            return 1;
+        }
+    }
+
+    return 0;
+}
+
+
+/*
+ * Which refusal, if any, the decisions (confirmation, identity, lock)
+ * make of the request before anything is claimed
+ */
+static ngx_int_t
+ngx_http_idem_guard_refusal(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
+    ngx_http_idem_problem_e *problem)
+{
+    ngx_str_t  *ct;
+
+    /*
+     * A decision read a body member, and the body is not JSON: its
+     * variables are empty, while an upstream that parses JSON whatever
+     * the label reads the member (an amount, an event id, an environment)
+     */
+    ct = r->headers_in.content_type ? &r->headers_in.content_type->value
+                                    : NULL;
+
+    if (ctx->json_read && ctx->conf->guarded && ngx_http_idem_has_body(r)
+        && !ngx_http_idem_json_type(ctx->conf, ct))
+    {
+        *problem = NGX_HTTP_IDEM_P_UNSUPPORTED_MEDIA;
+        return NGX_DECLINED;
+    }
+
+    /*
+     * A decision read a body member from a JSON body it could not read:
+     * an empty value would let the request through unconfirmed, or free
+     * of its identity or lock, while the upstream reads the member (the
+     * last of two duplicates, say).
+     */
+    if (ctx->json_unreadable) {
+        *problem = NGX_HTTP_IDEM_P_BODY_UNREADABLE;
+        return NGX_DECLINED;
+    }
+
+    /* a lock the request does not name: "no lock" would run it beside one */
+    if (ctx->lock_missing) {
+        *problem = NGX_HTTP_IDEM_P_LOCK_VALUE_MISSING;
+        return NGX_DECLINED;
+    }
+
+    return NGX_OK;
+}
+
+
 static ngx_int_t
 ngx_http_idem_claim_fingerprinted(ngx_http_request_t *r,
     ngx_http_idem_ctx_t *ctx)
 {
+    ngx_http_idem_problem_e  problem;
+
     ctx->json_unreadable = 0;
+    ctx->json_read = 0;
 
     if (!ctx->fingerprinted || ngx_http_idem_tokens(r, ctx) != NGX_OK
         || ngx_http_idem_confirm_check(r, ctx) != NGX_OK
@@ -277,20 +444,12 @@ ngx_http_idem_claim_fingerprinted(ngx_http_request_t *r,
         return ngx_http_idem_finalize(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
     }
 
-    /*
-     * A decision (confirmation, identity, lock) read a body member from a
-     * JSON body it could not read: an empty value would let the request
-     * through unconfirmed, or free of its identity or lock, while the
-     * upstream reads the member (the last of two duplicates, say).
-     */
-    if (ctx->json_unreadable) {
+    if (ngx_http_idem_guard_refusal(r, ctx, &problem) != NGX_OK) {
         ctx->phase = NGX_HTTP_IDEM_DONE;
         ctx->outcome = NGX_HTTP_IDEM_OUT_REJECTED;
         ngx_str_null(&ctx->op_id);
         return ngx_http_idem_finalize(r,
-                   ngx_http_idem_send_problem(r, ctx,
-                                              NGX_HTTP_IDEM_P_BODY_UNREADABLE,
-                                              NULL));
+                   ngx_http_idem_send_problem(r, ctx, problem, NULL));
     }
 
     if (ngx_http_idem_claim_send(r, ctx) == NGX_OK) {
@@ -307,7 +466,7 @@ ngx_http_idem_bypass(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
 {
     ngx_log_error(NGX_LOG_WARN, r->connection->log, 0,
                   "idempotency: redis unavailable, passing key "
-                  "\"%V\" through unprotected", &ctx->key);
+                  "\"%V\" through unprotected", ngx_http_idem_log_key(ctx));
 
     ctx->phase = NGX_HTTP_IDEM_DONE;
     ctx->outcome = NGX_HTTP_IDEM_OUT_BYPASSED;
@@ -341,14 +500,15 @@ ngx_http_idem_act(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
     }
 
     /*
-     * fail-open never runs a request that waits for a person's approval,
-     * nor one whose lock nobody can take (that is no retry, but a second
-     * operation on what the lock guards), nor one whose record Redis had
+     * fail-open never runs a request of a guarded location (its
+     * approval, identity or lock cannot be checked: a second execution
+     * is what they are there to prevent), nor one whose record Redis had
      * answered before it went away (the audit's append failed after the
      * claim's look)
      */
     if (ctx->answer == NGX_HTTP_IDEM_ANS_STORE_DOWN
         && ctx->conf->store_failure == NGX_HTTP_IDEM_FAILURE_OPEN
+        && !ctx->conf->guarded
         && ctx->confirm != NGX_HTTP_IDEM_CONFIRM_PROPOSE
         && ctx->lkey[0] == '\0' && !ctx->audit_answered)
     {

@@ -235,6 +235,19 @@ ngx_http_idem_json_var_get(ngx_http_request_t *r,
     root = ctx ? ngx_http_idem_json_body(r->main, ctx) : NULL;
     node = root ? idem_json_pointer_walk(root, &jv->pointer.parsed) : NULL;
 
+    /*
+     * null is no value, as an absent member is: two events whose id is
+     * null must not be one identity, nor null a lock's value
+     */
+    if (node && cJSON_IsNull(node)) {
+        node = NULL;
+    }
+
+    /* a guard read the body: one of another media type is refused */
+    if (ctx && ctx->fingerprinted) {
+        ctx->json_read = 1;
+    }
+
     /* a JSON body the variable could not read: the decisions refuse it */
     if (root == NULL && ctx && ctx->fingerprinted
         && ctx->body_form != IDEM_BODY_RAW)

@@ -320,17 +320,24 @@ static ngx_command_t  ngx_http_idem_commands[] = {
       NULL },
 
     { ngx_string("idempotency_unique"),
-      NGX_HTTP_IDEM_CONF_ANY|NGX_CONF_TAKE1,
+      NGX_HTTP_IDEM_CONF_ANY|NGX_CONF_TAKE12,
       ngx_http_idem_business_conf,
       NGX_HTTP_LOC_CONF_OFFSET,
       offsetof(ngx_http_idem_loc_conf_t, unique),
       NULL },
 
     { ngx_string("idempotency_lock"),
-      NGX_HTTP_IDEM_CONF_ANY|NGX_CONF_TAKE1,
+      NGX_HTTP_IDEM_CONF_ANY|NGX_CONF_TAKE12,
       ngx_http_idem_business_conf,
       NGX_HTTP_LOC_CONF_OFFSET,
       offsetof(ngx_http_idem_loc_conf_t, lock),
+      NULL },
+
+    { ngx_string("idempotency_json_types"),
+      NGX_HTTP_IDEM_CONF_ANY|NGX_CONF_1MORE,
+      ngx_http_idem_lowercase_list,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_idem_loc_conf_t, json_types),
       NULL },
 
     { ngx_string("idempotency_audit"),
@@ -497,6 +504,7 @@ ngx_http_idem_create_loc_conf(ngx_conf_t *cf)
     conf->approve_identity = NGX_CONF_UNSET_PTR;
     conf->unique = NGX_CONF_UNSET_PTR;
     conf->lock = NGX_CONF_UNSET_PTR;
+    conf->json_types = NGX_CONF_UNSET_PTR;
     conf->audit_on = NGX_CONF_UNSET;
     conf->audit_file = NGX_CONF_UNSET_PTR;
     conf->audit_key = NGX_CONF_UNSET_PTR;
@@ -763,6 +771,179 @@ ngx_http_idem_check_cluster(ngx_conf_t *cf, ngx_http_idem_loc_conf_t *conf)
 }
 
 
+/*
+ * A location's name for its identities and their holders: the same on
+ * every host with this configuration and across reloads (the server's
+ * first server_name and the location's name, never an address or a
+ * position in the file), or the shared=NAME its locations agree on.
+ */
+static char *
+ngx_http_idem_guard_names(ngx_conf_t *cf, ngx_http_idem_loc_conf_t *conf)
+{
+    u_char                    *p;
+    size_t                     len;
+    ngx_http_core_srv_conf_t  *cscf;
+    ngx_http_core_loc_conf_t  *clcf;
+
+    cscf = ngx_http_conf_get_module_srv_conf(cf, ngx_http_core_module);
+    clcf = ngx_http_conf_get_module_loc_conf(cf, ngx_http_core_module);
+
+    /* a server_name has no space: "location:<server> <location>" is one */
+    len = sizeof("location:") + cscf->server_name.len + clcf->name.len;
+
+    p = ngx_pnalloc(cf->pool, len);
+    if (p == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    conf->unique_ns.data = p;
+    p = ngx_sprintf(p, "location:%V %V", &cscf->server_name, &clcf->name);
+    conf->unique_ns.len = p - conf->unique_ns.data;
+
+    if (idem_derived_key("idem-location-v1", "", 0,
+                         (const char *) conf->unique_ns.data,
+                         conf->unique_ns.len, IDEM_SCOPE_SUFFIX,
+                         (char *) conf->loc_tag)
+        != 0)
+    {
+        return NGX_CONF_ERROR;
+    }
+
+    if (conf->unique && conf->unique->shared.len) {
+        len = sizeof("shared:") - 1 + conf->unique->shared.len;
+
+        p = ngx_pnalloc(cf->pool, len);
+        if (p == NULL) {
+            return NGX_CONF_ERROR;
+        }
+
+        conf->unique_ns.data = p;
+        conf->unique_ns.len = ngx_sprintf(p, "shared:%V",
+                                          &conf->unique->shared) - p;
+    }
+
+    return NGX_CONF_OK;
+}
+
+
+/* the Allow of a guarded location's 405: what it answers, and handles */
+static char *
+ngx_http_idem_guard_allow(ngx_conf_t *cf, ngx_http_idem_loc_conf_t *conf)
+{
+    u_char      *p;
+    ngx_uint_t   i;
+
+    static struct {
+        ngx_uint_t   mask;
+        const char  *name;
+    }  handled[] = {
+        { NGX_HTTP_POST, ", POST" }, { NGX_HTTP_PUT, ", PUT" },
+        { NGX_HTTP_PATCH, ", PATCH" }, { NGX_HTTP_DELETE, ", DELETE" }
+    };
+
+    p = ngx_pnalloc(cf->pool, sizeof("GET, HEAD, OPTIONS, POST, PUT, PATCH, "
+                                     "DELETE"));
+    if (p == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    conf->allow.data = p;
+    p = ngx_cpymem(p, "GET, HEAD, OPTIONS", sizeof("GET, HEAD, OPTIONS") - 1);
+
+    for (i = 0; i < sizeof(handled) / sizeof(handled[0]); i++) {
+        if (conf->methods & handled[i].mask) {
+            p = ngx_cpymem(p, handled[i].name, ngx_strlen(handled[i].name));
+        }
+    }
+
+    conf->allow.len = p - conf->allow.data;
+
+    return NGX_CONF_OK;
+}
+
+
+/* idempotency_json_types: "type/subtype", no parameter */
+static char *
+ngx_http_idem_check_json_types(ngx_conf_t *cf, ngx_http_idem_loc_conf_t *conf)
+{
+    u_char      *slash;
+    ngx_str_t   *t;
+    ngx_uint_t   i;
+
+    t = conf->json_types ? conf->json_types->elts : NULL;
+
+    for (i = 0; t && i < conf->json_types->nelts; i++) {
+        slash = ngx_strlchr(t[i].data, t[i].data + t[i].len, '/');
+
+        if (slash == NULL || slash == t[i].data
+            || slash == t[i].data + t[i].len - 1
+            || ngx_strlchr(t[i].data, t[i].data + t[i].len, ';')
+            || ngx_strlchr(t[i].data, t[i].data + t[i].len, '*')
+            || ngx_strlchr(slash + 1, t[i].data + t[i].len, '/'))
+        {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "\"idempotency_json_types\": \"%V\" is not "
+                               "a media type (type/subtype, without "
+                               "parameters or wildcards)", &t[i]);
+            return NGX_CONF_ERROR;
+        }
+    }
+
+    return NGX_CONF_OK;
+}
+
+
+/*
+ * A location with idempotency_confirm, _unique or _lock is guarded
+ * (docs/directives.md, "Guarded locations"): it refuses a request without
+ * a key, so an explicit "idempotency_required off" there says the
+ * opposite of what it does; and store_failure open does not apply to it.
+ */
+static char *
+ngx_http_idem_guard_merge(ngx_conf_t *cf, ngx_http_idem_loc_conf_t *prev,
+    ngx_http_idem_loc_conf_t *conf)
+{
+    if (ngx_http_idem_check_json_types(cf, conf) != NGX_CONF_OK) {
+        return NGX_CONF_ERROR;
+    }
+
+    conf->guarded = conf->enable && !conf->ops
+                    && (conf->confirm || conf->unique || conf->lock);
+
+    if (!conf->guarded) {
+        return NGX_CONF_OK;
+    }
+
+    if (conf->required == 0) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"idempotency_required off\" cannot be used "
+                           "where \"%s\" is in effect: a guarded location "
+                           "refuses a request without a key",
+                           conf->confirm ? "idempotency_confirm"
+                           : conf->unique ? "idempotency_unique"
+                                          : "idempotency_lock");
+        return NGX_CONF_ERROR;
+    }
+
+    if (conf->store_failure == NGX_HTTP_IDEM_FAILURE_OPEN) {
+        ngx_conf_log_error(NGX_LOG_WARN, cf, 0,
+                           "\"idempotency_store_failure open\" does not "
+                           "apply where \"%s\" is in effect: a guarded "
+                           "request is answered 503 while the store is "
+                           "unreachable",
+                           conf->confirm ? "idempotency_confirm"
+                           : conf->unique ? "idempotency_unique"
+                                          : "idempotency_lock");
+    }
+
+    if (ngx_http_idem_guard_allow(cf, conf) != NGX_CONF_OK) {
+        return NGX_CONF_ERROR;
+    }
+
+    return ngx_http_idem_guard_names(cf, conf);
+}
+
+
 static char *
 ngx_http_idem_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
 {
@@ -781,7 +962,8 @@ ngx_http_idem_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
 
     ngx_conf_merge_str_value(conf->key_header, prev->key_header,
                              "Idempotency-Key");
-    ngx_conf_merge_value(conf->required, prev->required, 0);
+    /* unset stays unset: a guard implies it, an explicit off is refused */
+    ngx_conf_merge_value(conf->required, prev->required, NGX_CONF_UNSET);
 
     if (conf->scope == NULL) {
         conf->scope = prev->scope;
@@ -803,6 +985,7 @@ ngx_http_idem_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
     ngx_conf_merge_ptr_value(conf->fp_exclude, prev->fp_exclude, NULL);
     ngx_conf_merge_ptr_value(conf->unique, prev->unique, NULL);
     ngx_conf_merge_ptr_value(conf->lock, prev->lock, NULL);
+    ngx_conf_merge_ptr_value(conf->json_types, prev->json_types, NULL);
 
     if (ngx_http_idem_merge_lists(cf, prev, conf) != NGX_CONF_OK
         || ngx_http_idem_check_fp_headers(cf, conf) != NGX_CONF_OK
@@ -814,7 +997,8 @@ ngx_http_idem_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
     }
 
     if (ngx_http_idem_check_content(cf, conf) != NGX_CONF_OK
-        || ngx_http_idem_check_cluster(cf, conf) != NGX_CONF_OK)
+        || ngx_http_idem_check_cluster(cf, conf) != NGX_CONF_OK
+        || ngx_http_idem_guard_merge(cf, prev, conf) != NGX_CONF_OK)
     {
         return NGX_CONF_ERROR;
     }

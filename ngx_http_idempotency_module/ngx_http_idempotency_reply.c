@@ -466,7 +466,7 @@ ngx_http_idem_send_replay(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
     if (rc == NGX_DECLINED) {
         ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
                       "idempotency: stored headers of key \"%V\" are "
-                      "malformed", &ctx->key);
+                      "malformed", ngx_http_idem_log_key(ctx));
 
         ngx_http_clean_header(r);
         ctx->outcome = NGX_HTTP_IDEM_OUT_REJECTED;

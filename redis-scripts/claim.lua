@@ -5,7 +5,7 @@
 -- failed.  One script, so the check and the claim are one atomic step.
 --
 --: needs fields layout1 audit
---: args fp owner value ttl wait waited approved scope
+--: args fp owner value ttl wait waited approved scope loc
 --
 -- KEYS[1]  record key
 -- KEYS[2]  idempotency_unique: the unique key of the request's business
@@ -32,6 +32,9 @@
 --          in the record (state p), is a proposal claimed
 -- scope    with a lock: the scope's tag, kept with the lock so that only
 --          a request of the holder's scope is told the holder's id
+-- loc      with an identity: the location's tag, kept with the identity
+--          so that only a request of the holder's location is given the
+--          holder's answer (idempotency_unique shared=)
 --
 -- Replies: {"claimed"} | {"claimed", op[, approver]}: a proposal claimed,
 --            its operation id (and, with the approval it recorded, the
@@ -43,6 +46,8 @@
 --            left, or unknown); this key is now its alias
 --          | {"locked", left | "", op id | ""}: another operation holds
 --            the lock; nothing was written
+--          | {"elsewhere"}: an operation of another location holds the
+--            identity (shared=); nothing was written
 
 local stream = ARGV[nargs + 1] and KEYS[#KEYS]
 local ukey, lkey, hkey = '', '', ''
@@ -111,8 +116,12 @@ local function unique_held()
     if not h then
         return nil
     end
-    local rk, op = named(h, #KEYS[1])
+    local rk, op, tag = named(h, #KEYS[1])
     local s, hv, left = holder(rk, op)
+    -- the holder's answer is its own location's: never handed to another
+    if s and tag ~= '' and tag ~= loc then
+        return {'elsewhere'}
+    end
     return s and reuse(rk, s, hv, left)
 end
 
@@ -149,7 +158,7 @@ local function claim(v, kind, basis, reply)
     if string.sub(v, 2, 2) == 'i' then
         local name = KEYS[1] .. string.sub(v, 4, 35)
         if ukey ~= '' then
-            redis.call('SET', ukey, name, 'PX', business_ttl(ttl))
+            redis.call('SET', ukey, name .. loc, 'PX', business_ttl(ttl))
         end
         if lkey ~= '' then
             redis.call('SET', lkey, name .. scope, 'PX', business_ttl(ttl))

@@ -242,8 +242,11 @@ for my $c (
           "$ok idempotency_unique \$http_a; idempotency_unique \$http_b;" ],
         [ 'lock twice', qr/"idempotency_lock" directive is duplicate/,
           "$ok idempotency_lock a; idempotency_lock b;" ],
-        [ 'unique with two values', qr/invalid number of arguments in "idempotency_unique" directive/,
+        # a second argument is an option since issue 35 (shared=, optional)
+        [ 'unique with two values', qr/"idempotency_unique": invalid parameter "\$http_b", expected shared=NAME/,
           "$ok idempotency_unique \$http_a \$http_b;" ],
+        [ 'unique with three values', qr/invalid number of arguments in "idempotency_unique" directive/,
+          "$ok idempotency_unique \$http_a shared=x \$http_b;" ],
         [ 'lock in a bad variable', qr/invalid variable name|unknown ".*" variable/,
           "$ok idempotency_lock \${;" ],
         # their keys are in other hash slots than the record's
@@ -259,6 +262,67 @@ for my $c (
         like($out, qr/\[emerg\].*$re/, "nginx -t: $what: [emerg] names the directive and the fault")
             or diag($out);
     }
+}
+
+# ---- guarded locations (idempotency_confirm, _unique, _lock; issue 35):
+# shared=NAME and optional, idempotency_json_types; an explicit
+# idempotency_required off beside a guard is refused, store_failure open
+# beside one is a warning
+{
+    my $ok = "idempotency on; $R";
+    my $hs = $t->prefix . '/guard-hs.key';
+    open my $hf, '>', $hs or die; print $hf 'k' x 32; close $hf;
+    for my $c (
+        [ 'unique shared=NAME', "$ok idempotency_unique \$http_x_event shared=ledger.v1:a/b-c_d;" ],
+        [ 'lock optional', "$ok idempotency_lock deploy:\$http_x_env optional;" ],
+        [ 'json_types', "$ok idempotency_unique \$http_x_event; idempotency_json_types text/json application/x-json;" ],
+        [ 'required on beside a guard', "$ok idempotency_required on; idempotency_lock deploy;" ],
+        [ 'required off where no guard is', "$ok idempotency_required off; location /g { idempotency_lock deploy; idempotency_required on; }" ],
+        [ 'required off above, a guard turned off below', "$ok idempotency_required off; location /g { idempotency_confirm off; }" ],
+    ) {
+        my ($rc, $out) = $t->nginx_test_conf(conf($c->[1]));
+        is($rc, 0, "nginx -t accepts: $c->[0]") or diag($out);
+    }
+    for my $c (
+        [ 'required off beside confirm', qr/"idempotency_required off" cannot be used where "idempotency_confirm" is in effect: a guarded location refuses a request without a key/,
+          "$ok idempotency_required off; idempotency_confirm on; idempotency_confirm_key hs256 $hs;" ],
+        [ 'required off beside unique', qr/"idempotency_required off" cannot be used where "idempotency_unique" is in effect/,
+          "$ok idempotency_required off; idempotency_unique \$http_x_event;" ],
+        [ 'required off inherited by a lock', qr/"idempotency_required off" cannot be used where "idempotency_lock" is in effect/,
+          "$ok idempotency_required off; location /g { idempotency_lock deploy; }" ],
+        [ 'unique optional', qr/"idempotency_unique": invalid parameter "optional", expected shared=NAME/,
+          "$ok idempotency_unique \$http_x_event optional;" ],
+        [ 'lock shared=', qr/"idempotency_lock": invalid parameter "shared=a", expected optional/,
+          "$ok idempotency_lock deploy shared=a;" ],
+        [ 'shared= without a name', qr/"idempotency_unique": invalid parameter "shared=", expected shared=NAME/,
+          "$ok idempotency_unique \$http_x_event shared=;" ],
+        [ 'shared= with a space', qr/"idempotency_unique": "shared=a b": the name is 1 to 64 characters/,
+          "$ok idempotency_unique \$http_x_event 'shared=a b';" ],
+        [ 'shared= too long', qr/"idempotency_unique": "shared=a{65}": the name is 1 to 64 characters/,
+          "$ok idempotency_unique \$http_x_event shared=" . ('a' x 65) . ';' ],
+        [ 'off with an option', qr/"idempotency_lock" directive takes no parameter after "off"/,
+          "$ok idempotency_lock off optional;" ],
+        [ 'json_types without a slash', qr/"idempotency_json_types": "json" is not a media type/,
+          "$ok idempotency_json_types json;" ],
+        [ 'json_types with a parameter', qr/"idempotency_json_types": "text\/json;charset=utf-8" is not a media type/,
+          "$ok idempotency_json_types 'text/json;charset=utf-8';" ],
+        [ 'json_types with a wildcard', qr/"idempotency_json_types": "text\/\*" is not a media type/,
+          "$ok idempotency_json_types text/*;" ],
+        [ 'json_types twice', qr/"idempotency_json_types" directive is duplicate/,
+          "$ok idempotency_json_types text/json; idempotency_json_types text/x-json;" ],
+    ) {
+        my ($what, $re, $loc) = @$c;
+        my ($rc, $out) = $t->nginx_test_conf(conf($loc));
+        isnt($rc, 0, "nginx -t rejects: $what");
+        like($out, qr/\[emerg\].*$re/, "nginx -t: $what: [emerg] names the directive and the fault")
+            or diag($out);
+    }
+    my ($rc, $out) = $t->nginx_test_conf(conf("$ok idempotency_store_failure open; idempotency_lock deploy;"));
+    is($rc, 0, 'nginx -t accepts store_failure open beside a guard');
+    like($out, qr/\[warn\].*"idempotency_store_failure open" does not apply where "idempotency_lock" is in effect: a guarded request is answered 503/,
+         '... and warns that it does not apply there') or diag($out);
+    ($rc, $out) = $t->nginx_test_conf(conf("$ok idempotency_store_failure open;"));
+    unlike($out, qr/\[warn\].*idempotency_store_failure/, 'no warning where no guard is') or diag($out);
 }
 
 # ---- idempotency_audit: the key file is read by nginx -t, each fault named;

@@ -277,15 +277,17 @@ is($t->effects(key => $k118), 1, 'dep-118: 1 effect');
     is($t->effects(key => $a) + $t->effects(key => $b), 2, '2 effects');
 }
 
-# ---- no environment in the body: no lock
+# ---- no environment in the body: refused 400 lock-value-missing (before
+# issue 35 it took no lock and ran beside any holder: changed on purpose;
+# "idempotency_lock ... optional" keeps that, t/65-guards.t row 6)
 {
     my @k = map { $t->key("nolock-$_") } 0 .. 1;
-    my $b1 = $t->http_bg(POST => '/deployments', key => $k[0], json => '{"id":"x"}',
-                         headers => [ Authorization => $AUTH, 'X-Delay' => 1 ]);
-    ok($t->wait_for(sub { $t->effects(key => $k[0]) == 1 }, 5), 'one without environment runs');
-    is($t->http(POST => '/deployments', key => $k[1], json => '{"id":"y"}',
-                headers => [ Authorization => $AUTH ])->{status}, 201, 'another one is not blocked');
-    $b1->result(10);
+    for my $i (0, 1) {
+        my $x = $t->http(POST => '/deployments', key => $k[$i], json => '{"id":"x' . $i . '"}',
+                         headers => [ Authorization => $AUTH ]);
+        $t->is_problem($x, 400, 'lock-value-missing', name => "no environment ($i): 400 lock-value-missing");
+        is($t->effects(key => $k[$i]), 0, '... 0 effects');
+    }
 }
 
 # ---- a lock is none only when every variable of its value is empty: a
@@ -300,13 +302,13 @@ is($t->effects(key => $k118), 1, 'dep-118: 1 effect');
     $t->is_problem($x, 409, 'lock-held', name => 'another one like it: lock-held (one variable empty is still a lock)');
     $bg->result(10);
     is($t->effects(key => $b), 0, '... 0 effects');
-    my @k = map { $t->key("region-none-$_") } 0 .. 1;
-    my $bg2 = $t->http_bg(POST => '/region', key => $k[0], json => '{"id":"x"}',
-                          headers => [ Authorization => $AUTH, 'X-Delay' => 1 ]);
-    ok($t->wait_for(sub { $t->effects(key => $k[0]) == 1 }, 5), 'neither variable: runs');
-    is($t->http(POST => '/region', key => $k[1], json => '{"id":"y"}', headers => [ Authorization => $AUTH ])->{status},
-       201, 'another with neither: not blocked (no lock)');
-    $bg2->result(10);
+    # neither variable: no lock value, refused (before issue 35 both ran,
+    # side by side: changed on purpose)
+    for my $k (map { $t->key("region-none-$_") } 0 .. 1) {
+        my $x = $t->http(POST => '/region', key => $k, json => '{"id":"x"}', headers => [ Authorization => $AUTH ]);
+        $t->is_problem($x, 400, 'lock-value-missing', name => 'neither variable: 400 lock-value-missing');
+        is($t->effects(key => $k), 0, '... 0 effects');
+    }
 }
 
 # ---- idempotency_store_failure open never runs a request that has a lock
@@ -317,11 +319,11 @@ is($t->effects(key => $k118), 1, 'dep-118: 1 effect');
                      headers => [ Authorization => $AUTH ]);
     $t->is_problem($x, 503, 'store-unavailable', name => 'Redis down, fail-open, a lock value: 503, not passed through');
     is($t->effects(key => $k), 0, '... 0 effects');
+    # it passed through unprotected before issue 35 (changed on purpose)
     $k = $t->key('open-nolock');
     $x = $t->http(POST => '/open', key => $k, json => '{"id":"no environment"}', headers => [ Authorization => $AUTH ]);
-    is($x->{status}, 201, 'no lock value: passed through unprotected (fail-open), as without the lock')
-        or diag($t->show($x));
-    is($t->effects(key => $k), 1, '... 1 effect');
+    $t->is_problem($x, 400, 'lock-value-missing', name => 'no lock value: 400 lock-value-missing, never passed through');
+    is($t->effects(key => $k), 0, '... 0 effects');
 }
 
 # ---- $idempotency_outcome locked; lock keys hold no value in clear

@@ -11,7 +11,11 @@
 #
 #   {"n":SEQ,"method":M,"uri":U,"key":<Idempotency-Key as received, or null>,
 #    "len":BODY_LENGTH,"sha":SHA256_HEX_OF_BODY,"ct":<Content-Type or null>,
-#    "auth":<Authorization or null>,"t":EPOCH_SECONDS}
+#    "auth":<Authorization or null>,"t":EPOCH_SECONDS,
+#    "json":<the body parsed as JSON whatever its Content-Type, as many
+#            frameworks do, or null>}
+# "t" here and in responses.log (when the answer is produced) bound the time the
+# effect was executing: two effects whose spans meet ran side by side.
 #
 # Request headers that steer the answer:
 #   X-Delay: SECONDS      sleep after recording the effect, before answering
@@ -184,10 +188,12 @@ sub handle {
     }
 
     my $sha = sha256_hex($body);
+    # like many frameworks, the body is read as JSON whatever its label
+    my $parsed = length $body ? eval { JSON::PP->new->utf8->allow_nonref->decode($body) } : undef;
     my $n = record_effect($dir, {
         method => $method, uri => $uri, key => $h{'idempotency-key'},
         len => length($body), sha => $sha, ct => $h{'content-type'},
-        auth => $h{authorization}, t => time,
+        auth => $h{authorization}, t => time, json => $parsed,
     });
 
     sleep $h{'x-delay'} if ($h{'x-delay'} // '') =~ /^[0-9.]+$/ && $h{'x-delay'} > 0;

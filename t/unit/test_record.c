@@ -1407,6 +1407,20 @@ test_claim_released(rec_t rc, rec_t rr, rec_t r0)
 }
 
 
+/* {"elsewhere"}: another location's operation holds the identity */
+static void
+test_claim_elsewhere(void)
+{
+    idem_claim_t  c;
+
+    ok(CLAIM(&c, 1, S("elsewhere")) == IDEM_CLAIM_ELSEWHERE
+       && c.kind == IDEM_CLAIM_ELSEWHERE && c.op == NULL
+       && c.rec.state == 0, "elsewhere: alone, nothing set");
+    ok(CLAIM(&c, 2, S("elsewhere"), S("x")) == IDEM_CLAIM_INVALID,
+       "elsewhere with an element more: invalid");
+}
+
+
 /* {"locked", lease ms left | "", the holder's op id | ""} */
 static void
 test_claim_locked(void)
@@ -1609,6 +1623,7 @@ test_claim_decode(void)
     test_claim_in_progress(ri, rc, rr, bad);
     test_claim_released(rc, rr, r0);
     test_claim_locked();
+    test_claim_elsewhere();
     test_claim_locked_op();
     test_claim_reused(ri, rc, ru, rr);
     test_claim_reused_claim(ri, rs);
