@@ -295,7 +295,7 @@ is($t->effects(key => $kx), 1, 'one effect');
     my $fpo = `$FindBin::Bin/../build/idempotency-fingerprint --method POST --route /open --content-type application/json --body-file $p/open.json 2>/dev/null`;
     chomp $fpo;
     # it passed through unprotected before issue 35 (changed on purpose:
-    # sent 3 times it executed 3 times; t/65-guards.t row 9)
+    # sent 3 times it executed 3 times; t/74-guards.t row 9)
     $x = pay('/open', $k, token => token(kid => 'ed1', claims => claims($k, $fpo)));
     $t->is_problem($x, 503, 'store-unavailable', name => 'a valid approval is 503 too: fail-open does not apply to a guarded location');
     is($t->effects(key => $k), 0, '... 0 effects');

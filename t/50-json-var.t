@@ -89,7 +89,7 @@ my $EMPTY = '[][][][][][][][][][other]';
        "[alert-7c91][esc][second][100][true][][{\"k\":[1,2.5],\"z\":\"\xc3\xa9\"}][][][matched]",
        'string value, ~1 ~0 escapes, array index, number/true/object as RFC 8785 text, null and absent empty, map');
     # null gave "null" before issue 35 (changed on purpose): two events
-    # whose id is null were one identity (t/65-guards.t row 7)
+    # whose id is null were one identity (t/74-guards.t row 7)
     is($t->effects(key => $k), 1, 'one effect');
     like(logged('/j/a'), qr/^J\|\/j\/a\|\[alert-7c91\]\|\[second\]\|\[matched\]\|executed$/,
          'log_format sees the variables');

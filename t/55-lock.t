@@ -279,7 +279,7 @@ is($t->effects(key => $k118), 1, 'dep-118: 1 effect');
 
 # ---- no environment in the body: refused 400 lock-value-missing (before
 # issue 35 it took no lock and ran beside any holder: changed on purpose;
-# "idempotency_lock ... optional" keeps that, t/65-guards.t row 6)
+# "idempotency_lock ... optional" keeps that, t/74-guards.t row 6)
 {
     my @k = map { $t->key("nolock-$_") } 0 .. 1;
     for my $i (0, 1) {

@@ -230,7 +230,7 @@ sub huge_body {
 # ---- bodies of another media type: refused 415 where the identity reads
 # the body (changed on purpose with the guards of issue 35: this test
 # expected two executions, the variable empty, which an upstream that
-# parses JSON whatever the label runs twice; t/65-guards.t row 4);
+# parses JSON whatever the label runs twice; t/74-guards.t row 4);
 # JSON bodies that are not canonical JSON: refused
 {
     my ($r1, $r2, $n, $k) = two_keys('text/plain', '/huge', '{"source_event_id":"e-text"}', undef, ct => 'text/plain');
