@@ -12,8 +12,8 @@
 #   {"n":SEQ,"method":M,"uri":U,"key":<Idempotency-Key as received, or null>,
 #    "len":BODY_LENGTH,"sha":SHA256_HEX_OF_BODY,"ct":<Content-Type or null>,
 #    "auth":<Authorization or null>,"t":EPOCH_SECONDS,
-#    "json":<the body parsed as JSON whatever its Content-Type, as many
-#            frameworks do, or null>}
+#    "json":<the body (up to 64 KiB) parsed as JSON whatever its Content-Type,
+#            as many frameworks do, or null>}
 # "t" here and in responses.log (when the answer is produced) bound the time the
 # effect was executing: two effects whose spans meet ran side by side.
 #
@@ -189,7 +189,9 @@ sub handle {
 
     my $sha = sha256_hex($body);
     # like many frameworks, the body is read as JSON whatever its label
-    my $parsed = length $body ? eval { JSON::PP->new->utf8->allow_nonref->decode($body) } : undef;
+    # (up to 64 KiB: JSON::PP would spend seconds of CPU on the huge ones)
+    my $parsed = length $body && length $body <= 65536
+        ? eval { JSON::PP->new->utf8->allow_nonref->decode($body) } : undef;
     my $n = record_effect($dir, {
         method => $method, uri => $uri, key => $h{'idempotency-key'},
         len => length($body), sha => $sha, ct => $h{'content-type'},
