@@ -481,16 +481,16 @@ ngx_http_idem_log_str(ngx_pool_t *pool, ngx_str_t *v)
 
     static ngx_str_t  unloggable = ngx_string("(not logged)");
 
-    out = ngx_palloc(pool, sizeof(ngx_str_t));
-    if (out == NULL) {
-        return &unloggable;
-    }
-
     n = idem_log_escape_len((const char *) v->data, v->len);
 
     if (n == v->len) {
-        *out = *v;
-        return out;
+        return v;
+    }
+
+    /* NULL: a request's pool while nginx frees the request (its cleanups) */
+    out = pool ? ngx_palloc(pool, sizeof(ngx_str_t)) : NULL;
+    if (out == NULL) {
+        return &unloggable;
     }
 
     out->data = ngx_pnalloc(pool, n);
@@ -505,7 +505,11 @@ ngx_http_idem_log_str(ngx_pool_t *pool, ngx_str_t *v)
 }
 
 
-/* the request's key, as the error log may show it */
+/*
+ * The request's key, as the error log may show it.  A key is printable
+ * ASCII (idem_key.c), so this never allocates, and it is safe in the
+ * request's pool cleanup, where r->pool is already NULL.
+ */
 #define ngx_http_idem_log_key(ctx)                                          \
     ngx_http_idem_log_str((ctx)->request->pool, &(ctx)->key)
 
