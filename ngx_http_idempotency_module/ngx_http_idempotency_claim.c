@@ -866,6 +866,30 @@ ngx_http_idem_claim_locked(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
 }
 
 
+/* the key was free: this request's claim, or its proposal's record */
+static ngx_http_idem_answer_e
+ngx_http_idem_claim_claimed(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
+    idem_claim_t *c)
+{
+    if (ctx->confirm == NGX_HTTP_IDEM_CONFIRM_PROPOSE) {
+        /* what was written is the proposal: nothing may run */
+        ngx_http_idem_set_state(ctx, 'a');
+        ctx->proposal_expires = ctx->created + ngx_http_idem_claim_ttl(ctx);
+        ngx_http_idem_claim_index(r, ctx, ngx_http_idem_claim_ttl(ctx));
+        ngx_http_idem_claim_pending(r, ctx);
+        return NGX_HTTP_IDEM_ANS_CONFIRM;
+    }
+
+    /* a proposal claimed by claim.lua first: its operation now */
+    if (c->op && ngx_http_idem_claim_took(r, ctx, c) != NGX_OK) {
+        return NGX_HTTP_IDEM_ANS_STORE_ERROR;
+    }
+
+    ngx_http_idem_set_state(ctx, 'i');
+    return NGX_HTTP_IDEM_ANS_CLAIMED;
+}
+
+
 static ngx_http_idem_answer_e
 ngx_http_idem_claim_decoded(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
     idem_claim_t *c, ngx_uint_t script)
@@ -875,24 +899,7 @@ ngx_http_idem_claim_decoded(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
     switch (c->kind) {
 
     case IDEM_CLAIM_CLAIMED:
-        if (ctx->confirm == NGX_HTTP_IDEM_CONFIRM_PROPOSE) {
-            /* what was written is the proposal: nothing may run */
-            ngx_http_idem_set_state(ctx, 'a');
-            ctx->proposal_expires = ctx->created
-                                    + ngx_http_idem_claim_ttl(ctx);
-            ngx_http_idem_claim_index(r, ctx,
-                                      ngx_http_idem_claim_ttl(ctx));
-            ngx_http_idem_claim_pending(r, ctx);
-            return NGX_HTTP_IDEM_ANS_CONFIRM;
-        }
-
-        /* a proposal claimed by claim.lua first: its operation now */
-        if (c->op && ngx_http_idem_claim_took(r, ctx, c) != NGX_OK) {
-            return NGX_HTTP_IDEM_ANS_STORE_ERROR;
-        }
-
-        ngx_http_idem_set_state(ctx, 'i');
-        return NGX_HTTP_IDEM_ANS_CLAIMED;
+        return ngx_http_idem_claim_claimed(r, ctx, c);
 
     case IDEM_CLAIM_RECORD:
         answer = ngx_http_idem_claim_held(r, ctx, &c->rec, !script);

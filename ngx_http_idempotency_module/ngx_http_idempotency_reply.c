@@ -494,25 +494,13 @@ ngx_http_idem_send_replay(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
 }
 
 
-/* what a claim's answer means for the client, and what it is told */
-ngx_int_t
-ngx_http_idem_send_answer(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
+/* the outcome and the problem of an answer that is not a replay */
+static ngx_http_idem_problem_e
+ngx_http_idem_answer_problem(ngx_http_idem_ctx_t *ctx)
 {
     ngx_http_idem_problem_e  problem;
 
     switch (ctx->answer) {
-
-    case NGX_HTTP_IDEM_ANS_COMPLETED:
-    case NGX_HTTP_IDEM_ANS_REUSED:
-        if (ctx->body_stored) {
-            ctx->outcome = ctx->reused ? NGX_HTTP_IDEM_OUT_REUSED
-                                       : NGX_HTTP_IDEM_OUT_REPLAYED;
-            return ngx_http_idem_send_replay(r, ctx);
-        }
-
-        ctx->outcome = NGX_HTTP_IDEM_OUT_CONFLICT;
-        problem = NGX_HTTP_IDEM_P_NOT_STORED;
-        break;
 
     case NGX_HTTP_IDEM_ANS_MISMATCH:
         ctx->outcome = NGX_HTTP_IDEM_OUT_CONFLICT;
@@ -544,6 +532,11 @@ ngx_http_idem_send_answer(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
         problem = NGX_HTTP_IDEM_P_CONFIRM_DECLINED;
         break;
 
+    case NGX_HTTP_IDEM_ANS_ELSEWHERE:
+        ctx->outcome = NGX_HTTP_IDEM_OUT_CONFLICT;
+        problem = NGX_HTTP_IDEM_P_IDENTITY_ELSEWHERE;
+        break;
+
     case NGX_HTTP_IDEM_ANS_STORE_DOWN:
         ctx->outcome = NGX_HTTP_IDEM_OUT_REJECTED;
         problem = NGX_HTTP_IDEM_P_STORE_DOWN;
@@ -563,6 +556,32 @@ ngx_http_idem_send_answer(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
         ctx->outcome = NGX_HTTP_IDEM_OUT_REJECTED;
         problem = NGX_HTTP_IDEM_P_STORE_ERROR;
         break;
+    }
+
+    return problem;
+}
+
+
+/* what a claim's answer means for the client, and what it is told */
+ngx_int_t
+ngx_http_idem_send_answer(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
+{
+    ngx_http_idem_problem_e  problem;
+
+    if (ctx->answer == NGX_HTTP_IDEM_ANS_COMPLETED
+        || ctx->answer == NGX_HTTP_IDEM_ANS_REUSED)
+    {
+        if (ctx->body_stored) {
+            ctx->outcome = ctx->reused ? NGX_HTTP_IDEM_OUT_REUSED
+                                       : NGX_HTTP_IDEM_OUT_REPLAYED;
+            return ngx_http_idem_send_replay(r, ctx);
+        }
+
+        ctx->outcome = NGX_HTTP_IDEM_OUT_CONFLICT;
+        problem = NGX_HTTP_IDEM_P_NOT_STORED;
+
+    } else {
+        problem = ngx_http_idem_answer_problem(ctx);
     }
 
     if (ctx->answer == NGX_HTTP_IDEM_ANS_STORE_DOWN

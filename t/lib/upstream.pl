@@ -192,6 +192,11 @@ sub handle {
     # (up to 64 KiB: JSON::PP would spend seconds of CPU on the huge ones)
     my $parsed = length $body && length $body <= 65536
         ? eval { JSON::PP->new->utf8->allow_nonref->decode($body) } : undef;
+    # a number JSON::PP reads as infinity (1e400) would be written "Inf",
+    # which no JSON reader takes back: such a body is not recorded as JSON
+    $parsed = undef if defined $parsed
+        && !eval { JSON::PP->new->allow_nonref->decode(
+                       JSON::PP->new->allow_nonref->encode($parsed)); 1 };
     my $n = record_effect($dir, {
         method => $method, uri => $uri, key => $h{'idempotency-key'},
         len => length($body), sha => $sha, ct => $h{'content-type'},
