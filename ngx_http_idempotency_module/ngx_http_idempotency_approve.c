@@ -605,7 +605,8 @@ ngx_http_idem_approve_ok(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
 
     ngx_log_error(NGX_LOG_NOTICE, r->connection->log, 0,
                   "idempotency: operation %V %s by \"%V\"", &a->op,
-                  a->decline ? "declined" : "approved", &a->approver);
+                  a->decline ? "declined" : "approved",
+                  ngx_http_idem_log_str(r->pool, &a->approver));
 
     size = 256 + a->approver.len * 6;
 

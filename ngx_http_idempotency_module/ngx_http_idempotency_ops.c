@@ -144,7 +144,8 @@ ngx_http_idem_admin_body(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
     size_t   size;
 
     ngx_log_error(NGX_LOG_NOTICE, r->connection->log, 0,
-                  "idempotency: admin %s key \"%V\"", what, &ctx->key);
+                  "idempotency: admin %s key \"%V\"", what,
+                  ngx_http_idem_log_key(ctx));
 
     size = 128 + ctx->key.len * 6;
 

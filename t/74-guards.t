@@ -378,7 +378,8 @@ sub token {
     my $op = $prop->{operation_id} // '';
     like($op, qr/^[0-9a-f]{32}$/, 'row 17: a proposal');
     my $index = "idem:{$op}:o";
-    ok($t->redis('EXISTS', $index), 'row 17: its index exists');
+    # written before the 428 leaves, acknowledged a moment later
+    ok($t->wait_for(sub { $t->redis('EXISTS', $index) }, 3), 'row 17: its index exists');
     $t->redis('DEL', $index);
     $r = post('/pay', $k, $body, ct => 'application/json');
     is($t->ptype($r), 'confirmation-required', 'row 17: the same proposal sent again: 428');
@@ -392,6 +393,27 @@ sub token {
     $r = post('/pay', $k, $body, ct => 'application/json');
     is($r->{status}, 201, 'row 17: the approved request executes');
     is($t->effects(key => $k), 1, 'row 17: 1 effect');
+}
+
+# ---- row 12, the approval endpoint: an approved_by that would forge a log
+# line is refused (nothing recorded), so it never reaches error.log raw
+{
+    my $body = { amount => 9, to => 'ACME Ltd' };
+    my $k = $t->key('row12b');
+    my $r = post('/pay', $k, $body, ct => 'application/json');
+    my $prop = ($t->problem($r) // {})->{proposal} // {};
+    my $who = "bob\n2026/12/07 10:00:00 [notice] 1#1: FAKE approver line\x1b[8m";
+    my $a = $t->http(POST => '/approve', headers => [ 'Content-Type' => 'application/json' ],
+                     body => $JS->encode({ operation_id => $prop->{operation_id} // '',
+                                           fingerprint => $prop->{fingerprint} // '',
+                                           approved_by => $who, expires_in => 600 }));
+    $t->is_problem($a, 400, 'bad-approval-request', name => 'row 12 (endpoint): a control character in approved_by: 400');
+    $r = post('/pay', $k, $body, ct => 'application/json');
+    is($t->ptype($r), 'confirmation-required', 'row 12 (endpoint): ... nothing was approved');
+    is($t->effects(key => $k), 0, 'row 12 (endpoint): 0 effects');
+    my $log = $t->error_log;
+    unlike($log, qr/^2026\/12\/07 10:00:00 \[notice\] 1#1: FAKE approver/m, 'row 12 (endpoint): no forged line');
+    unlike($log, qr/\x1b/, 'row 12 (endpoint): no raw ESC in error.log');
 }
 
 $t->check_logs;
