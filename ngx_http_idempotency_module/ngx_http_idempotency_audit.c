@@ -1072,12 +1072,13 @@ ngx_http_idem_audit_ctx_reply(ngx_http_idem_cmd_t *cmd, redisReply **reply,
     ctx = cmd->data;
     rc = ngx_http_idem_audit_reply(cmd, reply, &next);
 
-    if (rc == NGX_AGAIN) {
-        ctx->cmd = next;
+    /* a durable command may outlive its request: no ctx then */
+    if (ctx == NULL || rc == NGX_DECLINED) {
         return NGX_DONE;
     }
 
-    if (ctx == NULL || rc == NGX_DECLINED) {
+    if (rc == NGX_AGAIN) {
+        ctx->cmd = next;
         return NGX_DONE;
     }
 

@@ -1235,7 +1235,7 @@ ngx_http_idem_page_handler(ngx_http_request_t *r)
     ngx_http_idem_lookup_t  *lk;
 
     if (!(r->method & (NGX_HTTP_GET|NGX_HTTP_HEAD|NGX_HTTP_POST))) {
-        return NGX_HTTP_NOT_ALLOWED;
+        return ngx_http_idem_send_not_allowed(r, "GET, HEAD, POST");
     }
 
     ctx = ngx_http_idem_create_ctx(r);

@@ -1,5 +1,6 @@
 #!/usr/bin/perl
-# The module's own endpoints (status, admin, approve, metrics) answer a
+# The module's own endpoints (status, admin, approve, the approval page,
+# metrics) answer a
 # method they do not take with a 405 problem+json (method-not-allowed) and
 # the Allow header, never nginx's HTML page; a body sent with it is
 # discarded (the connection serves the next request), nothing is done (no
@@ -35,6 +36,10 @@ server {
     location = /metrics {
         idempotency_metrics;
     }
+    location = /approve-page {
+        idempotency_approve_identity $remote_user;
+        idempotency_approve_page;
+    }
 }
 EOF
 
@@ -44,12 +49,14 @@ my %ALLOW = (
     '/metrics'               => 'GET, HEAD',
     '/admin?action=release'  => 'POST',
     '/approve'               => 'POST',
+    '/approve-page'          => 'GET, HEAD, POST',
 );
 my %REFUSED = (
     '/status'                => [qw(DELETE PUT POST PATCH)],
     '/metrics'               => [qw(DELETE PUT POST)],
     '/admin?action=release'  => [qw(DELETE PUT GET PATCH)],
     '/approve'               => [qw(DELETE PUT GET)],
+    '/approve-page'          => [qw(DELETE PUT PATCH)],
 );
 
 # a record that a wrongly accepted admin or approve request would change
