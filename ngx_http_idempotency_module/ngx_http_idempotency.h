@@ -544,8 +544,6 @@ char *ngx_http_idem_confirm_key_conf(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 char *ngx_http_idem_confirm_show_conf(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
-char *ngx_http_idem_confirm_describe_conf(ngx_conf_t *cf,
-    ngx_command_t *cmd, void *conf);
 char *ngx_http_idem_confirm_merge(ngx_conf_t *cf,
     ngx_http_idem_loc_conf_t *prev, ngx_http_idem_loc_conf_t *conf);
 ngx_int_t ngx_http_idem_confirm_proposal(ngx_http_request_t *r,
@@ -713,8 +711,6 @@ struct ngx_http_idem_lookup_s {
 ngx_int_t ngx_http_idem_lookup(ngx_http_request_t *r,
     ngx_http_idem_ctx_t *ctx, ngx_http_idem_lookup_t *lk);
 ngx_int_t ngx_http_idem_op_arg(ngx_http_request_t *r, ngx_str_t *op);
-char *ngx_http_idem_approve_identity_conf(ngx_conf_t *cf,
-    ngx_command_t *cmd, void *conf);
 
 /* ngx_http_idempotency_variables.c */
 ngx_int_t ngx_http_idem_add_variables(ngx_conf_t *cf);

@@ -892,35 +892,3 @@ ngx_http_idem_approve_handler(ngx_http_request_t *r)
 
     return NGX_DONE;
 }
-
-
-/* idempotency_approve_identity $remote_user | $http_x_sso_user ... */
-char *
-ngx_http_idem_approve_identity_conf(ngx_conf_t *cf, ngx_command_t *cmd,
-    void *conf)
-{
-    ngx_http_idem_loc_conf_t *lcf = conf;
-
-    ngx_str_t                         *value;
-    ngx_http_compile_complex_value_t   ccv;
-
-    if (lcf->approve_identity != NGX_CONF_UNSET_PTR) {
-        return "is duplicate";
-    }
-
-    value = cf->args->elts;
-
-    lcf->approve_identity = ngx_palloc(cf->pool,
-                                       sizeof(ngx_http_complex_value_t));
-    if (lcf->approve_identity == NULL) {
-        return NGX_CONF_ERROR;
-    }
-
-    ngx_memzero(&ccv, sizeof(ngx_http_compile_complex_value_t));
-    ccv.cf = cf;
-    ccv.value = &value[1];
-    ccv.complex_value = lcf->approve_identity;
-
-    return ngx_http_compile_complex_value(&ccv) == NGX_OK ? NGX_CONF_OK
-                                                           : NGX_CONF_ERROR;
-}

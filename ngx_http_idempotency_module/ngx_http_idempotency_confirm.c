@@ -155,38 +155,6 @@ ngx_http_idem_confirm_key_conf(ngx_conf_t *cf, ngx_command_t *cmd,
 }
 
 
-/* idempotency_confirm_describe "one sentence with $variables" */
-char *
-ngx_http_idem_confirm_describe_conf(ngx_conf_t *cf, ngx_command_t *cmd,
-    void *conf)
-{
-    ngx_http_idem_loc_conf_t *lcf = conf;
-
-    ngx_str_t                         *value;
-    ngx_http_compile_complex_value_t   ccv;
-
-    if (lcf->confirm_describe != NGX_CONF_UNSET_PTR) {
-        return "is duplicate";
-    }
-
-    value = cf->args->elts;
-
-    lcf->confirm_describe = ngx_palloc(cf->pool,
-                                       sizeof(ngx_http_complex_value_t));
-    if (lcf->confirm_describe == NULL) {
-        return NGX_CONF_ERROR;
-    }
-
-    ngx_memzero(&ccv, sizeof(ngx_http_compile_complex_value_t));
-    ccv.cf = cf;
-    ccv.value = &value[1];
-    ccv.complex_value = lcf->confirm_describe;
-
-    return ngx_http_compile_complex_value(&ccv) == NGX_OK ? NGX_CONF_OK
-                                                           : NGX_CONF_ERROR;
-}
-
-
 /* "label=Text" after a pointer names it for the person; else the pointer */
 static char *
 ngx_http_idem_confirm_label(ngx_conf_t *cf, ngx_http_idem_loc_conf_t *lcf,
