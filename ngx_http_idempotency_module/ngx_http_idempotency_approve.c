@@ -744,36 +744,21 @@ ngx_http_idem_approve_who(ngx_http_request_t *r,
 }
 
 
-/* the header's value, NULL when absent */
+/* the first such header's value, NULL when absent */
 static ngx_str_t *
 ngx_http_idem_approve_header(ngx_http_request_t *r, const char *name,
     size_t len)
 {
-    ngx_uint_t        i;
-    ngx_list_part_t  *part;
+    ngx_str_t         n;
+    ngx_uint_t        count;
     ngx_table_elt_t  *h;
 
-    part = &r->headers_in.headers.part;
-    h = part->elts;
+    n.data = (u_char *) name;
+    n.len = len;
 
-    for (i = 0; /* void */ ; i++) {
+    h = ngx_http_idem_find_header(r, &n, &count);
 
-        if (i >= part->nelts) {
-            if (part->next == NULL) {
-                return NULL;
-            }
-
-            part = part->next;
-            h = part->elts;
-            i = 0;
-        }
-
-        if (h[i].key.len == len
-            && ngx_strncasecmp(h[i].key.data, (u_char *) name, len) == 0)
-        {
-            return &h[i].value;
-        }
-    }
+    return h ? &h->value : NULL;
 }
 
 

@@ -342,37 +342,14 @@ ngx_http_idem_confirm_merge(ngx_conf_t *cf, ngx_http_idem_loc_conf_t *prev,
 static ngx_int_t
 ngx_http_idem_confirm_header(ngx_http_request_t *r, ngx_table_elt_t **found)
 {
-    ngx_uint_t        i;
-    ngx_list_part_t  *part;
-    ngx_table_elt_t  *h;
+    ngx_uint_t  n;
 
-    *found = NULL;
-    part = &r->headers_in.headers.part;
-    h = part->elts;
+    static ngx_str_t  name = ngx_string(NGX_HTTP_IDEM_CONFIRM_HEADER);
 
-    for (i = 0; /* void */ ; i++) {
+    *found = ngx_http_idem_find_header(r, &name, &n);
 
-        if (i >= part->nelts) {
-            if (part->next == NULL) {
-                break;
-            }
-
-            part = part->next;
-            h = part->elts;
-            i = 0;
-        }
-
-        if (h[i].key.len == sizeof(NGX_HTTP_IDEM_CONFIRM_HEADER) - 1
-            && ngx_strncasecmp(h[i].key.data,
-                               (u_char *) NGX_HTTP_IDEM_CONFIRM_HEADER,
-                               h[i].key.len) == 0)
-        {
-            if (*found) {
-                return NGX_ERROR;
-            }
-
-            *found = &h[i];
-        }
+    if (n > 1) {
+        return NGX_ERROR;
     }
 
     return *found ? NGX_OK : NGX_DECLINED;

@@ -53,8 +53,8 @@ ngx_http_idem_next_header(ngx_http_request_t *r, ngx_str_t *name,
 }
 
 
-/* the first header named name, and how many there are */
-static ngx_table_elt_t *
+/* the first request header named name, and how many there are */
+ngx_table_elt_t *
 ngx_http_idem_find_header(ngx_http_request_t *r, ngx_str_t *name,
     ngx_uint_t *count)
 {
