@@ -525,6 +525,7 @@ ngx_int_t ngx_http_idem_record_key(ngx_http_request_t *r,
     ngx_http_idem_ctx_t *ctx, ngx_str_t *scope);
 ngx_int_t ngx_http_idem_fp_headers(ngx_http_request_t *r,
     ngx_http_idem_ctx_t *ctx, idem_fp_input_t *in);
+u_char *ngx_http_idem_operation_key(ngx_pool_t *pool, ngx_str_t *op);
 ngx_table_elt_t *ngx_http_idem_find_header(ngx_http_request_t *r,
     ngx_str_t *name, ngx_uint_t *count);
 ngx_table_elt_t *ngx_http_idem_header_out(ngx_http_request_t *r,

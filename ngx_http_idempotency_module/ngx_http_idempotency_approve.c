@@ -383,20 +383,15 @@ ngx_int_t
 ngx_http_idem_approve_record(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
     ngx_http_idem_approval_t *a)
 {
-    u_char  *key, *p;
+    u_char  *key;
 
-    key = ngx_pnalloc(r->pool, IDEM_OPERATION_KEY_LEN + 1);
+    key = ngx_http_idem_operation_key(r->pool, &a->op);
     if (key == NULL) {
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
     }
 
     ctx->approval = a;
     ctx->op_id = a->op;
-
-    p = ngx_cpymem(key, IDEM_OPERATION_PREFIX,
-                   sizeof(IDEM_OPERATION_PREFIX) - 1);
-    p = ngx_cpymem(p, a->op.data, a->op.len);
-    ngx_memcpy(p, IDEM_OPERATION_SUFFIX, sizeof(IDEM_OPERATION_SUFFIX));
 
     return ngx_http_idem_approve_send(r, ctx,
                ngx_http_idem_cmd_native(ctx->conf->redis, &ngx_http_idem_get,

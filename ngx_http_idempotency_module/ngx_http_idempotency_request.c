@@ -248,6 +248,30 @@ ngx_http_idem_fp_headers(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
 }
 
 
+/*
+ * The key that names a proposal's record key by its operation id
+ * (IDEM_OPERATION_PREFIX + op + IDEM_OPERATION_SUFFIX), NUL-terminated;
+ * NULL when out of memory.  op is an id of 32 characters.
+ */
+u_char *
+ngx_http_idem_operation_key(ngx_pool_t *pool, ngx_str_t *op)
+{
+    u_char  *key, *p;
+
+    key = ngx_pnalloc(pool, IDEM_OPERATION_KEY_LEN + 1);
+    if (key == NULL) {
+        return NULL;
+    }
+
+    p = ngx_cpymem(key, IDEM_OPERATION_PREFIX,
+                   sizeof(IDEM_OPERATION_PREFIX) - 1);
+    p = ngx_cpymem(p, op->data, op->len);
+    ngx_memcpy(p, IDEM_OPERATION_SUFFIX, sizeof(IDEM_OPERATION_SUFFIX));
+
+    return key;
+}
+
+
 /* a header of the response (r->headers_out) by name, or NULL */
 ngx_table_elt_t *
 ngx_http_idem_header_out(ngx_http_request_t *r, u_char *name, size_t len)
