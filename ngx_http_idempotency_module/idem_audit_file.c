@@ -425,36 +425,6 @@ idem_audit_file_fault(idem_audit_file_verify_t *v, idem_audit_fault_e fault,
 }
 
 
-typedef struct {
-    char    *data;
-    size_t   len;
-    size_t   size;
-} idem_audit_file_buf_t;
-
-
-static int
-idem_audit_file_sink(idem_sink_t *sink, const char *p, size_t n)
-{
-    char                   *d;
-    idem_audit_file_buf_t  *b = sink->data;
-
-    if (b->len + n > b->size) {
-        d = realloc(b->data, (b->len + n) * 2);
-        if (d == NULL) {
-            return -1;
-        }
-
-        b->data = d;
-        b->size = (b->len + n) * 2;
-    }
-
-    memcpy(b->data + b->len, p, n);
-    b->len += n;
-
-    return 0;
-}
-
-
 /* the line's canonical form without "hash", hashed as the writer did */
 static int
 idem_audit_file_rehash(const char *line, size_t len, const unsigned char *key,
@@ -464,10 +434,10 @@ idem_audit_file_rehash(const char *line, size_t len, const unsigned char *key,
     int                     rc;
     idem_sink_t             sink;
     idem_ptr_set_t         *excl;
-    idem_audit_file_buf_t   b;
+    idem_sink_buf_t         b;
 
     memset(&b, 0, sizeof(b));
-    sink.write = idem_audit_file_sink;
+    sink.write = idem_sink_buf_write;
     sink.data = &b;
 
     excl = idem_ptr_set_create();

@@ -83,11 +83,21 @@ html_piece(const unsigned char *p, size_t n, int64_t cp, char *buf)
 }
 
 
-size_t
-idem_html_len(const char *s, size_t len)
+/* one piece's escaped form into buf; returns its length */
+typedef size_t (*idem_piece_pt)(const unsigned char *p, size_t n, int64_t cp,
+    char *buf);
+
+
+/*
+ * The one walk both forms share: with out NULL it only counts (the _len
+ * functions), else it writes.  Through buf: sprintf's NUL must not land
+ * past the caller's end.
+ */
+static size_t
+escape_walk(char *out, const char *s, size_t len, idem_piece_pt piece)
 {
     char                  buf[32];
-    size_t                i, n, total;
+    size_t                i, n, k, total;
     int64_t               cp;
     const unsigned char  *p;
 
@@ -96,32 +106,30 @@ idem_html_len(const char *s, size_t len)
 
     for (i = 0; i < len; i += n) {
         n = html_next(p + i, len - i, &cp);
-        total += html_piece(p + i, n, cp, buf);
+        k = piece(p + i, n, cp, buf);
+
+        if (out != NULL) {
+            memcpy(out + total, buf, k);
+        }
+
+        total += k;
     }
 
     return total;
 }
 
 
+size_t
+idem_html_len(const char *s, size_t len)
+{
+    return escape_walk(NULL, s, len, html_piece);
+}
+
+
 char *
 idem_html_put(char *out, const char *s, size_t len)
 {
-    char                  buf[32];
-    size_t                i, n, k;
-    int64_t               cp;
-    const unsigned char  *p;
-
-    p = (const unsigned char *) s;
-
-    /* through buf: sprintf's NUL must not land past the caller's end */
-    for (i = 0; i < len; i += n) {
-        n = html_next(p + i, len - i, &cp);
-        k = html_piece(p + i, n, cp, buf);
-        memcpy(out, buf, k);
-        out += k;
-    }
-
-    return out;
+    return out + escape_walk(out, s, len, html_piece);
 }
 
 
@@ -151,39 +159,12 @@ term_piece(const unsigned char *p, size_t n, int64_t cp, char *buf)
 size_t
 idem_term_len(const char *s, size_t len)
 {
-    char                  buf[32];
-    size_t                i, n, total;
-    int64_t               cp;
-    const unsigned char  *p;
-
-    p = (const unsigned char *) s;
-    total = 0;
-
-    for (i = 0; i < len; i += n) {
-        n = html_next(p + i, len - i, &cp);
-        total += term_piece(p + i, n, cp, buf);
-    }
-
-    return total;
+    return escape_walk(NULL, s, len, term_piece);
 }
 
 
 char *
 idem_term_put(char *out, const char *s, size_t len)
 {
-    char                  buf[32];
-    size_t                i, n, k;
-    int64_t               cp;
-    const unsigned char  *p;
-
-    p = (const unsigned char *) s;
-
-    for (i = 0; i < len; i += n) {
-        n = html_next(p + i, len - i, &cp);
-        k = term_piece(p + i, n, cp, buf);
-        memcpy(out, buf, k);
-        out += k;
-    }
-
-    return out;
+    return out + escape_walk(out, s, len, term_piece);
 }

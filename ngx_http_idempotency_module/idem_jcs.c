@@ -816,3 +816,31 @@ idem_jcs_canonicalize_in_place_excluding(char *buf, size_t len,
 {
     return jcs_canon_run(buf, len, buf, excl, out);
 }
+
+
+int
+idem_sink_buf_write(idem_sink_t *sink, const char *p, size_t n)
+{
+    char             *d;
+    size_t            size;
+    idem_sink_buf_t  *b;
+
+    b = sink->data;
+
+    if (b->len + n > b->size) {
+        size = (b->len + n) * 2;
+
+        d = realloc(b->data, size);
+        if (d == NULL) {
+            return -1;
+        }
+
+        b->data = d;
+        b->size = size;
+    }
+
+    memcpy(b->data + b->len, p, n);
+    b->len += n;
+
+    return 0;
+}

@@ -20,6 +20,19 @@ struct idem_sink_s {
     void                *data;
 };
 
+/*
+ * A sink that gathers what it is given in memory: write is
+ * idem_sink_buf_write, data an idem_sink_buf_t that starts zeroed; the
+ * caller frees its data (malloc'd, not NUL-terminated).
+ */
+typedef struct {
+    char    *data;
+    size_t   len;
+    size_t   size;
+} idem_sink_buf_t;
+
+int idem_sink_buf_write(idem_sink_t *sink, const char *p, size_t n);
+
 typedef enum {
     IDEM_JCS_OK = 0,
     IDEM_JCS_ESYNTAX,       /* not JSON (incl. trailing garbage) */

@@ -123,52 +123,17 @@ idem_json_write(idem_sink_t *sink, const cJSON *node)
 }
 
 
-typedef struct {
-    char    *data;
-    size_t   len;
-    size_t   size;
-} idem_json_buf_t;
-
-
-static int
-idem_json_buf_write(idem_sink_t *sink, const char *p, size_t n)
-{
-    char             *d;
-    size_t            size;
-    idem_json_buf_t  *b;
-
-    b = sink->data;
-
-    if (b->len + n > b->size) {
-        size = (b->len + n) * 2;
-
-        d = realloc(b->data, size);
-        if (d == NULL) {
-            return -1;
-        }
-
-        b->data = d;
-        b->size = size;
-    }
-
-    memcpy(b->data + b->len, p, n);
-    b->len += n;
-
-    return 0;
-}
-
-
 int
 idem_json_canonical(const cJSON *node, idem_sink_t *out)
 {
     int              rc;
     idem_sink_t      sink;
-    idem_json_buf_t  text;
+    idem_sink_buf_t  text;
 
     text.data = NULL;
     text.len = 0;
     text.size = 0;
-    sink.write = idem_json_buf_write;
+    sink.write = idem_sink_buf_write;
     sink.data = &text;
 
     rc = idem_json_write(&sink, node) == 0

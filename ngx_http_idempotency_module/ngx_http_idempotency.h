@@ -525,6 +525,9 @@ ngx_int_t ngx_http_idem_record_key(ngx_http_request_t *r,
     ngx_http_idem_ctx_t *ctx, ngx_str_t *scope);
 ngx_int_t ngx_http_idem_fp_headers(ngx_http_request_t *r,
     ngx_http_idem_ctx_t *ctx, idem_fp_input_t *in);
+u_char *ngx_http_idem_operation_key(ngx_pool_t *pool, ngx_str_t *op);
+ngx_table_elt_t *ngx_http_idem_find_header(ngx_http_request_t *r,
+    ngx_str_t *name, ngx_uint_t *count);
 ngx_table_elt_t *ngx_http_idem_header_out(ngx_http_request_t *r,
     u_char *name, size_t len);
 
@@ -544,8 +547,6 @@ char *ngx_http_idem_confirm_key_conf(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 char *ngx_http_idem_confirm_show_conf(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
-char *ngx_http_idem_confirm_describe_conf(ngx_conf_t *cf,
-    ngx_command_t *cmd, void *conf);
 char *ngx_http_idem_confirm_merge(ngx_conf_t *cf,
     ngx_http_idem_loc_conf_t *prev, ngx_http_idem_loc_conf_t *conf);
 ngx_int_t ngx_http_idem_confirm_proposal(ngx_http_request_t *r,
@@ -713,8 +714,6 @@ struct ngx_http_idem_lookup_s {
 ngx_int_t ngx_http_idem_lookup(ngx_http_request_t *r,
     ngx_http_idem_ctx_t *ctx, ngx_http_idem_lookup_t *lk);
 ngx_int_t ngx_http_idem_op_arg(ngx_http_request_t *r, ngx_str_t *op);
-char *ngx_http_idem_approve_identity_conf(ngx_conf_t *cf,
-    ngx_command_t *cmd, void *conf);
 
 /* ngx_http_idempotency_variables.c */
 ngx_int_t ngx_http_idem_add_variables(ngx_conf_t *cf);

@@ -383,20 +383,15 @@ ngx_int_t
 ngx_http_idem_approve_record(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
     ngx_http_idem_approval_t *a)
 {
-    u_char  *key, *p;
+    u_char  *key;
 
-    key = ngx_pnalloc(r->pool, IDEM_OPERATION_KEY_LEN + 1);
+    key = ngx_http_idem_operation_key(r->pool, &a->op);
     if (key == NULL) {
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
     }
 
     ctx->approval = a;
     ctx->op_id = a->op;
-
-    p = ngx_cpymem(key, IDEM_OPERATION_PREFIX,
-                   sizeof(IDEM_OPERATION_PREFIX) - 1);
-    p = ngx_cpymem(p, a->op.data, a->op.len);
-    ngx_memcpy(p, IDEM_OPERATION_SUFFIX, sizeof(IDEM_OPERATION_SUFFIX));
 
     return ngx_http_idem_approve_send(r, ctx,
                ngx_http_idem_cmd_native(ctx->conf->redis, &ngx_http_idem_get,
@@ -744,36 +739,21 @@ ngx_http_idem_approve_who(ngx_http_request_t *r,
 }
 
 
-/* the header's value, NULL when absent */
+/* the first such header's value, NULL when absent */
 static ngx_str_t *
 ngx_http_idem_approve_header(ngx_http_request_t *r, const char *name,
     size_t len)
 {
-    ngx_uint_t        i;
-    ngx_list_part_t  *part;
+    ngx_str_t         n;
+    ngx_uint_t        count;
     ngx_table_elt_t  *h;
 
-    part = &r->headers_in.headers.part;
-    h = part->elts;
+    n.data = (u_char *) name;
+    n.len = len;
 
-    for (i = 0; /* void */ ; i++) {
+    h = ngx_http_idem_find_header(r, &n, &count);
 
-        if (i >= part->nelts) {
-            if (part->next == NULL) {
-                return NULL;
-            }
-
-            part = part->next;
-            h = part->elts;
-            i = 0;
-        }
-
-        if (h[i].key.len == len
-            && ngx_strncasecmp(h[i].key.data, (u_char *) name, len) == 0)
-        {
-            return &h[i].value;
-        }
-    }
+    return h ? &h->value : NULL;
 }
 
 
@@ -891,36 +871,4 @@ ngx_http_idem_approve_handler(ngx_http_request_t *r)
     }
 
     return NGX_DONE;
-}
-
-
-/* idempotency_approve_identity $remote_user | $http_x_sso_user ... */
-char *
-ngx_http_idem_approve_identity_conf(ngx_conf_t *cf, ngx_command_t *cmd,
-    void *conf)
-{
-    ngx_http_idem_loc_conf_t *lcf = conf;
-
-    ngx_str_t                         *value;
-    ngx_http_compile_complex_value_t   ccv;
-
-    if (lcf->approve_identity != NGX_CONF_UNSET_PTR) {
-        return "is duplicate";
-    }
-
-    value = cf->args->elts;
-
-    lcf->approve_identity = ngx_palloc(cf->pool,
-                                       sizeof(ngx_http_complex_value_t));
-    if (lcf->approve_identity == NULL) {
-        return NGX_CONF_ERROR;
-    }
-
-    ngx_memzero(&ccv, sizeof(ngx_http_compile_complex_value_t));
-    ccv.cf = cf;
-    ccv.value = &value[1];
-    ccv.complex_value = lcf->approve_identity;
-
-    return ngx_http_compile_complex_value(&ccv) == NGX_OK ? NGX_CONF_OK
-                                                           : NGX_CONF_ERROR;
 }

@@ -773,15 +773,10 @@ ngx_http_idem_claim_index(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
     size_t                len;
     ngx_http_idem_cmd_t  *cmd;
 
-    key = ngx_pnalloc(r->pool, IDEM_OPERATION_KEY_LEN + 1);
+    key = ngx_http_idem_operation_key(r->pool, &ctx->op_id);
     if (key == NULL) {
         return;
     }
-
-    p = ngx_cpymem(key, IDEM_OPERATION_PREFIX,
-                   sizeof(IDEM_OPERATION_PREFIX) - 1);
-    p = ngx_cpymem(p, ctx->op_id.data, ctx->op_id.len);
-    p = ngx_cpymem(p, IDEM_OPERATION_SUFFIX, sizeof(IDEM_OPERATION_SUFFIX));
 
     len = ngx_strlen(ctx->rkey);
 

@@ -155,38 +155,6 @@ ngx_http_idem_confirm_key_conf(ngx_conf_t *cf, ngx_command_t *cmd,
 }
 
 
-/* idempotency_confirm_describe "one sentence with $variables" */
-char *
-ngx_http_idem_confirm_describe_conf(ngx_conf_t *cf, ngx_command_t *cmd,
-    void *conf)
-{
-    ngx_http_idem_loc_conf_t *lcf = conf;
-
-    ngx_str_t                         *value;
-    ngx_http_compile_complex_value_t   ccv;
-
-    if (lcf->confirm_describe != NGX_CONF_UNSET_PTR) {
-        return "is duplicate";
-    }
-
-    value = cf->args->elts;
-
-    lcf->confirm_describe = ngx_palloc(cf->pool,
-                                       sizeof(ngx_http_complex_value_t));
-    if (lcf->confirm_describe == NULL) {
-        return NGX_CONF_ERROR;
-    }
-
-    ngx_memzero(&ccv, sizeof(ngx_http_compile_complex_value_t));
-    ccv.cf = cf;
-    ccv.value = &value[1];
-    ccv.complex_value = lcf->confirm_describe;
-
-    return ngx_http_compile_complex_value(&ccv) == NGX_OK ? NGX_CONF_OK
-                                                           : NGX_CONF_ERROR;
-}
-
-
 /* "label=Text" after a pointer names it for the person; else the pointer */
 static char *
 ngx_http_idem_confirm_label(ngx_conf_t *cf, ngx_http_idem_loc_conf_t *lcf,
@@ -374,37 +342,14 @@ ngx_http_idem_confirm_merge(ngx_conf_t *cf, ngx_http_idem_loc_conf_t *prev,
 static ngx_int_t
 ngx_http_idem_confirm_header(ngx_http_request_t *r, ngx_table_elt_t **found)
 {
-    ngx_uint_t        i;
-    ngx_list_part_t  *part;
-    ngx_table_elt_t  *h;
+    ngx_uint_t  n;
 
-    *found = NULL;
-    part = &r->headers_in.headers.part;
-    h = part->elts;
+    static ngx_str_t  name = ngx_string(NGX_HTTP_IDEM_CONFIRM_HEADER);
 
-    for (i = 0; /* void */ ; i++) {
+    *found = ngx_http_idem_find_header(r, &name, &n);
 
-        if (i >= part->nelts) {
-            if (part->next == NULL) {
-                break;
-            }
-
-            part = part->next;
-            h = part->elts;
-            i = 0;
-        }
-
-        if (h[i].key.len == sizeof(NGX_HTTP_IDEM_CONFIRM_HEADER) - 1
-            && ngx_strncasecmp(h[i].key.data,
-                               (u_char *) NGX_HTTP_IDEM_CONFIRM_HEADER,
-                               h[i].key.len) == 0)
-        {
-            if (*found) {
-                return NGX_ERROR;
-            }
-
-            *found = &h[i];
-        }
+    if (n > 1) {
+        return NGX_ERROR;
     }
 
     return *found ? NGX_OK : NGX_DECLINED;

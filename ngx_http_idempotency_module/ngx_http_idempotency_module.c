@@ -42,6 +42,8 @@ static char *ngx_http_idem_thread_pool(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 static char *ngx_http_idem_approve_page_conf(ngx_conf_t *cf,
     ngx_command_t *cmd, void *conf);
+static char *ngx_http_idem_unset_cv_slot(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
 static char *ngx_http_idem_approve_conf(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 static ngx_int_t ngx_http_idem_init_process(ngx_cycle_t *cycle);
@@ -265,9 +267,9 @@ static ngx_command_t  ngx_http_idem_commands[] = {
 
     { ngx_string("idempotency_confirm_describe"),
       NGX_HTTP_IDEM_CONF_ANY|NGX_CONF_TAKE1,
-      ngx_http_idem_confirm_describe_conf,
+      ngx_http_idem_unset_cv_slot,
       NGX_HTTP_LOC_CONF_OFFSET,
-      0,
+      offsetof(ngx_http_idem_loc_conf_t, confirm_describe),
       NULL },
 
     { ngx_string("idempotency_confirm_link"),
@@ -279,9 +281,9 @@ static ngx_command_t  ngx_http_idem_commands[] = {
 
     { ngx_string("idempotency_approve_identity"),
       NGX_HTTP_IDEM_CONF_ANY|NGX_CONF_TAKE1,
-      ngx_http_idem_approve_identity_conf,
+      ngx_http_idem_unset_cv_slot,
       NGX_HTTP_LOC_CONF_OFFSET,
-      0,
+      offsetof(ngx_http_idem_loc_conf_t, approve_identity),
       NULL },
 
     { ngx_string("idempotency_confirm_ttl"),
@@ -1464,6 +1466,28 @@ ngx_http_idem_fp_exclude(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     }
 
     return NGX_CONF_OK;
+}
+
+
+/*
+ * ngx_http_set_complex_value_slot for a field that starts as
+ * NGX_CONF_UNSET_PTR (merged by ngx_conf_merge_ptr_value): nginx's slot
+ * takes a NULL field as unset, and not every version takes UNSET_PTR too
+ */
+static char *
+ngx_http_idem_unset_cv_slot(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_http_complex_value_t  **cv;
+
+    cv = (ngx_http_complex_value_t **) ((char *) conf + cmd->offset);
+
+    if (*cv != NGX_CONF_UNSET_PTR) {
+        return "is duplicate";
+    }
+
+    *cv = NULL;
+
+    return ngx_http_set_complex_value_slot(cf, cmd, conf);
 }
 
 

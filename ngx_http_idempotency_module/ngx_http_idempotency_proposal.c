@@ -202,17 +202,12 @@ ngx_int_t
 ngx_http_idem_lookup(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
     ngx_http_idem_lookup_t *lk)
 {
-    u_char  *key, *p;
+    u_char  *key;
 
-    key = ngx_pnalloc(r->pool, IDEM_OPERATION_KEY_LEN + 1);
+    key = ngx_http_idem_operation_key(r->pool, &lk->op);
     if (key == NULL) {
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
     }
-
-    p = ngx_cpymem(key, IDEM_OPERATION_PREFIX,
-                   sizeof(IDEM_OPERATION_PREFIX) - 1);
-    p = ngx_cpymem(p, lk->op.data, lk->op.len);
-    ngx_memcpy(p, IDEM_OPERATION_SUFFIX, sizeof(IDEM_OPERATION_SUFFIX));
 
     ctx->lookup = lk;
 

@@ -53,8 +53,8 @@ ngx_http_idem_next_header(ngx_http_request_t *r, ngx_str_t *name,
 }
 
 
-/* the first header named name, and how many there are */
-static ngx_table_elt_t *
+/* the first request header named name, and how many there are */
+ngx_table_elt_t *
 ngx_http_idem_find_header(ngx_http_request_t *r, ngx_str_t *name,
     ngx_uint_t *count)
 {
@@ -245,6 +245,30 @@ ngx_http_idem_fp_headers(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
     in->nheaders = n;
 
     return NGX_OK;
+}
+
+
+/*
+ * The key that names a proposal's record key by its operation id
+ * (IDEM_OPERATION_PREFIX + op + IDEM_OPERATION_SUFFIX), NUL-terminated;
+ * NULL when out of memory.  op is an id of 32 characters.
+ */
+u_char *
+ngx_http_idem_operation_key(ngx_pool_t *pool, ngx_str_t *op)
+{
+    u_char  *key, *p;
+
+    key = ngx_pnalloc(pool, IDEM_OPERATION_KEY_LEN + 1);
+    if (key == NULL) {
+        return NULL;
+    }
+
+    p = ngx_cpymem(key, IDEM_OPERATION_PREFIX,
+                   sizeof(IDEM_OPERATION_PREFIX) - 1);
+    p = ngx_cpymem(p, op->data, op->len);
+    ngx_memcpy(p, IDEM_OPERATION_SUFFIX, sizeof(IDEM_OPERATION_SUFFIX));
+
+    return key;
 }
 
 

@@ -256,3 +256,28 @@ call_run_loop(call_run_t *run)
         }
     }
 }
+
+
+/*
+ * What both front ends show of a problem answer (run->resp.problem): its
+ * slug and detail into o; its operation_id, when it is one, into
+ * run->operation_id.
+ */
+void
+call_run_problem(cJSON *o, call_run_t *run)
+{
+    call_resp_t  *r = &run->resp;
+    const char   *v;
+
+    cJSON_AddStringToObject(o, "problem", r->slug);
+
+    if ((v = call_json_str(r->problem, "detail")) != NULL) {
+        cJSON_AddStringToObject(o, "detail", v);
+    }
+
+    if ((v = call_json_str(r->problem, "operation_id")) != NULL
+        && strlen(v) == 32)
+    {
+        memcpy(run->operation_id, v, 33);
+    }
+}

@@ -8,6 +8,8 @@
 #ifndef CALL_RUN_H
 #define CALL_RUN_H
 
+#include <cjson/cJSON.h>
+
 #include "call_http.h"
 #include "call_policy.h"
 
@@ -43,5 +45,6 @@ void call_run_free(call_run_t *run);
 int call_run_loop(call_run_t *run);
 void call_run_status(call_run_t *run);
 long long call_now_ms(void);
+void call_run_problem(cJSON *o, call_run_t *run);
 
 #endif /* CALL_RUN_H */

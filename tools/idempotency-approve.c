@@ -210,55 +210,25 @@ term_str(const char *s)
 }
 
 
-typedef struct {
-    char    *p;
-    size_t   len;
-    size_t   size;
-} text_buf_t;
-
-
-static int
-buf_write(idem_sink_t *sink, const char *p, size_t n)
-{
-    char        *np;
-    text_buf_t  *b = sink->data;
-
-    if (b->len + n > b->size) {
-        np = realloc(b->p, (b->len + n) * 2 + 64);
-        if (np == NULL) {
-            return -1;
-        }
-
-        b->p = np;
-        b->size = (b->len + n) * 2 + 64;
-    }
-
-    memcpy(b->p + b->len, p, n);
-    b->len += n;
-
-    return 0;
-}
-
-
 /* a shown value as RFC 8785 JSON (as the fingerprint reads it), escaped */
 static void
 term_value(const cJSON *v)
 {
-    idem_sink_t  sink;
-    text_buf_t   b;
+    idem_sink_t      sink;
+    idem_sink_buf_t  b;
 
     memset(&b, 0, sizeof(b));
-    sink.write = buf_write;
+    sink.write = idem_sink_buf_write;
     sink.data = &b;
 
     if (idem_json_canonical(v, &sink) != 0) {
         fprintf(stderr, "?");
 
     } else {
-        term(b.p, b.len);
+        term(b.data, b.len);
     }
 
-    free(b.p);
+    free(b.data);
 }
 
 

@@ -824,22 +824,37 @@ audit_show_each(audit_t *a, audit_read_t *en, void *data)
 }
 
 
+/*
+ * A line of an audit file as an entry: 0, or -1 after saying on stderr
+ * why it is none.  *tree is the caller's to free either way.
+ */
+static int
+audit_file_entry(const char *file, unsigned long lineno, char *line,
+    size_t len, idem_audit_entry_t *e, void **tree)
+{
+    char  hash[IDEM_AUDIT_HASH_LEN + 1], why[200];
+
+    if (idem_audit_file_parse(line, len, e, hash, tree, why, sizeof(why))
+        != 0)
+    {
+        fprintf(stderr, "idempotency-audit: %s:%lu: not an entry (%s)\n",
+                file, lineno, why);
+        return -1;
+    }
+
+    return 0;
+}
+
+
 /* a line of an audit file: shown when it names a->what */
 static int
 audit_show_line(audit_t *a, const char *file, unsigned long lineno,
     char *line, size_t len, void *data)
 {
-    char                 hash[IDEM_AUDIT_HASH_LEN + 1], why[200];
     void                *tree;
     idem_audit_entry_t   e;
 
-    if (idem_audit_file_parse(line, len, &e, hash, &tree, why, sizeof(why))
-        != 0)
-    {
-        fprintf(stderr, "idempotency-audit: %s:%lu: not an entry (%s)\n",
-                file, lineno, why);
-
-    } else {
+    if (audit_file_entry(file, lineno, line, len, &e, &tree) == 0) {
         (*(uint64_t *) data) += audit_show_entry(a, &e);
     }
 
@@ -967,17 +982,12 @@ static int
 audit_export_line(audit_t *a, const char *file, unsigned long lineno,
     char *line, size_t len, void *data)
 {
-    char                 hash[IDEM_AUDIT_HASH_LEN + 1], why[200];
     void                *tree;
     idem_audit_entry_t   e;
 
-    if (idem_audit_file_parse(line, len, &e, hash, &tree, why, sizeof(why))
-        != 0)
+    if (audit_file_entry(file, lineno, line, len, &e, &tree) == 0
+        && e.seq >= a->from)
     {
-        fprintf(stderr, "idempotency-audit: %s:%lu: not an entry (%s)\n",
-                file, lineno, why);
-
-    } else if (e.seq >= a->from) {
         fwrite(line, 1, len, stdout);
         putchar('\n');
     }

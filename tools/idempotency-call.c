@@ -417,17 +417,8 @@ add_problem(cJSON *out, call_resp_t *r, call_run_t *run)
     const char  *v;
     cJSON       *n;
 
-    cJSON_AddStringToObject(out, "problem", r->slug);
-
-    if ((v = call_json_str(r->problem, "detail")) != NULL) {
-        cJSON_AddStringToObject(out, "detail", v);
-    }
-
-    if ((v = call_json_str(r->problem, "operation_id")) != NULL
-        && strlen(v) == 32)
-    {
-        memcpy(run->operation_id, v, 33);
-    }
+    /* r is run->resp */
+    call_run_problem(out, run);
 
     if (strcmp(r->slug, "response-not-stored") == 0) {
         n = cJSON_GetObjectItemCaseSensitive(r->problem, "response_status");

@@ -434,15 +434,7 @@ res_problem(cJSON *o, call_run_t *run)
     cJSON        *p;
     const char   *v;
 
-    cJSON_AddStringToObject(o, "problem", r->slug);
-    if ((v = call_json_str(r->problem, "detail")) != NULL) {
-        cJSON_AddStringToObject(o, "detail", v);
-    }
-    if ((v = call_json_str(r->problem, "operation_id")) != NULL
-        && strlen(v) == 32)
-    {
-        memcpy(run->operation_id, v, 33);
-    }
+    call_run_problem(o, run);
 
     if (run->outcome == CALL_OUT_CONFIRM
         && (p = cJSON_GetObjectItemCaseSensitive(r->problem, "proposal"))
