@@ -1,0 +1,117 @@
+#!/usr/bin/perl
+# The audit file device on a disk that fills mid-line (docs/audit.md, "What
+# fails closed"): the file lives on a 64k tmpfs mounted in the test prefix,
+# nearly filled by another file, so that a write() of a claim's lines is cut
+# short. The module cuts the file back to its size before the write (all or
+# none): the request is refused 503 audit-unavailable and never reaches the
+# upstream (effect 0), the file ends with a complete line, `verify --file`
+# passes for what was written, a restart starts and goes on with the chain,
+# and once the disk has room again the refused key executes once.
+# Needs root (mount -t tmpfs); skipped with the reason when mount is refused.
+
+use strict;
+use warnings;
+use FindBin;
+use lib "$FindBin::Bin/lib";
+use Test::More;
+use JSON::PP;
+use Idem::Test;
+
+my $t = Idem::Test->new;
+my $P = $t->prefix;
+my $DISK = "$P/disk";
+mkdir $DISK or die "mkdir $DISK: $!";
+my $mounted = system("mount -t tmpfs -o size=64k tmpfs '$DISK' 2>/dev/null") == 0;
+plan skip_all => 'mount -t tmpfs refused (needs root): a full disk cannot be made'
+    unless $mounted;
+
+END {
+    my $rc = $?;
+    if ($mounted) {
+        $t->stop_nginx if $t;
+        system("umount -l '$DISK'");
+    }
+    $? = $rc;
+}
+
+my $FILE = "$DISK/audit.log";
+my $FILL = "$DISK/fill";
+
+$t->start_stack(<<"EOF");
+server {
+    listen 127.0.0.1:%%PORT%%;
+    location /disk {
+        idempotency on;
+        idempotency_redis %%REDIS%%;
+        idempotency_audit file=$FILE fsync=every;
+        proxy_pass http://%%UPSTREAM%%;
+    }
+}
+EOF
+
+sub lines { [ split /(?<=\n)/, Idem::Test::_slurp($FILE) ] }
+
+sub whole {
+    my $text = Idem::Test::_slurp($FILE);
+    return 0 unless $text eq '' || substr($text, -1) eq "\n";
+    for (split /\n/, $text) {
+        my $e = eval { decode_json($_) } or return 0;
+    }
+    return 1;
+}
+
+my $k1 = $t->key('first');
+my $r = $t->http(POST => '/disk/x', key => $k1, json => { a => 1 });
+is($r->{status}, 201, 'a first write while the disk has room');
+$t->wait_state($k1, '', 'completed');
+
+# fill the disk, then give back one page: the audit file has that page and
+# the rest of its last one
+open my $fh, '>', $FILL or die;
+syswrite($fh, 'x' x 4096) or last for 1 .. 64;
+close $fh;
+truncate $FILL, (-s $FILL) - 4096 or die "truncate: $!";
+
+my ($refused, $written);
+for my $i (1 .. 40) {
+    my $k = $t->key("fill-$i");
+    $r = $t->http(POST => '/disk/x', key => $k, json => { a => $i, pad => 'p' x $i });
+    if ($r->{status} == 503) {
+        $refused = $k;
+        is($t->ptype($r), 'audit-unavailable', "the disk full mid-line at write $i: 503 audit-unavailable");
+        ok($r->{headers}{'retry-after'}, 'with Retry-After');
+        is($t->effects(key => $k), 0, 'never executed');
+        last;
+    }
+    is($r->{status}, 201, "write $i while the disk has room");
+    $t->wait_state($k, '', 'completed');
+    $written++;
+}
+ok($refused, "a claim was refused once the disk was full ($written written before)");
+like($t->error_log, qr/\[alert\].*write\(\) of \d+ audit entries to "\Q$FILE\E" cut short \(\d+ of \d+ bytes\), undone/,
+     'the cut write was logged at alert and undone');
+ok(whole(), 'the file ends with a complete line: no cut line stays');
+my ($rc, $out, $err) = $t->audit_tool('verify', '--file', $FILE);
+is($rc, 0, 'verify --file passes for what was written') or diag("$out$err");
+my ($seq) = $out =~ /^(\d+) /;
+
+# a second refusal on the still full disk leaves the file as it was
+my $before = Idem::Test::_slurp($FILE);
+$r = $t->http(POST => '/disk/x', key => $refused, json => { a => 0 });
+is($r->{status}, 503, 'the full disk: its retry is refused again');
+is(Idem::Test::_slurp($FILE), $before, 'and the file is unchanged');
+
+ok(eval { $t->restart_nginx; 1 }, 'a restart on the full disk starts') or diag($@);
+
+unlink $FILL or die;
+$r = $t->http(POST => '/disk/x', key => $refused, json => { a => 0 });
+is($r->{status}, 201, 'room again: the refused key executes');
+$t->wait_state($refused, '', 'completed');
+is($t->effects(key => $refused), 1, 'once');
+($rc, $out, $err) = $t->audit_tool('verify', '--file', $FILE);
+is($rc, 0, 'verify --file: the chain went on across the restart') or diag("$out$err");
+my ($seq2) = $out =~ /^(\d+) /;
+is($seq2, $seq + 4, 'the refused write is in the chain once, after the restart');
+ok(whole(), 'every line complete');
+
+done_testing;
