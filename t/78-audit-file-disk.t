@@ -8,6 +8,13 @@
 # passes for what was written, a restart starts and goes on with the chain,
 # and once the disk has room again the refused key executes once.
 # Needs root (mount -t tmpfs); skipped with the reason when mount is refused.
+#   - A failed fdatasync() (fsync=every; made to fail with EIO by a small
+#     LD_PRELOAD shim built here, while a flag file exists) fails the claim
+#     as a failed write does: 503 audit-unavailable, effect 0, logged at
+#     alert; the lines are in the file and the head moved past them, so
+#     `verify --file` passes; a replay still answers; the retry executes
+#     once the disk syncs again. Skipped under the sanitizers (they own
+#     LD_PRELOAD) or without a C compiler.
 
 use strict;
 use warnings;
@@ -37,7 +44,34 @@ END {
 my $FILE = "$DISK/audit.log";
 my $FILL = "$DISK/fill";
 
-$t->start_stack(<<"EOF");
+my $SYNC = "$P/sync.log";
+my $FAILFLAG = "$P/fail-fdatasync";
+
+# fdatasync() fails with EIO while $FAILFLAG exists (a worker's environment
+# is reset by nginx, so the flag's path is built in)
+my $SHIM = '';
+unless ($t->{sanitize}) {
+    Idem::Test::_spew("$P/failsync.c", <<"C");
+#define _GNU_SOURCE
+#include <errno.h>
+#include <unistd.h>
+#include <sys/syscall.h>
+int fdatasync(int fd)
+{
+    if (access("$FAILFLAG", F_OK) == 0) {
+        errno = EIO;
+        return -1;
+    }
+    return (int) syscall(SYS_fdatasync, fd);
+}
+C
+    $SHIM = "$P/failsync.so"
+        if system("cc -shared -fPIC -o '$P/failsync.so' '$P/failsync.c' 2>/dev/null") == 0;
+}
+
+$t->start_redis;
+$t->start_upstream;
+my $CONF = <<"EOF";
 server {
     listen 127.0.0.1:%%PORT%%;
     location /disk {
@@ -46,13 +80,23 @@ server {
         idempotency_audit file=$FILE fsync=every;
         proxy_pass http://%%UPSTREAM%%;
     }
+    location /sync {
+        idempotency on;
+        idempotency_redis %%REDIS%%;
+        idempotency_audit file=$SYNC fsync=every;
+        proxy_pass http://%%UPSTREAM%%;
+    }
 }
 EOF
+{
+    local $ENV{LD_PRELOAD} = $SHIM if $SHIM;
+    $t->start_nginx($CONF);
+}
 
 sub lines { [ split /(?<=\n)/, Idem::Test::_slurp($FILE) ] }
 
 sub whole {
-    my $text = Idem::Test::_slurp($FILE);
+    my $text = Idem::Test::_slurp($_[0] // $FILE);
     return 0 unless $text eq '' || substr($text, -1) eq "\n";
     for (split /\n/, $text) {
         my $e = eval { decode_json($_) } or return 0;
@@ -101,7 +145,8 @@ $r = $t->http(POST => '/disk/x', key => $refused, json => { a => 0 });
 is($r->{status}, 503, 'the full disk: its retry is refused again');
 is(Idem::Test::_slurp($FILE), $before, 'and the file is unchanged');
 
-ok(eval { $t->restart_nginx; 1 }, 'a restart on the full disk starts') or diag($@);
+ok(eval { local $ENV{LD_PRELOAD} = $SHIM if $SHIM; $t->restart_nginx; 1 },
+   'a restart on the full disk starts') or diag($@);
 
 unlink $FILL or die;
 $r = $t->http(POST => '/disk/x', key => $refused, json => { a => 0 });
@@ -113,5 +158,40 @@ is($rc, 0, 'verify --file: the chain went on across the restart') or diag("$out$
 my ($seq2) = $out =~ /^(\d+) /;
 is($seq2, $seq + 4, 'the refused write is in the chain once, after the restart');
 ok(whole(), 'every line complete');
+
+# ---- a failed fdatasync()
+SKIP: {
+    skip 'the sanitizers own LD_PRELOAD: no fdatasync() shim', 11 if $t->{sanitize};
+    skip 'no C compiler for the fdatasync() shim', 11 unless $SHIM;
+    my $ks = $t->key('sync-before');
+    $r = $t->http(POST => '/sync/x', key => $ks, json => { s => 1 });
+    is($r->{status}, 201, 'sync: a first write while fdatasync() works');
+    $t->wait_state($ks, '', 'completed');
+
+    Idem::Test::_spew($FAILFLAG, '');
+    my $kf = $t->key('sync-fails');
+    $r = $t->http(POST => '/sync/x', key => $kf, json => { s => 2 });
+    is($r->{status} . ' ' . $t->ptype($r), '503 audit-unavailable',
+       'sync: fdatasync() fails: the claim is refused 503 audit-unavailable') or diag($t->show($r));
+    is($t->effects(key => $kf), 0, 'sync: never executed');
+    like($t->error_log, qr/\[alert\].*fdatasync\(\) of audit file "\Q$SYNC\E" failed/,
+         'sync: logged at alert');
+    $r = $t->http(POST => '/sync/x', key => $ks, json => { s => 1 });
+    is("$r->{status} $r->{headers}{'idempotent-replayed'}", '201 true', 'sync: a replay still answers');
+    ($rc, $out, $err) = $t->audit_tool('verify', '--file', $SYNC);
+    is($rc, 0, 'sync: verify --file passes: the unsynced lines are in the chain') or diag("$out$err");
+    my @ev = map { my $e = decode_json($_); ($e->{key} // '') eq $kf ? $e->{event} : () }
+             split /\n/, Idem::Test::_slurp($SYNC);
+    ok(scalar(grep { $_ eq 'attempted' } @ev), "sync: the refused claim's lines are in the file (@ev)");
+
+    unlink $FAILFLAG or die;
+    $r = $t->http(POST => '/sync/x', key => $kf, json => { s => 2 });
+    is($r->{status}, 201, 'sync: fdatasync() works again: the retry executes');
+    $t->wait_state($kf, '', 'completed');
+    is($t->effects(key => $kf), 1, 'sync: once');
+    ($rc, $out, $err) = $t->audit_tool('verify', '--file', $SYNC);
+    is($rc, 0, 'sync: verify --file passes after the retry') or diag("$out$err");
+    ok(whole($SYNC), 'sync: every line complete');
+}
 
 done_testing;
