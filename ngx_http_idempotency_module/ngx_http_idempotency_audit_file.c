@@ -303,6 +303,21 @@ ngx_http_idem_audit_file_last(ngx_http_idem_audit_file_t *f,
 }
 
 
+/*
+ * The head lives in the zone and in the file's last line only: a restart
+ * on a file rotated away before a line went to the new one starts a new
+ * chain, and the operator needs to know where it starts (docs/audit.md).
+ */
+static void
+ngx_http_idem_audit_file_new_chain(ngx_http_idem_audit_file_t *f,
+    ngx_log_t *log)
+{
+    ngx_log_error(NGX_LOG_NOTICE, log, 0,
+                  "idempotency: audit file \"%V\" is empty: a new chain "
+                  "starts at entry 1", &f->path);
+}
+
+
 static ngx_int_t
 ngx_http_idem_audit_file_tail(ngx_http_idem_audit_file_t *f,
     ngx_http_idem_audit_file_sh_t *sh, ngx_log_t *log)
@@ -318,6 +333,7 @@ ngx_http_idem_audit_file_tail(ngx_http_idem_audit_file_t *f,
 
     fd = ngx_open_file(f->path.data, NGX_FILE_RDONLY, NGX_FILE_OPEN, 0);
     if (fd == NGX_INVALID_FILE) {
+        ngx_http_idem_audit_file_new_chain(f, log);
         return NGX_OK;      /* a new file: the chain starts */
     }
 
@@ -333,6 +349,10 @@ ngx_http_idem_audit_file_tail(ngx_http_idem_audit_file_t *f,
 
         if (!ngx_is_file(&fi) || n == 0) {
             rc = NGX_OK;    /* /dev/null, a FIFO...: nothing to read */
+
+            if (ngx_is_file(&fi)) {
+                ngx_http_idem_audit_file_new_chain(f, log);
+            }
 
         } else if (buf && pread(fd, buf, n, off) == n) {
             rc = ngx_http_idem_audit_file_last(f, sh, buf, n, log);

@@ -15,6 +15,10 @@
 #     `verify --file` passes; a replay still answers; the retry executes
 #     once the disk syncs again. Skipped under the sanitizers (they own
 #     LD_PRELOAD) or without a C compiler.
+#   - A restart (not a reload) after a rotation, before a line went to the
+#     new empty file: a new chain starts at entry 1 and says so in the error
+#     log; `verify --file old new` fails at the new file's first line, each
+#     file verifies alone (the documented limit, docs/audit.md "Rotation").
 
 use strict;
 use warnings;
@@ -192,6 +196,34 @@ SKIP: {
     ($rc, $out, $err) = $t->audit_tool('verify', '--file', $SYNC);
     is($rc, 0, 'sync: verify --file passes after the retry') or diag("$out$err");
     ok(whole($SYNC), 'sync: every line complete');
+}
+
+# ---- a restart after a rotation, before a line went to the new file
+{
+    my ($rc, $out, $err) = $t->audit_tool('verify', '--file', $FILE);
+    my ($head) = $out =~ /^(\d+ [0-9a-f]{64})$/m;
+    rename $FILE, "$FILE.1" or die;
+    kill 'USR1', $t->nginx_pid;
+    ok($t->wait_for(sub { -e $FILE }, 5), 'rotated: the new file is opened');
+    is(-s $FILE, 0, 'rotated: and empty');
+    ok(eval { local $ENV{LD_PRELOAD} = $SHIM if $SHIM; $t->restart_nginx; 1 },
+       'rotated: a restart starts') or diag($@);
+    like($t->error_log, qr/\[notice\].*audit file "\Q$FILE\E" is empty: a new chain starts at entry 1/,
+         'rotated: the new chain is announced in the error log');
+    my $k = $t->key('after-rotation');
+    $r = $t->http(POST => '/disk/x', key => $k, json => { r => 1 });
+    is($r->{status}, 201, 'rotated: a write after the restart');
+    $t->wait_state($k, '', 'completed');
+    ($rc, $out, $err) = $t->audit_tool('verify', '--file', "$FILE.1", $FILE);
+    like($out, qr/^\Q$FILE\E:1: reordered: entry 1 follows entry \d+/m,
+         'rotated: verify old new fails at the new chain\'s first line (the documented limit)');
+    ($rc, $out, $err) = $t->audit_tool('verify', '--file', "$FILE.1");
+    is($rc, 0, 'rotated: the old file verifies alone');
+    like($out, qr/^\Q$head\E$/m, 'rotated: up to the head it had before the rotation');
+    ($rc, $out, $err) = $t->audit_tool('verify', '--anchor', join(':', split / /, $head), '--file', "$FILE.1");
+    is($rc, 0, 'rotated: and anchored by that head') or diag("$out$err");
+    ($rc, $out, $err) = $t->audit_tool('verify', '--file', $FILE);
+    like($out, qr/^4 [0-9a-f]{64}$/m, 'rotated: the new file verifies alone, from entry 1');
 }
 
 done_testing;
