@@ -589,7 +589,7 @@ ngx_http_idem_audit_file_put(ngx_http_idem_audit_file_t *f,
         && ngx_http_idem_audit_file_undo(f, size, w, log) == NGX_OK)
     {
         /* nothing of it stays: the head and "torn" are as they were */
-        ngx_log_error(NGX_LOG_ALERT, log, ngx_errno,
+        ngx_log_error(NGX_LOG_ALERT, log, 0,
                       "idempotency: write() of %ui audit entries to \"%V\" "
                       "cut short (%z of %z bytes), undone", n, &f->path,
                       w, (ssize_t) (p - start));
