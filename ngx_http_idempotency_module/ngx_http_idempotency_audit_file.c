@@ -303,6 +303,21 @@ ngx_http_idem_audit_file_last(ngx_http_idem_audit_file_t *f,
 }
 
 
+/*
+ * The head lives in the zone and in the file's last line only: a restart
+ * on a file rotated away before a line went to the new one starts a new
+ * chain, and the operator needs to know where it starts (docs/audit.md).
+ */
+static void
+ngx_http_idem_audit_file_new_chain(ngx_http_idem_audit_file_t *f,
+    ngx_log_t *log)
+{
+    ngx_log_error(NGX_LOG_NOTICE, log, 0,
+                  "idempotency: audit file \"%V\" is empty: a new chain "
+                  "starts at entry 1", &f->path);
+}
+
+
 static ngx_int_t
 ngx_http_idem_audit_file_tail(ngx_http_idem_audit_file_t *f,
     ngx_http_idem_audit_file_sh_t *sh, ngx_log_t *log)
@@ -318,6 +333,7 @@ ngx_http_idem_audit_file_tail(ngx_http_idem_audit_file_t *f,
 
     fd = ngx_open_file(f->path.data, NGX_FILE_RDONLY, NGX_FILE_OPEN, 0);
     if (fd == NGX_INVALID_FILE) {
+        ngx_http_idem_audit_file_new_chain(f, log);
         return NGX_OK;      /* a new file: the chain starts */
     }
 
@@ -333,6 +349,10 @@ ngx_http_idem_audit_file_tail(ngx_http_idem_audit_file_t *f,
 
         if (!ngx_is_file(&fi) || n == 0) {
             rc = NGX_OK;    /* /dev/null, a FIFO...: nothing to read */
+
+            if (ngx_is_file(&fi)) {
+                ngx_http_idem_audit_file_new_chain(f, log);
+            }
 
         } else if (buf && pread(fd, buf, n, off) == n) {
             rc = ngx_http_idem_audit_file_last(f, sh, buf, n, log);
@@ -463,8 +483,13 @@ ngx_http_idem_audit_file_lines(ngx_http_idem_audit_file_t *f,
 }
 
 
-/* the head moves past the first "done" lines; fsync= and the anchors */
-static void
+/*
+ * The head moves past the first "done" lines; fsync= and the anchors.
+ * NGX_ERROR when fdatasync() failed: the lines are in the file (the head
+ * has moved past them) but maybe not on the disk, so the batch counts as
+ * not written.
+ */
+static ngx_int_t
 ngx_http_idem_audit_file_moved(ngx_http_idem_audit_file_t *f,
     ngx_http_idem_audit_file_sh_t *sh, ngx_uint_t done,
     u_char (*hashes)[IDEM_AUDIT_HASH_LEN + 1], ngx_log_t *log)
@@ -496,8 +521,31 @@ ngx_http_idem_audit_file_moved(ngx_http_idem_audit_file_t *f,
             ngx_log_error(NGX_LOG_ALERT, log, ngx_errno,
                           "idempotency: fdatasync() of audit file \"%V\" "
                           "failed", &f->path);
+            return NGX_ERROR;
         }
     }
+
+    return NGX_OK;
+}
+
+
+/*
+ * A write() cut short left part of a line: the file is cut back to its
+ * size before the write, so that the batch is all or none and the next
+ * line follows a complete one. NGX_OK when undone.
+ */
+static ngx_int_t
+ngx_http_idem_audit_file_undo(ngx_http_idem_audit_file_t *f, off_t size,
+    ssize_t w, ngx_log_t *log)
+{
+    if (size < 0 || ftruncate(f->file->fd, size) == -1) {
+        ngx_log_error(NGX_LOG_ALERT, log, size < 0 ? 0 : ngx_errno,
+                      "idempotency: the %z bytes of a cut write to audit "
+                      "file \"%V\" stay: ftruncate() failed", w, &f->path);
+        return NGX_ERROR;
+    }
+
+    return NGX_OK;
 }
 
 
@@ -507,9 +555,11 @@ ngx_http_idem_audit_file_put(ngx_http_idem_audit_file_t *f,
     ngx_http_idem_audit_file_sh_t *sh, idem_audit_entry_t *e, ngx_uint_t n,
     u_char *buf, ngx_log_t *log)
 {
-    u_char      *p, *start, *ends[4], hashes[4][IDEM_AUDIT_HASH_LEN + 1];
-    ssize_t      w;
-    ngx_uint_t   i, done;
+    u_char           *p, *start, *ends[4], hashes[4][IDEM_AUDIT_HASH_LEN + 1];
+    off_t             size;
+    ssize_t           w;
+    ngx_uint_t        i, done;
+    ngx_file_info_t   fi;
 
     if (ngx_http_idem_audit_file_current(f, sh, log) != NGX_OK) {
         ngx_log_error(NGX_LOG_ALERT, log, ngx_errno,
@@ -517,6 +567,9 @@ ngx_http_idem_audit_file_put(ngx_http_idem_audit_file_t *f,
                       &f->path);
         return NGX_ERROR;
     }
+
+    /* under the mutex, the only writer: the end the write will start at */
+    size = ngx_fd_info(f->file->fd, &fi) == NGX_FILE_ERROR ? -1 : fi.st_size;
 
     start = buf;
     p = buf;
@@ -532,6 +585,17 @@ ngx_http_idem_audit_file_put(ngx_http_idem_audit_file_t *f,
 
     w = write(f->file->fd, start, p - start);
 
+    if (w > 0 && w != p - start
+        && ngx_http_idem_audit_file_undo(f, size, w, log) == NGX_OK)
+    {
+        /* nothing of it stays: the head and "torn" are as they were */
+        ngx_log_error(NGX_LOG_ALERT, log, 0,
+                      "idempotency: write() of %ui audit entries to \"%V\" "
+                      "cut short (%z of %z bytes), undone", n, &f->path,
+                      w, (ssize_t) (p - start));
+        return NGX_ERROR;
+    }
+
     for (done = 0, i = 0; w > 0 && i < n && ends[i] <= start + w; i++) {
         done++;
     }
@@ -541,7 +605,9 @@ ngx_http_idem_audit_file_put(ngx_http_idem_audit_file_t *f,
                                                      != start + w);
     }
 
-    ngx_http_idem_audit_file_moved(f, sh, done, hashes, log);
+    if (ngx_http_idem_audit_file_moved(f, sh, done, hashes, log) != NGX_OK) {
+        return NGX_ERROR;
+    }
 
     if (w == p - start) {
         return NGX_OK;
