@@ -167,6 +167,7 @@ typedef struct {
      * "loc_tag" names the location to the holder of an identity.
      */
     ngx_uint_t                   guarded;
+    ngx_str_t                    loc_name;         /* for the error log */
     ngx_str_t                    allow;
     ngx_array_t                 *json_types;       /* ngx_str_t, lowercase */
     ngx_str_t                    unique_ns;

@@ -903,9 +903,14 @@ static char *
 ngx_http_idem_guard_merge(ngx_conf_t *cf, ngx_http_idem_loc_conf_t *prev,
     ngx_http_idem_loc_conf_t *conf)
 {
+    ngx_http_core_loc_conf_t  *clcf;
+
     if (ngx_http_idem_check_json_types(cf, conf) != NGX_CONF_OK) {
         return NGX_CONF_ERROR;
     }
+
+    clcf = ngx_http_conf_get_module_loc_conf(cf, ngx_http_core_module);
+    conf->loc_name = clcf->name;
 
     conf->guarded = conf->enable && !conf->ops
                     && (conf->confirm || conf->unique || conf->lock);
