@@ -80,6 +80,8 @@ typedef struct {
     ngx_array_t                  audit_files;
                                  /* ngx_http_idem_audit_file_t * */
     ngx_int_t                    request_id;   /* $request_id's index */
+    ngx_array_t                 *unique_nss;   /* ngx_str_t: location
+                                                  identity namespaces */
 } ngx_http_idem_main_conf_t;
 
 
