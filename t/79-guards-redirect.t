@@ -49,6 +49,15 @@ server {
     location \@plain {
         proxy_pass http://%%UPSTREAM%%;
     }
+    location /off {
+        idempotency off;
+        try_files /maintenance.html \@app;
+    }
+    location /err {
+        proxy_intercept_errors on;
+        error_page 418 = \@app;
+        proxy_pass http://%%UPSTREAM%%;
+    }
     location /direct {
         idempotency_confirm on;
         proxy_pass http://%%UPSTREAM%%;
@@ -91,6 +100,25 @@ my $pay = { amount => 990000, to => 'Mallory Ltd' };
     my $r = post('/events', $k, { source_event_id => 'e1' });
     is($r->{status}, 500, 'guarded /events into guarded @events: 500');
     is($t->effects(uri => '/events'), 0, '... 0 effects');
+}
+
+# ---- error_page: /err proxied its keyless request (unguarded, 1 effect),
+# the upstream's 418 is redirected into @app: refused, not proxied again
+{
+    my $r = $t->http(POST => '/err', body => $JS->encode($pay),
+                     headers => [ 'Content-Type' => 'application/json', 'X-Status' => 418 ]);
+    is($r->{status}, 500, 'error_page from /err into guarded @app: 500');
+    is($t->effects(uri => '/err'), 1, '... only /err\'s own effect, @app never proxied');
+}
+
+# ---- a first location without idempotency made no context: the guarded
+# location guards the request as if it came directly
+{
+    my $r = post('/off', undef, $pay);
+    $t->is_problem($r, 400, 'key-missing', name => '/off (idempotency off) into @app, no key: 400 key-missing');
+    $r = post('/off', $t->key('off'), $pay);
+    is($r->{status}, 428, '/off into @app with a key: 428, a proposal');
+    is($t->effects(uri => '/off'), 0, '... 0 effects');
 }
 
 # ---- controls: an unguarded redirect, and the guard reached directly
