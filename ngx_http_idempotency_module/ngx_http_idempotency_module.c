@@ -773,8 +773,8 @@ ngx_http_idem_check_cluster(ngx_conf_t *cf, ngx_http_idem_loc_conf_t *conf)
 
 /*
  * Two locations whose default namespace is the same (servers without a
- * server_name, or with the same first one, and the same location name)
- * would answer one's event with the other's stored body.  An address in
+ * server_name, or with the same first one, and the same location name; or
+ * "location = /x" beside "location /x" in one server) would answer one's event with the other's stored body.  An address in
  * the name would tell them apart but differ between the hosts of a cluster
  * sharing one Redis, so the configuration is refused instead.  An "if" or
  * "limit_except" block is its location's own (noname), never a second one.
@@ -808,12 +808,14 @@ ngx_http_idem_unique_ns_check(ngx_conf_t *cf, ngx_http_idem_loc_conf_t *conf,
         {
             ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                                "\"idempotency_unique\" of location \"%V\" "
-                               "shares its identities with a location of "
-                               "the same name in another server with the "
-                               "server_name \"%V\": one's event would be "
-                               "answered with the other's body; give the "
-                               "servers distinct server_name values, or "
-                               "name the identity with shared=NAME",
+                               "shares its identities with another location "
+                               "of the same name (in a server with the same "
+                               "server_name \"%V\", or \"=\", \"^~\" or a "
+                               "regular expression beside a prefix): one's "
+                               "event would be answered with the other's "
+                               "body; give the servers distinct server_name "
+                               "values, or name the identity with "
+                               "shared=NAME",
                                &clcf->name, &cscf->server_name);
             return NGX_CONF_ERROR;
         }

@@ -339,11 +339,15 @@ for my $c (
     my $U = 'idempotency_unique ev:$http_x_event;';
     for my $c (
         [ 'two servers without a server_name, one location name', $srv->(undef, '%%PORT%%', $U) . $srv->(undef, $p2, $U),
-          qr/\[emerg\].*"idempotency_unique" of location "\/events" shares its identities with a location of the same name in another server with the server_name "".*server_name.*shared=NAME/ ],
+          qr/\[emerg\].*"idempotency_unique" of location "\/events" shares its identities with another location of the same name \(in a server with the same server_name "".*server_name.*shared=NAME/ ],
         [ 'two servers named "_", one location name', $srv->('_', '%%PORT%%', $U) . $srv->('_', $p2, $U),
           qr/\[emerg\].*"idempotency_unique" of location "\/events" shares its identities.*server_name "_"/ ],
         [ 'same first server_name, other names apart', $srv->('a.example b.example', '%%PORT%%', $U) . $srv->('a.example c.example', $p2, $U),
           qr/\[emerg\].*"idempotency_unique" of location "\/events" shares its identities/ ],
+        [ 'an exact and a prefix location of one name', "server { listen 127.0.0.1:%%PORT%%; server_name a.example; $R "
+          . "location = /events { idempotency on; $U proxy_pass http://127.0.0.1:1; } "
+          . "location /events { idempotency on; $U proxy_pass http://127.0.0.1:1; } }",
+          qr/\[emerg\].*"idempotency_unique" of location "\/events" shares its identities.*server_name "a.example"/ ],
         [ 'two servers with distinct server_names', $srv->('a.example', '%%PORT%%', $U) . $srv->('b.example', $p2, $U) ],
         [ 'two unnamed servers, the identity shared= by name', $srv->(undef, '%%PORT%%', "idempotency_unique ev:\$http_x_event shared=ev;")
           . $srv->(undef, $p2, "idempotency_unique ev:\$http_x_event shared=ev;") ],
