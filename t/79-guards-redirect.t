@@ -58,6 +58,9 @@ server {
         error_page 418 = \@app;
         proxy_pass http://%%UPSTREAM%%;
     }
+    location /accel {
+        proxy_pass http://%%UPSTREAM%%;
+    }
     location /direct {
         idempotency_confirm on;
         proxy_pass http://%%UPSTREAM%%;
@@ -109,6 +112,19 @@ my $pay = { amount => 990000, to => 'Mallory Ltd' };
                      headers => [ 'Content-Type' => 'application/json', 'X-Status' => 418 ]);
     is($r->{status}, 500, 'error_page from /err into guarded @app: 500');
     is($t->effects(uri => '/err'), 1, '... only /err\'s own effect, @app never proxied');
+}
+
+# ---- X-Accel-Redirect: /accel claimed its key and proxied (1 effect), its
+# upstream's answer moves the request into @app: refused, @app never proxied
+{
+    my $k = $t->key('accel');
+    my $r = $t->http(POST => '/accel', key => $k, body => $JS->encode($pay),
+                     headers => [ 'Content-Type' => 'application/json',
+                                  'X-Reply-Header' => 'X-Accel-Redirect: @app' ]);
+    is($r->{status}, 500, 'X-Accel-Redirect from /accel into guarded @app: 500');
+    is($t->effects(uri => '/accel'), 1, '... only /accel\'s own effect, @app never proxied');
+    like($t->error_log, qr/redirected internally from location "\/accel" into guarded location "\@app" is refused/,
+         '... refused by the guard (not an nginx redirect loop): error.log names both locations');
 }
 
 # ---- a first location without idempotency made no context: the guarded
