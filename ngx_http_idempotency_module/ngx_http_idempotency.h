@@ -80,6 +80,8 @@ typedef struct {
     ngx_array_t                  audit_files;
                                  /* ngx_http_idem_audit_file_t * */
     ngx_int_t                    request_id;   /* $request_id's index */
+    ngx_array_t                 *unique_nss;   /* ngx_str_t: location
+                                                  identity namespaces */
 } ngx_http_idem_main_conf_t;
 
 
@@ -167,6 +169,7 @@ typedef struct {
      * "loc_tag" names the location to the holder of an identity.
      */
     ngx_uint_t                   guarded;
+    ngx_str_t                    loc_name;         /* for the error log */
     ngx_str_t                    allow;
     ngx_array_t                 *json_types;       /* ngx_str_t, lowercase */
     ngx_str_t                    unique_ns;

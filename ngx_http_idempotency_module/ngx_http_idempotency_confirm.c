@@ -264,6 +264,123 @@ ngx_http_idem_confirm_check_show(ngx_conf_t *cf,
 }
 
 
+/*
+ * A variable of idempotency_confirm_describe is shown to the person as the
+ * show pointers are: a JSON variable the fingerprint leaves out, or a
+ * header it does not count, could change after the yes.
+ */
+static char *
+ngx_http_idem_confirm_describe_var(ngx_conf_t *cf,
+    ngx_http_idem_loc_conf_t *conf, ngx_str_t *name)
+{
+    u_char                     c;
+    ngx_str_t                 *h;
+    ngx_uint_t                 i, j;
+    ngx_http_idem_json_var_t  *jv;
+    ngx_http_idem_main_conf_t *mcf;
+
+    mcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_idempotency_module);
+    jv = mcf->json_vars.elts;
+
+    for (i = 0; i < mcf->json_vars.nelts; i++) {
+        if (jv[i].name.len == name->len
+            && ngx_strncasecmp(jv[i].name.data, name->data, name->len) == 0
+            && conf->fp_exclude
+            && idem_ptr_set_overlaps(conf->fp_exclude,
+                                     &jv[i].pointer.parsed))
+        {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "\"idempotency_confirm_describe\" shows "
+                               "$%V, whose member %V is, holds or is inside "
+                               "a member that "
+                               "\"idempotency_fingerprint_exclude\" leaves "
+                               "out of the fingerprint: the person would "
+                               "approve a value the request can change",
+                               name, &jv[i].pointer.text);
+            return NGX_CONF_ERROR;
+        }
+    }
+
+    if (name->len <= 5 || ngx_strncasecmp(name->data, (u_char *) "http_", 5))
+    {
+        return NGX_CONF_OK;
+    }
+
+    h = conf->fp_headers ? conf->fp_headers->elts : NULL;
+
+    for (i = 0; h && i < conf->fp_headers->nelts; i++) {
+        if (h[i].len != name->len - 5) {
+            continue;
+        }
+
+        for (j = 0; j < h[i].len; j++) {
+            c = ngx_tolower(name->data[5 + j]);
+            if ((c == '_' ? '-' : c) != h[i].data[j]) {
+                break;
+            }
+        }
+
+        if (j == h[i].len) {
+            return NGX_CONF_OK;
+        }
+    }
+
+    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                       "\"idempotency_confirm_describe\" shows $%V, a "
+                       "header that \"idempotency_fingerprint_headers\" "
+                       "does not list: the person would approve a value the "
+                       "request can change (list the header there)", name);
+    return NGX_CONF_ERROR;
+}
+
+
+/* each $name or ${name} of the describe's text */
+static char *
+ngx_http_idem_confirm_check_describe(ngx_conf_t *cf,
+    ngx_http_idem_loc_conf_t *conf)
+{
+    u_char     *p, *end;
+    ngx_str_t   name;
+
+    if (conf->confirm_describe == NULL || conf->confirm == NULL) {
+        return NGX_CONF_OK;
+    }
+
+    p = conf->confirm_describe->value.data;
+    end = p + conf->confirm_describe->value.len;
+
+    while (p < end) {
+        if (*p++ != '$') {
+            continue;
+        }
+
+        if (p < end && *p == '{') {
+            p++;
+        }
+
+        name.data = p;
+
+        while (p < end && (*p == '_' || (*p >= 'a' && *p <= 'z')
+                           || (*p >= 'A' && *p <= 'Z')
+                           || (*p >= '0' && *p <= '9')))
+        {
+            p++;
+        }
+
+        name.len = p - name.data;
+
+        if (name.len
+            && ngx_http_idem_confirm_describe_var(cf, conf, &name)
+               != NGX_CONF_OK)
+        {
+            return NGX_CONF_ERROR;
+        }
+    }
+
+    return NGX_CONF_OK;
+}
+
+
 /* idempotency_confirm_link: an absolute http(s) URL, ?op= is appended */
 static char *
 ngx_http_idem_confirm_check_link(ngx_conf_t *cf,
@@ -319,6 +436,7 @@ ngx_http_idem_confirm_merge(ngx_conf_t *cf, ngx_http_idem_loc_conf_t *prev,
     }
 
     if (ngx_http_idem_confirm_check_show(cf, conf) != NGX_CONF_OK
+        || ngx_http_idem_confirm_check_describe(cf, conf) != NGX_CONF_OK
         || ngx_http_idem_confirm_check_link(cf, conf) != NGX_CONF_OK)
     {
         return NGX_CONF_ERROR;

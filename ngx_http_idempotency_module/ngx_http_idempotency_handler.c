@@ -119,10 +119,50 @@ ngx_http_idem_first_look(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
 }
 
 
+/*
+ * An internal redirect (try_files, error_page, X-Accel-Redirect, a named
+ * location) into a guarded location, of a request another location's
+ * settings already handled: it was let through there without a key, or
+ * claimed there under the other location's confirmation, identity and
+ * lock.  Either way this location's guards never looked at it, and they
+ * cannot now (the body may be gone, the claim is the other's): it is
+ * refused, never passed on.  A claim the first location made is given back
+ * unless its upstream was reached.
+ */
+static ngx_int_t
+ngx_http_idem_redirected(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
+    ngx_http_idem_loc_conf_t *lcf)
+{
+    static ngx_str_t  none = ngx_string("?");
+
+    ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                  "idempotency: request redirected internally from location "
+                  "\"%V\" into guarded location \"%V\" is refused: it was "
+                  "handled under the first location's settings, which the "
+                  "guards of \"%V\" are not; give the guards to the "
+                  "location the request first reaches",
+                  ctx->conf ? &ctx->conf->loc_name : &none, &lcf->loc_name,
+                  &lcf->loc_name);
+
+    if (ctx->claimed && ctx->end == NGX_HTTP_IDEM_END_NONE) {
+        (void) ngx_http_idem_finish(r, ctx,
+                                    (r->upstream && r->upstream->request_sent)
+                                    ? NGX_HTTP_IDEM_END_FAIL
+                                    : NGX_HTTP_IDEM_END_RELEASE);
+    }
+
+    ctx->phase = NGX_HTTP_IDEM_DONE;
+    ctx->outcome = NGX_HTTP_IDEM_OUT_REJECTED;
+
+    return NGX_HTTP_INTERNAL_SERVER_ERROR;
+}
+
+
 ngx_int_t
 ngx_http_idem_precontent_handler(ngx_http_request_t *r)
 {
-    ngx_http_idem_ctx_t  *ctx;
+    ngx_http_idem_ctx_t       *ctx;
+    ngx_http_idem_loc_conf_t  *lcf;
 
     if (r != r->main) {
         return NGX_DECLINED;
@@ -132,6 +172,12 @@ ngx_http_idem_precontent_handler(ngx_http_request_t *r)
 
     if (ctx == NULL || ctx->phase == NGX_HTTP_IDEM_NEW) {
         return ngx_http_idem_first_look(r, ctx);
+    }
+
+    lcf = ngx_http_get_module_loc_conf(r, ngx_http_idempotency_module);
+
+    if (lcf->guarded && ctx->conf != lcf) {
+        return ngx_http_idem_redirected(r, ctx, lcf);
     }
 
     switch (ctx->phase) {

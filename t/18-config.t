@@ -325,6 +325,46 @@ for my $c (
     unlike($out, qr/\[warn\].*idempotency_store_failure/, 'no warning where no guard is') or diag($out);
 }
 
+# ---- idempotency_unique: a location's identities are its own, named by the
+# server's first server_name and the location's name (the same on every host
+# of a cluster). Two servers whose names are the same (or absent) and a
+# location of the same name would share them: nginx -t refuses that.
+{
+    my $p2 = Idem::Test::free_port();
+    my $srv = sub {
+        my ($name, $port, $loc) = @_;
+        return "server { listen 127.0.0.1:$port; @{[ defined $name ? \"server_name $name;\" : '' ]} $R "
+             . "location /events { idempotency on; $loc proxy_pass http://127.0.0.1:1; } }";
+    };
+    my $U = 'idempotency_unique ev:$http_x_event;';
+    for my $c (
+        [ 'two servers without a server_name, one location name', $srv->(undef, '%%PORT%%', $U) . $srv->(undef, $p2, $U),
+          qr/\[emerg\].*"idempotency_unique" of location "\/events" shares its identities with another location of the same name \(in a server with the same server_name "".*server_name.*shared=NAME/ ],
+        [ 'two servers named "_", one location name', $srv->('_', '%%PORT%%', $U) . $srv->('_', $p2, $U),
+          qr/\[emerg\].*"idempotency_unique" of location "\/events" shares its identities.*server_name "_"/ ],
+        [ 'same first server_name, other names apart', $srv->('a.example b.example', '%%PORT%%', $U) . $srv->('a.example c.example', $p2, $U),
+          qr/\[emerg\].*"idempotency_unique" of location "\/events" shares its identities/ ],
+        [ 'an exact and a prefix location of one name', "server { listen 127.0.0.1:%%PORT%%; server_name a.example; $R "
+          . "location = /events { idempotency on; $U proxy_pass http://127.0.0.1:1; } "
+          . "location /events { idempotency on; $U proxy_pass http://127.0.0.1:1; } }",
+          qr/\[emerg\].*"idempotency_unique" of location "\/events" shares its identities.*server_name "a.example"/ ],
+        [ 'two servers with distinct server_names', $srv->('a.example', '%%PORT%%', $U) . $srv->('b.example', $p2, $U) ],
+        [ 'two unnamed servers, the identity shared= by name', $srv->(undef, '%%PORT%%', "idempotency_unique ev:\$http_x_event shared=ev;")
+          . $srv->(undef, $p2, "idempotency_unique ev:\$http_x_event shared=ev;") ],
+        [ 'two unnamed servers, one with unique', $srv->(undef, '%%PORT%%', $U) . $srv->(undef, $p2, '') ],
+        [ 'one location with if and limit_except inside', $srv->(undef, '%%PORT%%', "$U if (\$http_x_a) { set \$x 1; } limit_except GET POST { deny all; }") ],
+    ) {
+        my ($what, $conf, $want) = @$c;
+        my ($rc, $out) = $t->nginx_test_conf($conf);
+        if ($want) {
+            isnt($rc, 0, "nginx -t refuses: $what");
+            like($out, $want, '... naming the location and the way out') or diag($out);
+        } else {
+            is($rc, 0, "nginx -t accepts: $what") or diag($out);
+        }
+    }
+}
+
 # ---- idempotency_audit: the key file is read by nginx -t, each fault named;
 # the identity is never the scope nor a credential; a reference header is
 # never one that carries secrets; one stream, one key

@@ -299,6 +299,32 @@ conf_ok('an empty label', "$K idempotency_confirm_show /amount label=;", qr/labe
 conf_ok('a relative link', "$K idempotency_confirm_link /approve;", qr/idempotency_confirm_link/);
 conf_ok('a link with a fragment', "$K idempotency_confirm_link https://x.example/a#b;", qr/idempotency_confirm_link/);
 conf_ok('describe twice', "$K idempotency_confirm_describe a; idempotency_confirm_describe b;", qr/duplicate/);
+# the describe is shown to the person as the show pointers are: a JSON
+# variable the fingerprint leaves out, or a header it does not count, would
+# let the retry pay someone else under the approved fingerprint
+for my $c (
+    [ 'describe of a member apart from the excluded ones', '$amount to $payee', '/memo', undef ],
+    [ 'describe of a member inside an excluded one', 'Pay $amount to $payee', '/meta',
+      qr/\[emerg\].*"idempotency_confirm_describe" shows \$payee, whose member \/meta\/to is.*"idempotency_fingerprint_exclude"/ ],
+    [ 'describe of a member equal to an excluded one', 'Pay ${amount} to $payee', '/memo /amount',
+      qr/\[emerg\].*"idempotency_confirm_describe" shows \$amount/ ],
+    [ 'describe of a member holding an excluded one', 'Pay $amount to $meta', '/meta/trace',
+      qr/\[emerg\].*"idempotency_confirm_describe" shows \$meta/ ],
+    [ 'describe of a header not fingerprinted', 'Pay $amount to $http_x_payee', '/memo',
+      qr/\[emerg\].*"idempotency_confirm_describe" shows \$http_x_payee.*"idempotency_fingerprint_headers"/ ],
+    [ 'describe of a header fingerprinted', 'Pay $amount to $http_x_payee', '/memo', undef, 'idempotency_fingerprint_headers X-Payee;' ],
+) {
+    my ($what, $text, $ex, $want, $more) = @$c;
+    my ($rc, $out) = $t->nginx_test_conf('idempotency_json_var $amount /amount; idempotency_json_var $payee /meta/to; idempotency_json_var $meta /meta; '
+        . "server { listen 127.0.0.1:%%PORT%%; idempotency_redis 127.0.0.1:1; location / { $K idempotency_fingerprint_exclude $ex; "
+        . "idempotency_confirm_describe \"$text\"; @{[ $more // '' ]} proxy_pass http://127.0.0.1:1; } }");
+    if (defined $want) {
+        isnt($rc, 0, "nginx -t refuses: $what");
+        like($out, $want, '... naming the directive, the variable and why') or diag($out);
+    } else {
+        is($rc, 0, "nginx -t accepts: $what") or diag($out);
+    }
+}
 {
     my ($rc, $out);
     my $loc = sub { "server { listen 127.0.0.1:%%PORT%%; idempotency_redis 127.0.0.1:1; location = /approve { $_[0] } }" };
