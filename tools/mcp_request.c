@@ -36,10 +36,14 @@ typedef struct {
 } req_t;
 
 
-/* the headers an agent may never set: the credentials and the key */
+/* the headers an agent may never set: the credentials and the key, and
+ * those that make a proxy or framework see another method or path than
+ * the one checked (X-Forwarded-* too, in req_header_allowed) */
 static const char  *req_forbidden[] = {
     "Authorization", "Cookie", "Proxy-Authorization", "Idempotency-Key",
-    "Content-Type", "Content-Length", "Transfer-Encoding", "Host", NULL
+    "Content-Type", "Content-Length", "Transfer-Encoding", "Host",
+    "X-HTTP-Method-Override", "X-HTTP-Method", "X-Method-Override",
+    "X-Original-URL", "X-Rewrite-URL", "Forwarded", NULL
 };
 
 
@@ -48,6 +52,48 @@ req_refuse(req_t *rq, const char *fmt, const char *what)
 {
     snprintf(rq->why, sizeof(rq->why), fmt, what);
     return -1;
+}
+
+
+/* a "." or ".." segment, also with ";params" after it (servlet-style
+ * servers drop them, then resolve the dots) */
+static int
+req_dot_segment(const char *s)
+{
+    size_t  n = (s[0] == '.') ? ((s[1] == '.') ? 2 : 1) : 0;
+
+    return n > 0 && s[-1] == '/'
+           && (s[n] == '/' || s[n] == '\0' || s[n] == '?' || s[n] == ';');
+}
+
+
+/* "%2e", "%2f", "%5c", "%25": an escaped dot, slash, backslash or percent
+ * may be decoded by a server behind the target into a segment the check
+ * never saw */
+static int
+req_escaped(const char *s)
+{
+    return s[0] == '%'
+           && (strncasecmp(s + 1, "2e", 2) == 0
+               || strncasecmp(s + 1, "2f", 2) == 0
+               || strncasecmp(s + 1, "5c", 2) == 0
+               || strncmp(s + 1, "25", 2) == 0);
+}
+
+
+/* the path is under the prefix at a segment boundary: "/tickets" is not a
+ * prefix of "/tickets-admin"; a prefix ending with "/" needs no boundary */
+static int
+req_under(const char *p, const char *prefix)
+{
+    size_t  n = strlen(prefix);
+
+    if (strncmp(p, prefix, n) != 0) {
+        return 0;
+    }
+
+    return (n > 0 && prefix[n - 1] == '/')
+           || p[n] == '\0' || p[n] == '/' || p[n] == '?';
 }
 
 
@@ -70,17 +116,15 @@ req_path(req_t *rq)
             return req_refuse(rq, "path: \"%.200s\" has a space, a control"
                               " character, a backslash or a fragment", p);
         }
-        if (strncasecmp(s, "%2e", 3) == 0 || strncasecmp(s, "%2f", 3) == 0
-            || (s[0] == '.' && s[1] == '.' && s[-1] == '/'
-                && (s[2] == '/' || s[2] == '\0' || s[2] == '?')))
-        {
-            return req_refuse(rq, "path: \"%.200s\" has a \"..\" segment (or"
-                              " an encoded dot or slash)", p);
+        if (req_escaped(s) || req_dot_segment(s)) {
+            return req_refuse(rq, "path: \"%.200s\" has a \".\" or \"..\""
+                              " segment (or an escaped dot, slash, backslash"
+                              " or percent)", p);
         }
     }
 
     for (i = 0; i < rq->t->npaths; i++) {
-        if (strncmp(p, rq->t->paths[i], strlen(rq->t->paths[i])) == 0) {
+        if (req_under(p, rq->t->paths[i])) {
             return 0;
         }
     }
@@ -122,7 +166,9 @@ req_header_allowed(req_t *rq, const char *name)
     }
 
     for (f = req_forbidden; *f != NULL; f++) {
-        if (strcasecmp(*f, name) == 0) {
+        if (strcasecmp(*f, name) == 0
+            || strncasecmp(name, "X-Forwarded-", 12) == 0)
+        {
             return req_refuse(rq, "headers: %.64s may not be set by the"
                               " caller (the server sets it)", name);
         }
@@ -350,8 +396,8 @@ res_response(call_resp_t *r)
             /* bytes that are not text: the model gets their size only */
             cJSON_AddNullToObject(o, "body");
             cJSON_AddBoolToObject(o, "binary", 1);
-            cJSON_AddNumberToObject(o, "body_bytes", (double) r->len);
-            cJSON_AddBoolToObject(o, "truncated", 0);
+            cJSON_AddNumberToObject(o, "body_bytes", (double) r->total);
+            cJSON_AddBoolToObject(o, "truncated", r->truncated);
             return o;
         }
         n = k;
@@ -361,7 +407,7 @@ res_response(call_resp_t *r)
     }
 
     cJSON_AddItemToObject(o, "body", b);
-    cJSON_AddBoolToObject(o, "truncated", n < r->len);
+    cJSON_AddBoolToObject(o, "truncated", n < r->len || r->truncated);
     return o;
 }
 
@@ -551,6 +597,8 @@ req_send(req_t *rq, call_state_t *st, volatile int *cancel)
     run.max_time_ms = rq->t->max_time_ms;
     run.deadline = call_now_ms() + rq->t->deadline_ms;
     run.cancel = cancel;
+    run.resp.cap = MCP_STORE_MAX;
+    run.status.cap = MCP_STORE_MAX;
 
     if (run.headers == NULL || call_run_loop(&run) != 0) {
         curl_slist_free_all(run.headers);

@@ -128,6 +128,8 @@ async function basics(c) {
     report.binary = await req(c, { operation: 't-binary', path: '/tickets', body: { title: 'b' },
         headers: { 'X-Body-Size': '70000' } });
     report.status = await call(c, 'operation_status', { operation: 't-created', target: 'api' });
+    report.big = await req(c, { operation: 't-big', path: '/tickets', body: { title: 'big' },
+        headers: { 'X-Body-Size': '3000000' } });
     report.list = await call(c, 'list_operations', {});
 }
 
@@ -227,6 +229,21 @@ async function refusals(c) {
     r.wrongType = await call(c, 'idempotent_request', { operation: 5, target: 'api', path: '/tickets' });
     r.unknownTool = await call(c, 'no_such_tool', {});
     r.badOp = await req(c, { operation: '../etc', path: '/tickets', body: {} });
+    r.dotdotParam = await req(c, { operation: 'r-9', path: '/tickets/..;/admin/users', body: {} });
+    r.dotParam = await req(c, { operation: 'r-10', path: '/tickets/.;x/admin/users', body: {} });
+    r.escDot = await req(c, { operation: 'r-11', path: '/tickets/%2E%2e/admin/users', body: {} });
+    r.escSlash = await req(c, { operation: 'r-12', path: '/tickets/..%2fadmin/users', body: {} });
+    r.escBackslash = await req(c, { operation: 'r-13', path: '/tickets/..%5cadmin/users', body: {} });
+    r.escPercent = await req(c, { operation: 'r-14', path: '/tickets/%252e%252e/admin/users', body: {} });
+    r.backslash = await req(c, { operation: 'r-15', path: '/tickets\\..\\admin/users', body: {} });
+    r.noBoundary = await req(c, { operation: 'r-16', path: '/tickets-admin/users', body: {} });
+    r.overrideHeader = await req(c, { operation: 'r-17', path: '/tickets', body: {},
+        headers: { 'x-http-method-override': 'DELETE' } });
+    r.forwardedHeader = await req(c, { operation: 'r-18', path: '/tickets', body: {},
+        headers: { 'X-Forwarded-Host': 'admin.internal' } });
+    r.originalUrl = await req(c, { operation: 'r-19', path: '/tickets', body: {},
+        headers: { 'X-Original-URL': '/admin/users' } });
+    r.statusOtherTarget = await call(c, 'operation_status', { operation: 't-created', target: 'other' });
     report.refusals = r;
     report.pingAfterRefusals = JSON.stringify(await c.ping());
 }
