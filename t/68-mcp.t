@@ -15,6 +15,7 @@ use lib "$FindBin::Bin/lib";
 use Test::More;
 use JSON::PP;
 use POSIX ();
+use Digest::SHA ();
 use Idem::Test;
 
 my $ROOT = "$FindBin::Bin/..";
@@ -358,6 +359,20 @@ for my $v (qw(2025-11-25 2025-06-18 2025-03-26)) {
     is($R->{pingAfterRefusals}, '{}', 'ping answered after the refusals');
     is(scalar($t->effect_list(uri => '/admin/users')), 0, 'nothing sent for a refusal');
     ok(!-e "$SD/r-1.json", 'no state file for a refusal');
+}
+
+# numbers cJSON cannot send unchanged: refused, nothing sent
+{
+    my $l = $R->{lossy} // {};
+    for my $n (qw(big exact neg inf)) {
+        is(outcome($l->{$n}), 'refused', "a body with a lossy number ($n): refused") or diag(explain($l->{$n}));
+        ok($l->{$n}{isError}, "... $n: isError");
+        like(sc($l->{$n})->{detail} // '', qr/magnitude 2\^53 \(9007199254740992\) or more, or not finite/, "... $n: says why");
+        ok(!-e "$SD/n-$n.json", "... $n: no state file");
+    }
+    is(outcome($l->{max}), 'created', '2^53 - 1 and 0.1: sent') or diag(explain($l->{max}));
+    my ($e) = $t->effect_list(key => key_of($l->{max}));
+    is($e && $e->{sha}, Digest::SHA::sha256_hex('{"n":9007199254740991,"f":0.1}'), '... unchanged');
 }
 
 # malformed JSON-RPC lines

@@ -246,12 +246,58 @@ req_headers(req_t *rq, cJSON *h, const char *ctype)
 
 
 /* body (JSON, sent as application/json) or body_text with content_type */
+/*
+ * The body's numbers, printed so that they read back as the same double:
+ * cJSON's printer accepts a 15-digit form that is only nearly equal
+ * (9007199254740991 would be sent as 9.00719925474099e+15), so each
+ * number becomes the raw text of its shortest exact form.  Refused (-1)
+ * where the parsed double is not the value the caller wrote or cannot be
+ * written at all: from 2^53 on a double no longer holds every integer
+ * (9007199254740993 parses as 2^53 itself, so 2^53 is refused too), and
+ * 1e400 parses as infinity.  -2: out of memory.
+ */
+static int
+req_numbers(cJSON *v)
+{
+    cJSON   *c;
+    double   d;
+    char     buf[32];
+    int      rc;
+
+    if (cJSON_IsNumber(v)) {
+        d = v->valuedouble;
+        if (d != d || d >= 9007199254740992.0 || d <= -9007199254740992.0) {
+            return -1;
+        }
+        snprintf(buf, sizeof(buf), "%.15g", d);
+        if (strtod(buf, NULL) != d) {
+            snprintf(buf, sizeof(buf), "%.17g", d);
+        }
+        v->valuestring = strdup(buf);
+        if (v->valuestring == NULL) {
+            return -2;
+        }
+        v->type = cJSON_Raw;
+        return 0;
+    }
+
+    for (c = v->child; c != NULL; c = c->next) {
+        if ((rc = req_numbers(c)) != 0) {
+            return rc;
+        }
+    }
+
+    return 0;
+}
+
+
 static int
 req_body(req_t *rq, cJSON *args, const char **ctype)
 {
     cJSON  *b = cJSON_GetObjectItemCaseSensitive(args, "body");
     cJSON  *bt = cJSON_GetObjectItemCaseSensitive(args, "body_text");
     cJSON  *ct = cJSON_GetObjectItemCaseSensitive(args, "content_type");
+    int     rc;
 
     *ctype = NULL;
 
@@ -265,6 +311,14 @@ req_body(req_t *rq, cJSON *args, const char **ctype)
     {
         return req_refuse(rq, "%s", "body_text and content_type: strings,"
                           " content_type only with body_text");
+    }
+
+    if (b != NULL && (rc = req_numbers(b)) != 0) {
+        return req_refuse(rq, "%s", rc == -2 ? "out of memory"
+                          : "body: a number of magnitude 2^53"
+                          " (9007199254740992) or more, or not finite,"
+                          " cannot be sent unchanged as JSON; send it as a"
+                          " string, or the whole body as body_text");
     }
 
     if (b != NULL) {
