@@ -355,6 +355,13 @@ sub start_cutter {
 
     $c = call('../evil');
     is($c->{rc}, 64, 'an --op with a slash: exit 64');
+
+    # a token given to -H without its name: refused, and never echoed
+    $c = call('badheader', headers => ["Bearer tok-$$-secret"]);
+    is($c->{rc}, 64, 'a -H without a colon: exit 64');
+    like($c->{err}, qr/-H wants 'Name: value'/, 'stderr says what -H wants');
+    unlike($c->{err}, qr/tok-$$-secret/, '... and does not show the argument');
+    ok(!-e "$SD/badheader.json", 'no state file created');
     is($t->effects, $before, 'bad input: nothing reached the upstream');
 }
 

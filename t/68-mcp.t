@@ -15,6 +15,7 @@ use lib "$FindBin::Bin/lib";
 use Test::More;
 use JSON::PP;
 use POSIX ();
+use Digest::SHA ();
 use Idem::Test;
 
 my $ROOT = "$FindBin::Bin/..";
@@ -85,7 +86,10 @@ sub spew_mode {
 my %target = (base_url => $BASE, headers => { Authorization => { env => 'MCP_TEST_TOKEN' } },
     methods => [qw(POST PUT PATCH)], paths => [qw(/tickets /deployments /pay)],
     status_url => "$BASE/idempotency/status", max_time => 2, deadline => 20);
-spew_mode("$P/mcp.json", $JSON->encode({ state_dir => $SD, targets => { api => \%target } }), 0600);
+# "other": another target on the same gateway, for the operation_status
+# refusal of an operation that was sent to "api"
+my %other = (%target, base_url => "$BASE/admin", paths => ['/']);
+spew_mode("$P/mcp.json", $JSON->encode({ state_dir => $SD, targets => { api => \%target, other => \%other } }), 0600);
 
 # ---- the configuration's refusals: each names the member, none the secret
 sub server_with {
@@ -115,6 +119,14 @@ sub server_with {
           qr/targets\.api\.headers\.Authorization: \{"env": "NOPE_NOT_SET"\}: the variable is not set/ ],
         [ 'method', { targets => { api => { %target, methods => ['GET'] } } }, qr/targets\.api\.methods\[0\]/ ],
         [ 'deadline', { targets => { api => { %target, deadline => -1 } } }, qr/targets\.api\.deadline/ ],
+        [ 'base_url with userinfo', { targets => { api => { %target, base_url => "http://u:$secret\@127.0.0.1:1" } } },
+          qr/targets\.api\.base_url: an http:\/\/ or https:\/\/ URL, without user:password\@/ ],
+        [ 'base_url with a query', { targets => { api => { %target, base_url => "$BASE/?token=$secret" } } },
+          qr/targets\.api\.base_url: .*query/ ],
+        [ 'status_url with userinfo', { targets => { api => { %target, status_url => "http://u:$secret\@127.0.0.1:1/s" } } },
+          qr/targets\.api\.status_url: .*user:password\@/ ],
+        [ 'status_url with a query', { targets => { api => { %target, status_url => "$BASE/idempotency/status?t=$secret" } } },
+          qr/targets\.api\.status_url: .*query/ ],
     );
     for my $c (@cases) {
         my ($name, $cfg, $re) = @$c;
@@ -122,6 +134,7 @@ sub server_with {
         my ($rc, $err) = server_with("$P/bad.json", MCP_TEST_TOKEN => 'Bearer x');
         is($rc, 78, "config $name: refused, exit 78");
         like($err, $re, "config $name: the message names the member") or diag($err);
+        unlike($err, qr/\Q$secret\E/, "config $name: and not the secret");
     }
     my ($rc, $err) = server_with("$P/does-not-exist.json");
     is($rc, 78, 'unreadable config: exit 78');
@@ -239,6 +252,10 @@ for my $v (qw(2025-11-25 2025-06-18 2025-03-26)) {
     my $b = sc($R->{binary})->{response} // {};
     is(outcome($R->{binary}), 'created', 'a binary answer: created');
     ok($b->{binary} && !defined $b->{body}, '... its body is not given as text');
+    my $big = sc($R->{big})->{response} // {};
+    is(outcome($R->{big}), 'created', 'a 3 MB answer: created') or diag(explain(sc($R->{big})));
+    ok($big->{truncated}, '... marked truncated (only 1 MiB is kept in memory)') or diag(explain($big));
+    is($big->{body_bytes}, 3000000, '... all its bytes counted');
     is($b->{body_bytes}, 70000, '... only its size');
 }
 
@@ -321,6 +338,20 @@ for my $v (qw(2025-11-25 2025-06-18 2025-03-26)) {
     }
     like(sc($r->{outside})->{detail} // '', qr/outside the target's paths/, 'outside: says why');
     like(sc($r->{dotdot})->{detail} // '', qr/"\.\." segment/, '..: says why');
+    for my $n (qw(dotdotParam dotParam escDot escSlash escBackslash escPercent backslash noBoundary
+                  overrideHeader forwardedHeader originalUrl statusOtherTarget)) {
+        is(outcome($r->{$n}), 'refused', "refused: $n");
+        ok($r->{$n}{isError}, "$n: isError");
+    }
+    like(sc($r->{dotdotParam})->{detail} // '', qr/"\.\." segment/, '..;: says why');
+    like(sc($r->{escPercent})->{detail} // '', qr/escaped dot, slash, backslash or percent/, '%25: says why');
+    like(sc($r->{noBoundary})->{detail} // '', qr/outside the target's paths/, '/tickets-admin: outside /tickets');
+    like(sc($r->{overrideHeader})->{detail} // '', qr/x-http-method-override may not be set/, 'method override: says why');
+    like(sc($r->{forwardedHeader})->{detail} // '', qr/X-Forwarded-Host may not be set/, 'X-Forwarded-*: says why');
+    like(sc($r->{statusOtherTarget})->{detail} // '', qr/not sent to this target/, 'status with another target: says why');
+    ok(!defined sc($r->{statusOtherTarget})->{idempotency_key}, '... and shows no key') or diag(explain($r->{statusOtherTarget}));
+    is(scalar(grep { $_->{uri} =~ m{admin} } $t->effect_list), 0, 'nothing sent toward /admin for a refusal');
+    ok(!-e "$SD/r-$_.json", "no state file for refusal r-$_") for 9 .. 19;
     like(sc($r->{authHeader})->{detail} // '', qr/Authorization may not be set/, 'Authorization: says why');
     like(sc($r->{unknownTarget})->{detail} // '', qr/not a target/, 'unknown target: says why');
     like(sc($r->{method})->{detail} // '', qr/DELETE is not allowed/, 'method: says why');
@@ -328,6 +359,20 @@ for my $v (qw(2025-11-25 2025-06-18 2025-03-26)) {
     is($R->{pingAfterRefusals}, '{}', 'ping answered after the refusals');
     is(scalar($t->effect_list(uri => '/admin/users')), 0, 'nothing sent for a refusal');
     ok(!-e "$SD/r-1.json", 'no state file for a refusal');
+}
+
+# numbers cJSON cannot send unchanged: refused, nothing sent
+{
+    my $l = $R->{lossy} // {};
+    for my $n (qw(big exact neg inf)) {
+        is(outcome($l->{$n}), 'refused', "a body with a lossy number ($n): refused") or diag(explain($l->{$n}));
+        ok($l->{$n}{isError}, "... $n: isError");
+        like(sc($l->{$n})->{detail} // '', qr/magnitude 2\^53 \(9007199254740992\) or more, or not finite/, "... $n: says why");
+        ok(!-e "$SD/n-$n.json", "... $n: no state file");
+    }
+    is(outcome($l->{max}), 'created', '2^53 - 1 and 0.1: sent') or diag(explain($l->{max}));
+    my ($e) = $t->effect_list(key => key_of($l->{max}));
+    is($e && $e->{sha}, Digest::SHA::sha256_hex('{"n":9007199254740991,"f":0.1}'), '... unchanged');
 }
 
 # malformed JSON-RPC lines

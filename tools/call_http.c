@@ -16,8 +16,17 @@ static size_t
 resp_body_cb(char *p, size_t size, size_t nmemb, void *data)
 {
     call_resp_t  *r = data;
-    size_t        n = size * nmemb, want;
+    size_t        n = size * nmemb, want, keep = n;
     char         *b;
+
+    /* beyond the cap the answer is only counted, so a large or endless
+     * answer cannot take the memory */
+    r->total += n;
+    if (r->cap > 0 && r->len + n > r->cap) {
+        keep = r->cap - r->len;
+        r->truncated = 1;
+    }
+    n = keep;
 
     if (r->len + n + 1 > r->size) {
         want = (r->size ? r->size * 2 : 16384);
@@ -35,7 +44,7 @@ resp_body_cb(char *p, size_t size, size_t nmemb, void *data)
     memcpy(r->body + r->len, p, n);
     r->len += n;
     r->body[r->len] = '\0';
-    return n;
+    return size * nmemb;
 }
 
 
@@ -116,12 +125,14 @@ void
 call_resp_reset(call_resp_t *r)
 {
     volatile int  *cancel = r->cancel;
+    size_t         cap = r->cap;
 
     free(r->body);
     cJSON_Delete(r->problem);
     memset(r, 0, sizeof(call_resp_t));
     r->retry_after = -1;
     r->cancel = cancel;
+    r->cap = cap;
 }
 
 

@@ -21,6 +21,9 @@ typedef struct {
     char         *body;
     size_t        len;
     size_t        size;
+    size_t        total;            /* bytes received, stored or not */
+    int           truncated;        /* total > len: the cap cut it */
+    size_t        cap;              /* 0, or at most this many stored */
     char          ctype[128];
     char          location[512];
     char          operation[64];    /* Idempotency-Operation */

@@ -161,7 +161,9 @@ header_add(call_opts_t *o, const char *h)
     struct curl_slist  *l;
 
     if (colon == NULL || colon == h) {
-        fail_msg("-H wants 'Name: value', got \"%s\"", h);
+        /* the argument is not shown: without a colon it may be a token */
+        fail_msg("-H wants 'Name: value' (the argument is not shown: it"
+                 " may hold a secret)");
         return -1;
     }
 

@@ -63,11 +63,31 @@ cf_members(cf_ctx_t *cx, cJSON *o, const char *where, const char **names)
 }
 
 
+/*
+ * http(s), no user:password@ (a secret in the config's URL would be shown
+ * wherever the URL is: results, state files, logs; credentials go in
+ * headers), no query or fragment (the path is appended to base_url)
+ */
 static int
 cf_url(const char *s)
 {
-    return s != NULL && (strncasecmp(s, "http://", 7) == 0
-                         || strncasecmp(s, "https://", 8) == 0);
+    size_t  auth;
+
+    if (s == NULL) {
+        return 0;
+    }
+
+    if (strncasecmp(s, "http://", 7) == 0) {
+        s += 7;
+    } else if (strncasecmp(s, "https://", 8) == 0) {
+        s += 8;
+    } else {
+        return 0;
+    }
+
+    auth = strcspn(s, "/?#");
+
+    return memchr(s, '@', auth) == NULL && strpbrk(s, "?#") == NULL;
 }
 
 
@@ -297,7 +317,8 @@ cf_target(cf_ctx_t *cx, cJSON *o, mcp_target_t *t)
 
     v = cJSON_GetObjectItemCaseSensitive(o, "base_url");
     if (!cJSON_IsString(v) || !cf_url(v->valuestring)) {
-        return cf_fail(cx, "%s.base_url: an http:// or https:// URL", w);
+        return cf_fail(cx, "%s.base_url: an http:// or https:// URL, without"
+                       " user:password@, query or fragment", w);
     }
     t->base_url = strdup(v->valuestring);
     for (s = t->base_url + strlen(t->base_url); s > t->base_url && s[-1] == '/'; s--) {
@@ -306,7 +327,8 @@ cf_target(cf_ctx_t *cx, cJSON *o, mcp_target_t *t)
 
     v = cJSON_GetObjectItemCaseSensitive(o, "status_url");
     if (v != NULL && (!cJSON_IsString(v) || !cf_url(v->valuestring))) {
-        return cf_fail(cx, "%s.status_url: an http:// or https:// URL", w);
+        return cf_fail(cx, "%s.status_url: an http:// or https:// URL,"
+                       " without user:password@, query or fragment", w);
     }
     t->status_url = v ? strdup(v->valuestring) : NULL;
 

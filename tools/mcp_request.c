@@ -36,10 +36,14 @@ typedef struct {
 } req_t;
 
 
-/* the headers an agent may never set: the credentials and the key */
+/* the headers an agent may never set: the credentials and the key, and
+ * those that make a proxy or framework see another method or path than
+ * the one checked (X-Forwarded-* too, in req_header_allowed) */
 static const char  *req_forbidden[] = {
     "Authorization", "Cookie", "Proxy-Authorization", "Idempotency-Key",
-    "Content-Type", "Content-Length", "Transfer-Encoding", "Host", NULL
+    "Content-Type", "Content-Length", "Transfer-Encoding", "Host",
+    "X-HTTP-Method-Override", "X-HTTP-Method", "X-Method-Override",
+    "X-Original-URL", "X-Rewrite-URL", "Forwarded", NULL
 };
 
 
@@ -48,6 +52,48 @@ req_refuse(req_t *rq, const char *fmt, const char *what)
 {
     snprintf(rq->why, sizeof(rq->why), fmt, what);
     return -1;
+}
+
+
+/* a "." or ".." segment, also with ";params" after it (servlet-style
+ * servers drop them, then resolve the dots) */
+static int
+req_dot_segment(const char *s)
+{
+    size_t  n = (s[0] == '.') ? ((s[1] == '.') ? 2 : 1) : 0;
+
+    return n > 0 && s[-1] == '/'
+           && (s[n] == '/' || s[n] == '\0' || s[n] == '?' || s[n] == ';');
+}
+
+
+/* "%2e", "%2f", "%5c", "%25": an escaped dot, slash, backslash or percent
+ * may be decoded by a server behind the target into a segment the check
+ * never saw */
+static int
+req_escaped(const char *s)
+{
+    return s[0] == '%'
+           && (strncasecmp(s + 1, "2e", 2) == 0
+               || strncasecmp(s + 1, "2f", 2) == 0
+               || strncasecmp(s + 1, "5c", 2) == 0
+               || strncmp(s + 1, "25", 2) == 0);
+}
+
+
+/* the path is under the prefix at a segment boundary: "/tickets" is not a
+ * prefix of "/tickets-admin"; a prefix ending with "/" needs no boundary */
+static int
+req_under(const char *p, const char *prefix)
+{
+    size_t  n = strlen(prefix);
+
+    if (strncmp(p, prefix, n) != 0) {
+        return 0;
+    }
+
+    return (n > 0 && prefix[n - 1] == '/')
+           || p[n] == '\0' || p[n] == '/' || p[n] == '?';
 }
 
 
@@ -70,17 +116,15 @@ req_path(req_t *rq)
             return req_refuse(rq, "path: \"%.200s\" has a space, a control"
                               " character, a backslash or a fragment", p);
         }
-        if (strncasecmp(s, "%2e", 3) == 0 || strncasecmp(s, "%2f", 3) == 0
-            || (s[0] == '.' && s[1] == '.' && s[-1] == '/'
-                && (s[2] == '/' || s[2] == '\0' || s[2] == '?')))
-        {
-            return req_refuse(rq, "path: \"%.200s\" has a \"..\" segment (or"
-                              " an encoded dot or slash)", p);
+        if (req_escaped(s) || req_dot_segment(s)) {
+            return req_refuse(rq, "path: \"%.200s\" has a \".\" or \"..\""
+                              " segment (or an escaped dot, slash, backslash"
+                              " or percent)", p);
         }
     }
 
     for (i = 0; i < rq->t->npaths; i++) {
-        if (strncmp(p, rq->t->paths[i], strlen(rq->t->paths[i])) == 0) {
+        if (req_under(p, rq->t->paths[i])) {
             return 0;
         }
     }
@@ -122,7 +166,9 @@ req_header_allowed(req_t *rq, const char *name)
     }
 
     for (f = req_forbidden; *f != NULL; f++) {
-        if (strcasecmp(*f, name) == 0) {
+        if (strcasecmp(*f, name) == 0
+            || strncasecmp(name, "X-Forwarded-", 12) == 0)
+        {
             return req_refuse(rq, "headers: %.64s may not be set by the"
                               " caller (the server sets it)", name);
         }
@@ -200,12 +246,58 @@ req_headers(req_t *rq, cJSON *h, const char *ctype)
 
 
 /* body (JSON, sent as application/json) or body_text with content_type */
+/*
+ * The body's numbers, printed so that they read back as the same double:
+ * cJSON's printer accepts a 15-digit form that is only nearly equal
+ * (9007199254740991 would be sent as 9.00719925474099e+15), so each
+ * number becomes the raw text of its shortest exact form.  Refused (-1)
+ * where the parsed double is not the value the caller wrote or cannot be
+ * written at all: from 2^53 on a double no longer holds every integer
+ * (9007199254740993 parses as 2^53 itself, so 2^53 is refused too), and
+ * 1e400 parses as infinity.  -2: out of memory.
+ */
+static int
+req_numbers(cJSON *v)
+{
+    cJSON   *c;
+    double   d;
+    char     buf[32];
+    int      rc;
+
+    if (cJSON_IsNumber(v)) {
+        d = v->valuedouble;
+        if (d != d || d >= 9007199254740992.0 || d <= -9007199254740992.0) {
+            return -1;
+        }
+        snprintf(buf, sizeof(buf), "%.15g", d);
+        if (strtod(buf, NULL) != d) {
+            snprintf(buf, sizeof(buf), "%.17g", d);
+        }
+        v->valuestring = strdup(buf);
+        if (v->valuestring == NULL) {
+            return -2;
+        }
+        v->type = cJSON_Raw;
+        return 0;
+    }
+
+    for (c = v->child; c != NULL; c = c->next) {
+        if ((rc = req_numbers(c)) != 0) {
+            return rc;
+        }
+    }
+
+    return 0;
+}
+
+
 static int
 req_body(req_t *rq, cJSON *args, const char **ctype)
 {
     cJSON  *b = cJSON_GetObjectItemCaseSensitive(args, "body");
     cJSON  *bt = cJSON_GetObjectItemCaseSensitive(args, "body_text");
     cJSON  *ct = cJSON_GetObjectItemCaseSensitive(args, "content_type");
+    int     rc;
 
     *ctype = NULL;
 
@@ -219,6 +311,14 @@ req_body(req_t *rq, cJSON *args, const char **ctype)
     {
         return req_refuse(rq, "%s", "body_text and content_type: strings,"
                           " content_type only with body_text");
+    }
+
+    if (b != NULL && (rc = req_numbers(b)) != 0) {
+        return req_refuse(rq, "%s", rc == -2 ? "out of memory"
+                          : "body: a number of magnitude 2^53"
+                          " (9007199254740992) or more, or not finite,"
+                          " cannot be sent unchanged as JSON; send it as a"
+                          " string, or the whole body as body_text");
     }
 
     if (b != NULL) {
@@ -350,8 +450,8 @@ res_response(call_resp_t *r)
             /* bytes that are not text: the model gets their size only */
             cJSON_AddNullToObject(o, "body");
             cJSON_AddBoolToObject(o, "binary", 1);
-            cJSON_AddNumberToObject(o, "body_bytes", (double) r->len);
-            cJSON_AddBoolToObject(o, "truncated", 0);
+            cJSON_AddNumberToObject(o, "body_bytes", (double) r->total);
+            cJSON_AddBoolToObject(o, "truncated", r->truncated);
             return o;
         }
         n = k;
@@ -361,7 +461,7 @@ res_response(call_resp_t *r)
     }
 
     cJSON_AddItemToObject(o, "body", b);
-    cJSON_AddBoolToObject(o, "truncated", n < r->len);
+    cJSON_AddBoolToObject(o, "truncated", n < r->len || r->truncated);
     return o;
 }
 
@@ -543,6 +643,8 @@ req_send(req_t *rq, call_state_t *st, volatile int *cancel)
     run.max_time_ms = rq->t->max_time_ms;
     run.deadline = call_now_ms() + rq->t->deadline_ms;
     run.cancel = cancel;
+    run.resp.cap = MCP_STORE_MAX;
+    run.status.cap = MCP_STORE_MAX;
 
     if (run.headers == NULL || call_run_loop(&run) != 0) {
         curl_slist_free_all(run.headers);

@@ -50,8 +50,9 @@ static const char  tools_json[] =
     "\"content_type\":{\"type\":\"string\"},"
     "\"headers\":{\"type\":\"object\",\"additionalProperties\":"
       "{\"type\":\"string\"},\"description\":\"Extra request headers;"
-      " Authorization, Cookie, Proxy-Authorization, Idempotency-Key and the"
-      " target's own headers are refused\"},"
+      " credentials, Idempotency-Key, Host, method or URL overrides,"
+      " Forwarded, X-Forwarded-* and the target's own headers are"
+      " refused\"},"
     "\"new_operation\":{\"type\":\"boolean\",\"default\":false,"
       "\"description\":\"true only to start a new action under an operation"
       " name used before (a new key)\"}},"
@@ -193,6 +194,37 @@ arg_str(cJSON *args, const char *name)
 }
 
 
+static int
+status_url_of(const char *url, const char *base)
+{
+    size_t  n = strlen(base);
+
+    return url != NULL && strncmp(url, base, n) == 0
+           && (url[n] == '\0' || url[n] == '/');
+}
+
+
+/* a refusal of operation_status: its output schema requires "state" */
+static cJSON *
+status_refused(const char *op, const char *why)
+{
+    cJSON  *r = mcp_refused(op, why), *sc, *text;
+    char   *s;
+
+    sc = cJSON_GetObjectItemCaseSensitive(r, "structuredContent");
+    cJSON_AddStringToObject(sc, "state", "refused");
+    s = cJSON_PrintUnformatted(sc);
+    text = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(r, "content"),
+                              0);
+    if (s != NULL && text != NULL) {
+        cJSON_ReplaceItemInObjectCaseSensitive(text, "text",
+                                               cJSON_CreateString(s));
+    }
+    free(s);
+    return r;
+}
+
+
 /* the state file of an operation, or a refusal */
 static cJSON *
 status_load(const mcp_config_t *cf, cJSON *args, call_state_t *st,
@@ -205,21 +237,32 @@ status_load(const mcp_config_t *cf, cJSON *args, call_state_t *st,
     char        *text;
 
     if (op == NULL || !call_op_name_valid(op)) {
-        return mcp_refused(op, "operation: 1 to 128 of A-Z a-z 0-9 . _ -,"
+        return status_refused(op, "operation: 1 to 128 of A-Z a-z 0-9 . _ -,"
                            " not starting with a dot");
     }
 
     if (target == NULL || (*t = mcp_config_target(cf, target)) == NULL) {
-        return mcp_refused(op, "target: not a target of the configuration");
+        return status_refused(op, "target: not a target of the configuration");
     }
 
     if (mcp_state_dir(cf, st, op) != 0) {
-        return mcp_refused(op, st->err);
+        return status_refused(op, st->err);
     }
 
     text = call_read_file(st->file, &len, why, sizeof(why));
     st->doc = text ? cJSON_ParseWithLength(text, len) : NULL;
     free(text);
+
+    /* the key goes with the target's credentials to its status_url: only
+     * for an operation that was sent to this target */
+    if (call_json_str(st->doc, "key") != NULL
+        && !status_url_of(call_json_str(st->doc, "url"), (*t)->base_url))
+    {
+        return status_refused(op, "target: the operation was not sent to this"
+                           " target (its url is not under the target's"
+                           " base_url)");
+    }
+
     return NULL;
 }
 
@@ -260,6 +303,7 @@ status_ask(const mcp_target_t *t, call_state_t *st, cJSON *out,
     run.headers = call_headers_with_key(t->headers, st->key);
     run.deadline = call_now_ms() + 5000;
     run.cancel = cancel;
+    run.status.cap = MCP_STORE_MAX;
 
     if (run.headers != NULL && t->status_url != NULL) {
         call_run_status(&run);
@@ -300,6 +344,7 @@ tool_operation_status(const mcp_config_t *cf, cJSON *args,
     call_state_init(&st);
     refused = status_load(cf, args, &st, &t);
     if (refused != NULL) {
+        call_state_free(&st);
         return refused;
     }
 

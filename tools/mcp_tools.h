@@ -14,6 +14,8 @@
 #include "mcp_config.h"
 
 #define MCP_BODY_MAX  65536
+/* what of an upstream answer is kept in memory; the rest is only counted */
+#define MCP_STORE_MAX  (1024 * 1024)
 
 
 const char *mcp_tools_instructions(void);

@@ -128,6 +128,8 @@ async function basics(c) {
     report.binary = await req(c, { operation: 't-binary', path: '/tickets', body: { title: 'b' },
         headers: { 'X-Body-Size': '70000' } });
     report.status = await call(c, 'operation_status', { operation: 't-created', target: 'api' });
+    report.big = await req(c, { operation: 't-big', path: '/tickets', body: { title: 'big' },
+        headers: { 'X-Body-Size': '3000000' } });
     report.list = await call(c, 'list_operations', {});
 }
 
@@ -227,6 +229,21 @@ async function refusals(c) {
     r.wrongType = await call(c, 'idempotent_request', { operation: 5, target: 'api', path: '/tickets' });
     r.unknownTool = await call(c, 'no_such_tool', {});
     r.badOp = await req(c, { operation: '../etc', path: '/tickets', body: {} });
+    r.dotdotParam = await req(c, { operation: 'r-9', path: '/tickets/..;/admin/users', body: {} });
+    r.dotParam = await req(c, { operation: 'r-10', path: '/tickets/.;x/admin/users', body: {} });
+    r.escDot = await req(c, { operation: 'r-11', path: '/tickets/%2E%2e/admin/users', body: {} });
+    r.escSlash = await req(c, { operation: 'r-12', path: '/tickets/..%2fadmin/users', body: {} });
+    r.escBackslash = await req(c, { operation: 'r-13', path: '/tickets/..%5cadmin/users', body: {} });
+    r.escPercent = await req(c, { operation: 'r-14', path: '/tickets/%252e%252e/admin/users', body: {} });
+    r.backslash = await req(c, { operation: 'r-15', path: '/tickets\\..\\admin/users', body: {} });
+    r.noBoundary = await req(c, { operation: 'r-16', path: '/tickets-admin/users', body: {} });
+    r.overrideHeader = await req(c, { operation: 'r-17', path: '/tickets', body: {},
+        headers: { 'x-http-method-override': 'DELETE' } });
+    r.forwardedHeader = await req(c, { operation: 'r-18', path: '/tickets', body: {},
+        headers: { 'X-Forwarded-Host': 'admin.internal' } });
+    r.originalUrl = await req(c, { operation: 'r-19', path: '/tickets', body: {},
+        headers: { 'X-Original-URL': '/admin/users' } });
+    r.statusOtherTarget = await call(c, 'operation_status', { operation: 't-created', target: 'other' });
     report.refusals = r;
     report.pingAfterRefusals = JSON.stringify(await c.ping());
 }
@@ -265,6 +282,38 @@ async function malformed() {
     report.malformedExit = await new Promise((r) => p.on('exit', (code, sig) => r({ code, sig })));
 }
 
+// numbers JavaScript cannot hold (2^53 + 1, 1e400) on raw stdio: the SDK
+// would round them before sending
+async function lossy() {
+    const p = spawn(E.MCP_BIN, ['--config', E.MCP_CONFIG], { env: { MCP_TEST_TOKEN: E.MCP_TEST_TOKEN },
+        stdio: ['pipe', 'pipe', 'pipe'] });
+    p.stderr.pipe(stderrLog, { end: false });
+    let buf = '';
+    const lines = [];
+    p.stdout.on('data', (d) => {
+        buf += d;
+        let i;
+        while ((i = buf.indexOf('\n')) >= 0) { lines.push(buf.slice(0, i)); buf = buf.slice(i + 1); }
+    });
+    p.stdin.write('{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18",'
+        + '"capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}\n');
+    p.stdin.write('{"jsonrpc":"2.0","method":"notifications/initialized"}\n');
+    const bodies = { big: '{"n":9007199254740993}', neg: '{"a":[{"n":-1e300}]}', inf: '{"x":1e400}',
+        max: '{"n":9007199254740991,"f":0.1}', exact: '{"n":9007199254740992}' };
+    report.lossy = {};
+    let id = 10;
+    for (const [name, body] of Object.entries(bodies)) {
+        const n = ++id;
+        p.stdin.write(`{"jsonrpc":"2.0","id":${n},"method":"tools/call","params":{"name":"idempotent_request",`
+            + `"arguments":{"operation":"n-${name}","target":"api","path":"/tickets","body":${body}}}}\n`);
+        await until(() => lines.some((x) => x.includes(`"id":${n}`)), 30000);
+        const l = lines.find((x) => x.includes(`"id":${n}`));
+        report.lossy[name] = l ? JSON.parse(l).result : null;
+    }
+    p.stdin.end();
+    await new Promise((r) => p.on('exit', r));
+}
+
 // notifications/cancelled (the SDK sends it on abort) stops the wait; the key
 // stays, and the same call later gets the one execution's answer
 async function cancelled(c) {
@@ -285,14 +334,14 @@ async function shared(c) {
     report.sharedMcp2 = await req(c, { operation: 'x-shared2', path: '/tickets', body: { title: 'shared2' } });
 }
 
-const steps = { versions, versionsClient, basics, cancelled, shared, concurrency, conflicts, confirmation, waits, killed, refusals, malformed };
+const steps = { versions, versionsClient, basics, cancelled, shared, concurrency, conflicts, confirmation, waits, killed, refusals, malformed, lossy };
 
 async function main() {
     const only = (E.MCP_STEPS || Object.keys(steps).join(',')).split(',');
     const { c } = await connect();
     for (const s of only) {
         try {
-            await (['versions', 'versionsClient', 'killed', 'malformed'].includes(s) ? steps[s]() : steps[s](c));
+            await (['versions', 'versionsClient', 'killed', 'malformed', 'lossy'].includes(s) ? steps[s]() : steps[s](c));
         } catch (e) {
             report[`error_${s}`] = String(e && e.stack || e);
         }
