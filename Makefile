@@ -48,7 +48,6 @@ $(BUILD)/unit/test_jansson: UNIT_LIBS += -ljansson
 # the retry rule of the tools (tools/call_policy.c) against docs/agents.md
 $(BUILD)/unit/test_call_policy: UNIT_EXTRA = tools/call_policy.c
 $(BUILD)/unit/test_call_policy: tools/call_policy.c tools/call_policy.h
-$(ASAN_BUILD)/unit/test_call_policy: UNIT_EXTRA = tools/call_policy.c
 TOOLS     := $(BUILD)/idempotency-fingerprint $(BUILD)/idempotency-call \
              $(BUILD)/idempotency-approve $(BUILD)/idempotency-audit \
              $(BUILD)/idempotency-mcp
@@ -276,6 +275,9 @@ $(ASAN_MODULE): $(ASAN_BUILD)/objs/Makefile $(NGX_SRCS) $(CORE_SRCS) $(CORE_HDRS
 unit-asan: $(ASAN_UNIT)
 
 $(ASAN_BUILD)/unit/test_jansson: UNIT_LIBS += -ljansson
+# (here, below ASAN_BUILD's definition: a target name is expanded where it is read)
+$(ASAN_BUILD)/unit/test_call_policy: UNIT_EXTRA = tools/call_policy.c
+$(ASAN_BUILD)/unit/test_call_policy: tools/call_policy.c tools/call_policy.h
 
 $(ASAN_BUILD)/unit/%: t/unit/%.c $(TEST_SRCS) $(TEST_HDRS) $(CORE_SRCS) $(CORE_HDRS)
 	@mkdir -p $(ASAN_BUILD)/unit
