@@ -248,9 +248,9 @@ async function refusals(c) {
     report.pingAfterRefusals = JSON.stringify(await c.ping());
 }
 
-// malformed JSON-RPC on raw stdio (the SDK sends only valid messages);
-// each line is followed by a ping, whose answer must come
-async function malformed() {
+// a server on raw stdio, without the SDK: its process and the lines it
+// writes to stdout, as they come
+function rawServer() {
     const p = spawn(E.MCP_BIN, ['--config', E.MCP_CONFIG], { env: { MCP_TEST_TOKEN: E.MCP_TEST_TOKEN },
         stdio: ['pipe', 'pipe', 'pipe'] });
     p.stderr.pipe(stderrLog, { end: false });
@@ -261,6 +261,13 @@ async function malformed() {
         let i;
         while ((i = buf.indexOf('\n')) >= 0) { lines.push(buf.slice(0, i)); buf = buf.slice(i + 1); }
     });
+    return { p, lines };
+}
+
+// malformed JSON-RPC on raw stdio (the SDK sends only valid messages);
+// each line is followed by a ping, whose answer must come
+async function malformed() {
+    const { p, lines } = rawServer();
     const big = '{"jsonrpc":"2.0","id":99,"method":"ping","params":{"x":"' + 'a'.repeat(10 * 1024 * 1024) + '"}}';
     const bad = ['garbage', '[]', '[{"jsonrpc":"2.0","id":1,"method":"ping"}]', '{"jsonrpc":"1.0","id":2,"method":"ping"}',
         '{"jsonrpc":"2.0","id":{"a":1},"method":"ping"}', '{"jsonrpc":"2.0","id":4,"method":5}',
@@ -285,16 +292,7 @@ async function malformed() {
 // numbers JavaScript cannot hold (2^53 + 1, 1e400) on raw stdio: the SDK
 // would round them before sending
 async function lossy() {
-    const p = spawn(E.MCP_BIN, ['--config', E.MCP_CONFIG], { env: { MCP_TEST_TOKEN: E.MCP_TEST_TOKEN },
-        stdio: ['pipe', 'pipe', 'pipe'] });
-    p.stderr.pipe(stderrLog, { end: false });
-    let buf = '';
-    const lines = [];
-    p.stdout.on('data', (d) => {
-        buf += d;
-        let i;
-        while ((i = buf.indexOf('\n')) >= 0) { lines.push(buf.slice(0, i)); buf = buf.slice(i + 1); }
-    });
+    const { p, lines } = rawServer();
     p.stdin.write('{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18",'
         + '"capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}\n');
     p.stdin.write('{"jsonrpc":"2.0","method":"notifications/initialized"}\n');
