@@ -16,6 +16,23 @@
  * prev the previous entry's "h" (64 '0' for the first), status "" or
  * three digits, op and request 32 lowercase hex or "", fp and response
  * 64 lowercase hex or "".
+ *
+ * That is version 1.  The module writes version 2 (docs/audit.md): one
+ * stream entry per script, carrying the events of that step (up to
+ * IDEM_AUDIT_BATCH_MAX, each with its own time), "h" the raw 32-byte
+ * digest and "e" binary:
+ *
+ *   0x02, seq (8 bytes big-endian), prev (1 byte length, its bytes),
+ *   the number of events (1 byte), then each event: its code (1 byte,
+ *   idem_audit_event_e), a mask (2 bytes big-endian) of the fields that
+ *   follow, in bit order: 0 time (8 bytes), 1 op, 2 key, 3 fp, 4 route,
+ *   5 status (2 bytes), 6 identity, 7 approver, 8 response, 9 ref,
+ *   10 request (each a 2-byte length and its bytes; the digests raw: op
+ *   and request 16 bytes, fp and response 32, or none).  A field not in
+ *   the mask is the event before's (the first event's: empty, and its
+ *   time is always there); a field is in the mask exactly when it
+ *   differs.  Verify reads both versions; a chain may go from one to the
+ *   other (a version-2 entry's prev is then the version-1 "h", in hex).
  */
 
 #ifndef IDEM_AUDIT_H
@@ -68,9 +85,11 @@ typedef enum {
 } idem_audit_event_e;
 
 
-/* an entry's fields; the strings point into the caller's memory */
+/* an entry's fields (an event's, in version 2); the strings point into
+ * the caller's memory */
 typedef struct {
     uint64_t             seq;       /* 1, 2, ... */
+    unsigned             index;     /* the event's place in its entry: 1... */
     int64_t              time;      /* ms since the epoch, >= 0 */
     idem_str_t           prev;
     idem_audit_event_e   event;
@@ -85,6 +104,21 @@ typedef struct {
     idem_str_t           ref;
     idem_str_t           request;
 } idem_audit_entry_t;
+
+
+#define IDEM_AUDIT_V2          '\x02'
+#define IDEM_AUDIT_DIGEST_LEN  32      /* a version-2 "h": the raw digest */
+#define IDEM_AUDIT_BATCH_MAX   4       /* events of one version-2 entry */
+#define IDEM_AUDIT_MASK_BITS   11
+
+/* the events of one stream entry, either version, decoded */
+typedef struct {
+    idem_audit_entry_t   e[IDEM_AUDIT_BATCH_MAX];
+    size_t               n;
+    int                  version;    /* 1 or 2 */
+    /* the hex of each event's digests: op, fp, response, request */
+    char                 hex[IDEM_AUDIT_BATCH_MAX][4][IDEM_AUDIT_HASH_LEN + 1];
+} idem_audit_events_t;
 
 
 /* "attempted", ...; NULL out of range */
@@ -107,6 +141,36 @@ char *idem_audit_encode(char *p, const idem_audit_entry_t *e);
  * encoding as idem_audit_encode() writes them.
  */
 int idem_audit_decode(const char *p, size_t len, idem_audit_entry_t *e);
+
+/*
+ * Version 2: the entry of events e[0..n) (n at most IDEM_AUDIT_BATCH_MAX,
+ * each with its own time; e[0]'s seq and prev are the entry's, prev at
+ * most IDEM_AUDIT_PREV_MAX bytes; op, fp, response and request empty or
+ * lowercase hex of their size): its exact length, the most it may take
+ * whatever seq, times and prev are, and the writer (returns the end).
+ */
+size_t idem_audit_batch_len(const idem_audit_entry_t *e, size_t n);
+size_t idem_audit_batch_max(const idem_audit_entry_t *e, size_t n);
+char *idem_audit_batch_encode(char *p, const idem_audit_entry_t *e, size_t n);
+
+/*
+ * The events of an entry of either version (one for version 1), their
+ * strings pointing into p or ev: 0, or -1 when p[0..len) is not an
+ * encoding the module writes.
+ */
+int idem_audit_events_decode(const char *p, size_t len,
+    idem_audit_events_t *ev);
+
+/* a version-2 "h": the raw SHA-256 or HMAC-SHA256 of an encoding */
+int idem_audit_digest(const char *enc, size_t len, const unsigned char *key,
+    size_t key_len, unsigned char out[IDEM_AUDIT_DIGEST_LEN]);
+
+/*
+ * An "h" as people read it (the head verify prints, anchors): the hex of a
+ * raw digest, the bytes of any other (a version-1 hash is hex already);
+ * out has room for 2 * IDEM_AUDIT_PREV_MAX + 1.
+ */
+void idem_audit_hash_text(const char *h, size_t len, char *out);
 
 /*
  * The hash of an encoding in lowercase hex (and a NUL): SHA-256, or with
@@ -134,8 +198,12 @@ typedef struct {
     size_t                key_len;
     uint64_t              seq;        /* of the last entry read, 0: none */
     uint64_t              count;      /* entries read */
-    char                  hash[IDEM_AUDIT_PREV_MAX + 1];   /* its "h" */
-    char                  before[IDEM_AUDIT_PREV_MAX + 1]; /* the one before */
+    uint64_t              events;     /* their events */
+    char                  hash[IDEM_AUDIT_PREV_MAX];       /* its "h" */
+    size_t                hash_len;
+    char                  before[IDEM_AUDIT_PREV_MAX];     /* the one before */
+    size_t                before_len;
+    char                  hex[2 * IDEM_AUDIT_PREV_MAX + 1]; /* "h" as text */
     char                  id[48];     /* its stream ID */
 
     /* the first fault: the entry it names (by sequence number) and why */
@@ -148,8 +216,8 @@ void idem_audit_verify_init(idem_audit_verify_t *v, const unsigned char *key,
     size_t key_len);
 
 /*
- * The next entry of the stream, in stream order: its ID and its "h" and
- * "e" fields (NULL when the entry lacks one).  0 when the chain holds so
+ * The next entry of the stream, in stream order, of either version: its
+ * ID and its "h" and "e" fields (NULL when the entry lacks one).  0 when the chain holds so
  * far; -1 at the first fault, then v->fault, v->fault_seq and v->why say
  * which entry and what is wrong.
  */

@@ -26,8 +26,8 @@
 /* races a command may lose before it gives up (a claim is answered 503) */
 #define NGX_HTTP_IDEM_AUDIT_TRIES    100
 
-/* entries of one command at most */
-#define NGX_HTTP_IDEM_AUDIT_MAX      4
+/* events of one command at most: one stream entry (idem_audit.h) */
+#define NGX_HTTP_IDEM_AUDIT_MAX      IDEM_AUDIT_BATCH_MAX
 
 
 /* a worker's view of one stream */
@@ -639,9 +639,9 @@ ngx_http_idem_audit_head(ngx_http_idem_audit_t *audit)
         return NULL;
     }
 
+    /* an empty stream's: the first entry is chained on 32 zero bytes */
     h->audit = audit;
-    h->hash_len = IDEM_AUDIT_HASH_LEN;
-    ngx_memcpy(h->hash, idem_audit_genesis, IDEM_AUDIT_HASH_LEN);
+    h->hash_len = IDEM_AUDIT_DIGEST_LEN;
     *heads = h;
 
     return h;
@@ -652,14 +652,13 @@ static size_t
 ngx_http_idem_audit_room(ngx_str_t *expect, idem_audit_entry_t *e,
     ngx_uint_t n)
 {
-    size_t      size;
-    ngx_uint_t  i;
+    size_t  size;
 
     size = sizeof(ngx_http_idem_audit_meta_t) + expect->len
            + 2 * NGX_INT64_LEN + IDEM_AUDIT_PREV_MAX;
 
-    for (i = 0; i < n; i++) {
-        size += IDEM_AUDIT_HASH_LEN + idem_audit_encoded_max(&e[i]);
+    if (n) {
+        size += IDEM_AUDIT_DIGEST_LEN + idem_audit_batch_max(e, n);
     }
 
     return size;
@@ -668,8 +667,8 @@ ngx_http_idem_audit_room(ngx_str_t *expect, idem_audit_entry_t *e,
 
 /*
  * The audit arguments, written at cmd->pos: the meta, then "expect",
- * the head expected and the entries chained on it, hashed; the head
- * predicted moves past them.
+ * the head expected and one entry chained on it that carries the events
+ * e[0..n), hashed; the head predicted moves past it.
  */
 static ngx_int_t
 ngx_http_idem_audit_write(ngx_http_idem_cmd_t *cmd,
@@ -680,8 +679,8 @@ ngx_http_idem_audit_write(ngx_http_idem_cmd_t *cmd,
     size_t                       key_len;
     int64_t                      now;
     ngx_uint_t                   i, at;
-    const unsigned char         *key;
     ngx_http_idem_audit_head_t  *head;
+    const unsigned char         *key;
 
     head = meta->head;
     meta->gen = head->gen;
@@ -703,34 +702,36 @@ ngx_http_idem_audit_write(ngx_http_idem_cmd_t *cmd,
     now = ngx_http_idem_now_ms() + head->offset;
     ngx_http_idem_cmd_set_num(cmd, at + NGX_HTTP_IDEM_AUDIT_TIME, now);
 
+    if (n == 0) {
+        return NGX_OK;
+    }
+
     for (i = 0; i < n; i++) {
         e[i].seq = head->seq + 1;
         e[i].time = now;
         e[i].prev.data = (const char *) head->hash;
         e[i].prev.len = head->hash_len;
-
-        h = ngx_http_idem_cmd_reserve(cmd, at + NGX_HTTP_IDEM_AUDIT_ENTRIES
-                                           + 2 * i, IDEM_AUDIT_HASH_LEN);
-        p = ngx_http_idem_cmd_start(cmd, at + NGX_HTTP_IDEM_AUDIT_ENTRIES
-                                         + 2 * i + 1);
-        end = (u_char *) idem_audit_encode((char *) p, &e[i]);
-        ngx_http_idem_cmd_end(cmd, at + NGX_HTTP_IDEM_AUDIT_ENTRIES
-                                   + 2 * i + 1, end);
-
-        /* the file alone: the stream's hash is never sent nor checked */
-        if (!head->audit->on_stream) {
-            ngx_memzero(head->hash, IDEM_AUDIT_HASH_LEN);
-
-        } else if (idem_audit_hash((char *) p, end - p, key, key_len,
-                                   (char *) head->hash) != 0)
-        {
-            return NGX_ERROR;
-        }
-
-        ngx_memcpy(h, head->hash, IDEM_AUDIT_HASH_LEN);
-        head->hash_len = IDEM_AUDIT_HASH_LEN;
-        head->seq++;
     }
+
+    h = ngx_http_idem_cmd_reserve(cmd, at + NGX_HTTP_IDEM_AUDIT_ENTRIES,
+                                  IDEM_AUDIT_DIGEST_LEN);
+    p = ngx_http_idem_cmd_start(cmd, at + NGX_HTTP_IDEM_AUDIT_ENTRIES + 1);
+    end = (u_char *) idem_audit_batch_encode((char *) p, e, n);
+    ngx_http_idem_cmd_end(cmd, at + NGX_HTTP_IDEM_AUDIT_ENTRIES + 1, end);
+
+    /* the file alone: the stream's hash is never sent nor checked */
+    if (!head->audit->on_stream) {
+        ngx_memzero(head->hash, IDEM_AUDIT_DIGEST_LEN);
+
+    } else if (idem_audit_digest((char *) p, end - p, key, key_len,
+                                 head->hash) != 0)
+    {
+        return NGX_ERROR;
+    }
+
+    ngx_memcpy(h, head->hash, IDEM_AUDIT_DIGEST_LEN);
+    head->hash_len = IDEM_AUDIT_DIGEST_LEN;
+    head->seq++;
 
     return NGX_OK;
 }
@@ -792,7 +793,7 @@ ngx_http_idem_audit_cmd(ngx_http_idem_audit_t *audit,
     cmd = ngx_http_idem_cmd_create_more(audit->redis, script, key, all,
                                         lean ? n : n + 1,
                                         NGX_HTTP_IDEM_AUDIT_ENTRIES
-                                        + 2 * nentries,
+                                        + (nentries ? 2 : 0),
                                         size + meta.room, log);
     if (cmd == NULL) {
         return NULL;
@@ -816,11 +817,11 @@ ngx_http_idem_audit_cmd(ngx_http_idem_audit_t *audit,
         at = cmd->arg0 + cmd->redis->scripts[script].nargs;
         cmd->argv[at + NGX_HTTP_IDEM_AUDIT_SEQ] = "0";
         cmd->argvlen[at + NGX_HTTP_IDEM_AUDIT_SEQ] = 1;
-        cmd->hidden = 2 * nentries;
+        cmd->hidden = 2;
     }
 
     if (lean) {
-        cmd->hidden = NGX_HTTP_IDEM_AUDIT_ENTRIES + 2 * nentries;
+        cmd->hidden = NGX_HTTP_IDEM_AUDIT_ENTRIES + (nentries ? 2 : 0);
     }
 
     return cmd;
@@ -874,29 +875,36 @@ ngx_http_idem_audit_of(ngx_http_idem_cmd_t *cmd)
 }
 
 
-/* the entries a command carries, decoded (pointing into it) */
+/*
+ * The events a command carries, decoded: their strings point into it, and
+ * their digests' hex into memory the next call reuses (every caller uses
+ * them at once, before it returns to the event loop).
+ */
 ngx_uint_t
 ngx_http_idem_audit_entries(ngx_http_idem_cmd_t *cmd, idem_audit_entry_t *e,
     ngx_uint_t max)
 {
     ngx_int_t   at;
     ngx_str_t   enc;
-    ngx_uint_t  i, n;
+    ngx_uint_t  i;
+
+    static idem_audit_events_t  ev;
 
     at = ngx_http_idem_audit_at(cmd);
-    if (at == NGX_ERROR) {
+    if (at == NGX_ERROR
+        || cmd->argc < cmd->arg0 + at + NGX_HTTP_IDEM_AUDIT_ENTRIES + 2)
+    {
         return 0;
     }
 
-    n = (cmd->argc - cmd->arg0 - at - NGX_HTTP_IDEM_AUDIT_ENTRIES) / 2;
+    enc = ngx_http_idem_cmd_get(cmd, at + NGX_HTTP_IDEM_AUDIT_ENTRIES + 1);
 
-    for (i = 0; i < n && i < max; i++) {
-        enc = ngx_http_idem_cmd_get(cmd, at + NGX_HTTP_IDEM_AUDIT_ENTRIES
-                                         + 2 * i + 1);
+    if (idem_audit_events_decode((char *) enc.data, enc.len, &ev) != 0) {
+        return 0;
+    }
 
-        if (idem_audit_decode((char *) enc.data, enc.len, &e[i]) != 0) {
-            return 0;
-        }
+    for (i = 0; i < ev.n && i < max; i++) {
+        e[i] = ev.e[i];
     }
 
     return i;
@@ -999,24 +1007,26 @@ static void
 ngx_http_idem_audit_appended(ngx_http_idem_cmd_t *cmd, ngx_uint_t at,
     ngx_http_idem_audit_meta_t *meta)
 {
+    u_char       hex[IDEM_AUDIT_HASH_LEN];
     ngx_int_t    seq;
     ngx_str_t    first, hash;
-    ngx_uint_t   i, n;
 
-    n = (cmd->argc - cmd->arg0 - at - NGX_HTTP_IDEM_AUDIT_ENTRIES) / 2;
+    if (cmd->argc < cmd->arg0 + at + NGX_HTTP_IDEM_AUDIT_ENTRIES + 2) {
+        return;
+    }
+
     first = ngx_http_idem_cmd_get(cmd, at + NGX_HTTP_IDEM_AUDIT_SEQ);
     seq = ngx_atoi(first.data, first.len);
 
-    ngx_http_idem_metrics_audit(n, 0);
+    ngx_http_idem_metrics_audit(1, 0);
 
-    for (i = 0; seq > 0 && i < n; i++) {
-        if ((seq + i) % meta->head->audit->anchor == 0) {
-            hash = ngx_http_idem_cmd_get(cmd, at + NGX_HTTP_IDEM_AUDIT_ENTRIES
-                                              + 2 * i);
-            ngx_log_error(NGX_LOG_NOTICE, cmd->redis->log, 0,
-                          "idempotency: audit stream \"%V\" head %i %V",
-                          &meta->head->audit->stream, seq + i, &hash);
-        }
+    if (seq > 0 && seq % meta->head->audit->anchor == 0) {
+        hash = ngx_http_idem_cmd_get(cmd, at + NGX_HTTP_IDEM_AUDIT_ENTRIES);
+        ngx_hex_dump(hex, hash.data, ngx_min(hash.len, IDEM_AUDIT_DIGEST_LEN));
+        ngx_log_error(NGX_LOG_NOTICE, cmd->redis->log, 0,
+                      "idempotency: audit stream \"%V\" head %i %*s",
+                      &meta->head->audit->stream, seq,
+                      (size_t) IDEM_AUDIT_HASH_LEN, hex);
     }
 }
 

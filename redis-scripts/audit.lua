@@ -16,10 +16,11 @@
 --           to the audit file only: they are not sent, nothing is
 --           appended, and the reply says "audited" all the same
 --   prev    the hash the stream's last entry must have
---           (64 '0' for an empty stream)
+--           (32 zero bytes for an empty stream)
 --   time    the entries' time (ms): Redis refuses one more than 2 s away
 --           from its own clock
---   then one pair per entry: its hash and its encoding, appended as
+--   then the entry, when there is one: its hash (the raw digest) and its
+--   encoding (the step's events, docs/audit.md), appended as
 --   XADD <stream> <seq>-0 h <hash> e <encoding>
 --
 -- Replies, instead of the script's own:
@@ -67,7 +68,7 @@ local function audit_gate(at, stream, kind, basis, reply)
         return nil
     end
     local top = redis.call('XREVRANGE', stream, '+', '-', 'COUNT', 1)[1]
-    local seq, hash = 0, string.rep('0', 64)
+    local seq, hash = 0, string.rep('\0', 32)
     if top then
         seq = tonumber(string.match(top[1], '^%d+'))
         hash = top[2][1] == 'h' and top[2][2] or ''

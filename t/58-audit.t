@@ -149,15 +149,24 @@ is($t->effects(key => $ke), 1, 'E: one effect');
 
 # ---- what the entries hold
 my $all = $t->audit_entries('idem:story');
+my $stream = $t->audit_stream('idem:story');
 ok(!grep({ $_->{bad} } @$all), 'every entry decodes as docs/audit.md says');
-is_deeply([ map { $_->{seq} } @$all ], [ 1 .. @$all ], 'sequence numbers 1..N, contiguous');
-is_deeply([ map { $_->{id} } @$all ], [ map { "$_-0" } 1 .. @$all ], 'stream IDs are <seq>-0');
+is_deeply([ map { $_->{seq} } @$stream ], [ 1 .. @$stream ], 'sequence numbers 1..N, contiguous');
+is_deeply([ map { $_->{id} } @$stream ], [ map { "$_-0" } 1 .. @$stream ], 'stream IDs are <seq>-0');
+ok(!grep({ $_->{decoded}{version} != 2 } @$stream), 'every entry is of version 2');
+ok(!grep({ @{ $_->{decoded}{events} } > 2 } @$stream), 'at most two events per entry');
+is(scalar(grep { $_->{event} eq 'sent' } @$all), 6, 'six first writes...');
+my %per_request;
+$per_request{ $_->{request} }{ $_->{id} } = 1 for grep { $_->{event} ne 'resolved' } @$all;
+ok(!grep({ keys %$_ > 2 } values %per_request), '... and no request made more than two appends');
+my @sizes = map { length($_->{h}) + length($_->{e}) } @$stream;
+ok(!grep({ $_ > 260 } @sizes), 'every entry (h and e) is at most 260 bytes: ' . join(' ', @sizes));
 
 my ($bad_hash, $bad_prev) = (0, 0);
-my $prev = '0' x 64;
-for my $en (@$all) {
-    $bad_hash++ unless $en->{h} eq $t->audit_hash($en->{e});
-    $bad_prev++ unless $en->{prev} eq $prev;
+my $prev = "\0" x 32;
+for my $en (@$stream) {
+    $bad_hash++ unless $en->{h} eq $t->audit_digest($en->{e});
+    $bad_prev++ unless $en->{decoded}{prev} eq $prev;
     $prev = $en->{h};
 }
 is($bad_hash, 0, 'every h is the SHA-256 of its e (computed here in Perl)');
@@ -196,17 +205,18 @@ ok(!grep({ !$by_rid{ $_->[0] } } @executed), 'every executed request\'s $request
 # ---- the chain, the anchors in the error log, the counter
 my ($rc, $out, $err) = $t->audit_tool('--stream', 'idem:story', 'verify');
 is($rc, 0, 'verify: intact') or diag("$out$err");
-is($out, scalar(@$all) . " $all->[-1]{h}\n", 'verify prints the head: seq hash');
+is($out, scalar(@$stream) . " $all->[-1]{h}\n", 'verify prints the head: seq hash');
 my ($urc, $uout) = $t->audit_tool('--redis', $t->redis_socket, '--stream', 'idem:story', 'verify');
 is("$urc $uout", "0 $out", 'verify over the unix socket: the same head');
 my @anchors = $t->error_log =~ /audit stream "idem:story" head (\d+) ([0-9a-f]{64})/g;
 my %anchored = @anchors;
 ok(%anchored && !grep({ $_ % 5 } keys %anchored), 'the error log anchors the head at multiples of 5');
 is_deeply([ map { $anchored{$_} } sort { $a <=> $b } keys %anchored ],
-          [ map { $all->[$_ - 1]{h} } sort { $a <=> $b } keys %anchored ], 'each anchor is that entry\'s hash');
+          [ map { unpack 'H*', $stream->[$_ - 1]{h} } sort { $a <=> $b } keys %anchored ],
+          'each anchor is that entry\'s hash');
 my $m = $t->http(GET => '/metrics');
 my ($appends) = $m->{content} =~ /^idempotency_audit_appends_total (\d+)$/m;
-is($appends, scalar @$all, 'idempotency_audit_appends_total = the entries in the stream');
+is($appends, scalar @$stream, 'idempotency_audit_appends_total = the entries in the stream');
 
 $t->check_logs(ignore => qr/worker process \d+ exited on signal 9/);
 done_testing;

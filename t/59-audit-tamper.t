@@ -45,9 +45,10 @@ server {
 }
 EOF
 
-# a little history in each stream: first writes, replays, a conflict
+# a little history in each stream: first writes and replays (two entries
+# each, of two events)
 for my $s (qw(plain keyed)) {
-    for my $i (1 .. 3) {
+    for my $i (1 .. 4) {
         my $k = $t->key("$s$i");
         my @req = (key => $k, json => { n => $i }, headers => [ Authorization => 'Bearer a' ]);
         is($t->http(POST => "/$s/x", @req)->{status}, 201, "$s: first write $i");
@@ -56,10 +57,13 @@ for my $s (qw(plain keyed)) {
     }
 }
 
+# the stream's entries as stored: [id, h, e] each (h the raw digest)
 sub snapshot {
     my ($stream) = @_;
-    return [ map { [ $_->{id}, $_->{h}, $_->{e} ] } @{ $t->audit_entries($stream) } ];
+    return [ map { [ $_->{id}, $_->{h}, $_->{e} ] } @{ $t->audit_stream($stream) } ];
 }
+
+sub hex_of { unpack 'H*', $_[0] }
 
 sub verify {
     my ($stream, @args) = @_;
@@ -67,21 +71,27 @@ sub verify {
     return ($rc, $out . $err);
 }
 
-# entry $e with field $name set to $value (the hash is left as it was)
+# entry $e with field $name set to $value (the hash is left as it was):
+# seq and prev are the entry's, the others its first event's
 sub with_field {
     my ($e, $name, $value) = @_;
     my $f = $t->audit_decode($e);
-    $f->{$name} = $value;
+    if ($name eq 'prev' || $name eq 'seq') {
+        $f->{$name} = $value;
+    } else {
+        $f->{events}[0]{$name} = $value;
+    }
     return $t->audit_encode($f);
 }
 
 # a forged entry: as the module would write it, hashed by someone without the key
 sub forge {
     my ($seq, $prev, %f) = @_;
-    my $e = $t->audit_encode({ seq => $seq, time => 1700000000000, prev => $prev, event => 'completed',
-                               op => 'f' x 32, key => 'forged', fp => 'f' x 64, route => '/plain/x',
-                               status => 201, identity => 'mallory', %f });
-    return [ "$seq-0", $t->audit_hash($e), $e ];
+    my $e = $t->audit_encode({ seq => $seq, prev => $prev,
+                               events => [ { time => 1700000000000, event => 'completed',
+                                             op => 'f' x 32, key => 'forged', fp => 'f' x 64,
+                                             route => '/plain/x', status => 201, identity => 'mallory', %f } ] });
+    return [ "$seq-0", $t->audit_digest($e), $e ];
 }
 
 # the entries from index $i on, re-added with IDs moved up by one
@@ -100,8 +110,8 @@ for my $case ([ 'audit:plain', [] ], [ 'audit:keyed', [ '--key-file', $KEYFILE ]
     my ($rc, $out) = verify($stream, @$key);
     is($rc, 0, "$what: intact") or diag($out);
     my ($head) = $out =~ /^(\d+ [0-9a-f]{64})$/m;
-    is($head, "$n $orig->[-1][1]", "$what: verify prints the head");
-    my $anchor = "$n:$orig->[-1][1]";
+    is($head, "$n " . hex_of($orig->[-1][1]), "$what: verify prints the head");
+    my $anchor = "$n:" . hex_of($orig->[-1][1]);
 
     # change one field of entry 3 (its hash kept)
     my @e = @$orig;
@@ -161,11 +171,11 @@ for my $case ([ 'audit:plain', [] ], [ 'audit:keyed', [ '--key-file', $KEYFILE ]
 
     # the whole chain rewritten, entry 2 changed (chained right, without the key)
     my @all;
-    my $prev = '0' x 64;
+    my $prev = "\0" x 32;
     for my $en (@$orig) {
         my $e2 = with_field($en->[2], 'prev', $prev);
         $e2 = with_field($e2, 'identity', 'mallory') if $en->[0] eq '2-0';
-        push @all, [ $en->[0], $t->audit_hash($e2), $e2 ];
+        push @all, [ $en->[0], $t->audit_digest($e2), $e2 ];
         $prev = $all[-1][1];
     }
     $t->audit_rewrite($stream, @all);
@@ -198,16 +208,16 @@ for my $case ([ 'audit:plain', [] ], [ 'audit:keyed', [ '--key-file', $KEYFILE ]
 {
     my $orig = snapshot('audit:keyed');
     my $n = @$orig;
-    my $anchor = "$n:$orig->[-1][1]";
+    my $anchor = "$n:" . hex_of($orig->[-1][1]);
     $t->redis_cli('XDEL', 'audit:keyed', "$n-0", ($n - 1) . '-0');
     my $k = $t->key('after-cut');
     is($t->http(POST => '/keyed/x', key => $k, json => {}, headers => [ Authorization => 'Bearer a' ])->{status},
        201, 'a write after the tail was deleted');
     ok($t->wait_state($k, 'Bearer a', 'completed'), 'recorded');
-    my $now = $t->audit_entries('audit:keyed');
-    is_deeply([ map { $_->{seq} } @$now ], [ 1 .. $n - 2, $n + 1 .. $n + 4 ],
-        'the module appended after the stream\'s last ID');
-    is($now->[$n - 2]{prev}, $orig->[$n - 3][1], 'chained on the last entry there is');
+    my $now = $t->audit_stream('audit:keyed');
+    is_deeply([ map { $_->{seq} } @$now ], [ 1 .. $n - 2, $n + 1 .. $n + 2 ],
+        'the module appended after the stream\'s last ID (the claim\'s entry, the completion\'s)');
+    is($now->[$n - 2]{decoded}{prev}, $orig->[$n - 3][1], 'chained on the last entry there is');
     my ($rc, $out) = verify('audit:keyed', '--key-file', $KEYFILE);
     is($rc, 1, 'verify: exit 1');
     like($out, qr/^entry ${\($n - 1)}: missing: entries ${\($n - 1)} to $n are not in the stream/m,
@@ -230,9 +240,13 @@ for my $case ([ 'audit:plain', [] ], [ 'audit:keyed', [ '--key-file', $KEYFILE ]
     is($rc, 0, 'export: exit 0') or diag($err);
     my @lines = split /\n/, $json;
     my $entries = $t->audit_entries('audit:plain');
-    is(scalar @lines, scalar @$entries, 'export: one JSON line per entry');
+    is(scalar @lines, scalar @$entries, 'export: one JSON line per event');
     my @docs = map { JSON::PP->new->decode($_) } @lines;
-    is_deeply([ map { $_->{seq} } @docs ], [ 1 .. @docs ], 'export: in order');
+    is_deeply([ map { "$_->{seq}.$_->{index}" } @docs ], [ map { "$_->{seq}.$_->{index}" } @$entries ],
+              'export: in order, each event with its entry and its place in it');
+    my $nentries = $docs[-1]{seq};
+    is_deeply([ map { $_->{seq} } grep { $_->{index} == 1 } @docs ], [ 1 .. $nentries ],
+              'export: every entry');
     is_deeply([ map { $_->{event} } @docs ], [ map { $_->{event} } @$entries ], 'export: the events');
     ok(!grep({ !defined $_->{e} || !defined $_->{hash} } @docs), 'export: every line carries its hash and bytes');
     my $file = $t->prefix . '/archive.jsonl';
@@ -241,7 +255,7 @@ for my $case ([ 'audit:plain', [] ], [ 'audit:keyed', [ '--key-file', $KEYFILE ]
     close $out;
     my ($vrc, $vout) = $t->audit_tool('--stream', 'audit:plain', '--file', $file, 'verify');
     is($vrc, 0, 'verify --file of the export: intact');
-    like($vout, qr/^@{[ scalar @docs ]} $docs[-1]{hash}$/m, 'verify --file: the same head');
+    like($vout, qr/^$nentries $docs[-1]{hash}$/m, 'verify --file: the same head');
     (my $bad = $json) =~ s/("seq":3,.*?"e":")([^"]+)/$1 . b64url_edit($2)/e;
     open($out, '>', $file) or die;
     print $out $bad;
@@ -250,9 +264,18 @@ for my $case ([ 'audit:plain', [] ], [ 'audit:keyed', [ '--key-file', $KEYFILE ]
     is($vrc, 1, 'verify --file of an edited archive: exit 1');
     like($vout, qr/^entry 3: modified:/m, 'verify --file names entry 3') or diag($vout);
 
+    # an event left out of the archive
+    my @cut = grep { !/"seq":4,.*"index":2,/ } @lines;
+    open($out, '>', $file) or die;
+    print $out map { "$_\n" } @cut;
+    close $out;
+    ($vrc, $vout) = $t->audit_tool('--file', $file, 'verify');
+    is($vrc, 1, 'verify --file of an archive without one event: exit 1');
+    like($vout, qr/^entry 4: modified: its event 2 is not in the export/m, 'verify --file names it') or diag($vout);
+
     ($rc, $json) = $t->audit_tool('--stream', 'audit:plain', 'export', '--from', 5);
     my @from = map { JSON::PP->new->decode($_)->{seq} } split /\n/, $json;
-    is_deeply(\@from, [ 5 .. @docs ], 'export --from 5: entries 5 to the head');
+    is_deeply(\@from, [ map { $_->{seq} } grep { $_->{seq} >= 5 } @docs ], 'export --from 5: entries 5 to the head');
 }
 
 # show: a key is looked up in every scope (the stream has none)
@@ -270,17 +293,17 @@ for my $case ([ 'audit:plain', [] ], [ 'audit:keyed', [ '--key-file', $KEYFILE ]
     is(scalar @ops, 8, 'show by key: their eight entries');
     ($rc, $out) = $t->audit_tool('--stream', 'audit:plain', 'show', 'no-such-key');
     is($rc, 1, 'show of an unknown key: exit 1');
-    is($t->effects, 9, 'upstream effects: 3 + 3 writes, 1 after the cut, 2 in two scopes');
+    is($t->effects, 11, 'upstream effects: 4 + 4 writes, 1 after the cut, 2 in two scopes');
 }
 
-# base64url of the encoding with its "0:," identity replaced by "1:x,"
+# base64url of the encoding with its first event's identity "x"
 sub b64url_edit {
     my ($b64) = @_;
     require MIME::Base64;
     (my $std = $b64) =~ tr{-_}{+/};
     my $e = MIME::Base64::decode_base64($std . '=' x ((4 - length($std) % 4) % 4));
     my $f = $t->audit_decode($e);
-    $f->{identity} = 'x';
+    $f->{events}[0]{identity} = 'x';
     my $out = MIME::Base64::encode_base64($t->audit_encode($f), '');
     $out =~ tr{+/}{-_};
     $out =~ s/=+$//;

@@ -78,14 +78,15 @@ note("$retried keys were retried (a timeout, 503 or in-progress first)");
 is($t->effects, scalar @all, 'upstream effects: exactly one per key');
 
 my $e = $t->audit_entries('idem:load');
-my $n = @$e;
-note("$n entries");
-is_deeply([ map { $_->{id} } @$e ], [ map { "$_-0" } 1 .. $n ], 'sequence numbers 1..N, contiguous');
+my $stream = $t->audit_stream('idem:load');
+my $n = @$stream;
+note("$n entries, " . scalar(@$e) . ' events');
+is_deeply([ map { $_->{id} } @$stream ], [ map { "$_-0" } 1 .. $n ], 'sequence numbers 1..N, contiguous');
 my %prev;
-$prev{ $_->{prev} }++ for @$e;
+$prev{ $_->{decoded}{prev} }++ for @$stream;
 is(scalar(grep { $_ > 1 } values %prev), 0, 'no fork: no two entries name the same previous entry');
-my %h = map { $_->{h} => 1 } @$e;
-is(scalar(grep { !$h{ $_->{prev} } && $_->{seq} != 1 } @$e), 0, 'every prev is an entry of the stream');
+my %h = map { $_->{h} => 1 } @$stream;
+is(scalar(grep { !$h{ $_->{decoded}{prev} } && $_->{seq} != 1 } @$stream), 0, 'every prev is an entry of the stream');
 
 my (%events, %sent, %released);
 for my $en (@$e) {

@@ -349,7 +349,7 @@ audit_verify_each(audit_t *a, audit_read_t *en, void *data)
 /* the anchors: each entry they name must be there, with that hash */
 static int
 audit_verify_anchors(audit_t *a, idem_audit_verify_t *v, uint64_t *seqs,
-    char (*hashes)[IDEM_AUDIT_PREV_MAX + 1])
+    char (*hashes)[2 * IDEM_AUDIT_PREV_MAX + 1])
 {
     int  i;
 
@@ -381,7 +381,12 @@ audit_verify_anchors(audit_t *a, idem_audit_verify_t *v, uint64_t *seqs,
 typedef struct {
     idem_audit_verify_t   v;
     uint64_t              seqs[AUDIT_ANCHORS];
-    char                  hashes[AUDIT_ANCHORS][IDEM_AUDIT_PREV_MAX + 1];
+    char                  hashes[AUDIT_ANCHORS][2 * IDEM_AUDIT_PREV_MAX + 1];
+
+    /* an export: the entry of the line before (its events follow it) */
+    char                  id[48];
+    char                  hash[2 * IDEM_AUDIT_PREV_MAX + 1];
+    long                  index, events;
 } audit_verify_t;
 
 
@@ -408,7 +413,7 @@ audit_verify_next(audit_t *a, audit_verify_t *vf, audit_read_t *en)
         if (a->anchors[i].seq == vf->v.seq) {
             vf->seqs[i] = vf->v.seq;
             snprintf(vf->hashes[i], sizeof(vf->hashes[i]), "%s",
-                     vf->v.hash);
+                     vf->v.hex);
         }
     }
 
@@ -423,16 +428,85 @@ audit_verify_stream_each(audit_t *a, audit_read_t *en, void *data)
 }
 
 
+/*
+ * An export line after the first event of its entry: the same entry (ID,
+ * hash), the next event of it; 0 when it is one, 1 after saying why not,
+ * -1 when the line begins another entry.
+ */
+static int
+audit_verify_event_line(audit_verify_t *vf, cJSON *o, const char *id,
+    const char *h)
+{
+    long  index;
+
+    index = (long) cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(o,
+                                                                 "index"));
+
+    if (index <= 1 || strcmp(id, vf->id) != 0) {
+        if (vf->index < vf->events) {
+            printf("entry %llu: modified: its event %ld is not in the "
+                   "export\n", (unsigned long long) vf->v.seq,
+                   vf->index + 1);
+            return 1;
+        }
+
+        return -1;
+    }
+
+    if (index != vf->index + 1 || index > vf->events || h == NULL
+        || strcmp(h, vf->hash) != 0)
+    {
+        printf("entry %llu: modified: its event %ld is not the one after "
+               "event %ld of this entry\n", (unsigned long long) vf->v.seq,
+               index, vf->index);
+        return 1;
+    }
+
+    vf->index = index;
+
+    return 0;
+}
+
+
+/* a hash as the export writes it: the raw digest of a version-2 entry */
+static size_t
+audit_export_hash(const char *h, const char *e, long e_len, char *raw)
+{
+    size_t  i, len;
+
+    len = h ? strlen(h) : 0;
+
+    if (e_len > 0 && e[0] == IDEM_AUDIT_V2 && len == IDEM_AUDIT_HASH_LEN
+        && idem_is_hex(h, len))
+    {
+        for (i = 0; i < IDEM_AUDIT_DIGEST_LEN; i++) {
+            raw[i] = (char) ((h[2 * i] <= '9' ? h[2 * i] - '0'
+                                              : h[2 * i] - 'a' + 10) << 4
+                             | (h[2 * i + 1] <= '9' ? h[2 * i + 1] - '0'
+                                                    : h[2 * i + 1] - 'a' + 10));
+        }
+
+        return IDEM_AUDIT_DIGEST_LEN;
+    }
+
+    memcpy(raw, h ? h : "", len < IDEM_AUDIT_PREV_MAX ? len : 0);
+
+    return len < IDEM_AUDIT_PREV_MAX ? len : IDEM_AUDIT_PREV_MAX + 1;
+}
+
+
 /* an export file: its lines' "id", "hash" and "e" (base64url) */
 static int
 audit_verify_line(audit_t *a, audit_verify_t *vf, char *line)
 {
-    int            rc;
-    long           n;
-    cJSON         *o;
-    const char    *id, *h, *e64;
-    audit_read_t   en;
-    unsigned char *e;
+    int                   rc;
+    long                  n;
+    cJSON                *o;
+    const char           *id, *h, *e64;
+    audit_read_t          en;
+    unsigned char        *e;
+    char                  raw[IDEM_AUDIT_PREV_MAX + 1];
+    idem_audit_events_t   ev;
 
     o = cJSON_Parse(line);
     id = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, "id"));
@@ -446,18 +520,33 @@ audit_verify_line(audit_t *a, audit_verify_t *vf, char *line)
         return 1;
     }
 
+    rc = vf->v.count ? audit_verify_event_line(vf, o, id, h) : -1;
+
+    if (rc >= 0) {
+        cJSON_Delete(o);
+        return rc;
+    }
+
     e = e64 ? malloc(strlen(e64) * 3 / 4 + 1) : NULL;
     n = e ? idem_b64url_decode(e64, strlen(e64), e) : -1;
 
     en.id = id;
     en.id_len = strlen(id);
-    en.h = h;
-    en.h_len = h ? strlen(h) : 0;
+    en.h = raw;
+    en.h_len = audit_export_hash(h, (char *) e, n, raw);
     en.e = n >= 0 ? (char *) e : NULL;
     en.e_len = n >= 0 ? (size_t) n : 0;
     en.extra = NULL;
 
     rc = audit_verify_next(a, vf, &en);
+
+    if (rc == 0) {
+        snprintf(vf->id, sizeof(vf->id), "%s", id);
+        snprintf(vf->hash, sizeof(vf->hash), "%s", h ? h : "");
+        vf->index = 1;
+        vf->events = idem_audit_events_decode(en.e, en.e_len, &ev) == 0
+                     ? (long) ev.n : 1;
+    }
 
     free(e);
     cJSON_Delete(o);
@@ -706,6 +795,12 @@ audit_verify(audit_t *a)
         rc = audit_verify_file(a, vf);
     }
 
+    if (rc == 0 && a->nfiles && vf->index < vf->events) {
+        printf("entry %llu: modified: its event %ld is not in the export\n",
+               (unsigned long long) vf->v.seq, vf->index + 1);
+        rc = 1;
+    }
+
     /* a stream that is not there verifies nothing: a typo, or deleted */
     if (rc == 0 && vf->v.count == 0 && !a->allow_empty) {
         printf("no entries: %s%s%s is empty or does not exist "
@@ -720,9 +815,10 @@ audit_verify(audit_t *a)
     }
 
     if (rc == 0) {
-        printf("%llu %s\n", (unsigned long long) vf->v.seq, vf->v.hash);
-        fprintf(stderr, "%llu entries, the chain is intact\n",
-                (unsigned long long) vf->v.count);
+        printf("%llu %s\n", (unsigned long long) vf->v.seq, vf->v.hex);
+        fprintf(stderr, "%llu entries (%llu events), the chain is intact\n",
+                (unsigned long long) vf->v.count,
+                (unsigned long long) vf->v.events);
     }
 
     free(vf);
@@ -789,8 +885,16 @@ audit_show_entry(audit_t *a, idem_audit_entry_t *en)
     }
 
     audit_time(e.time, when);
-    printf("%llu %s %s", (unsigned long long) e.seq, when,
-           idem_audit_event_name(e.event));
+
+    /* an event of a version-2 entry: SEQ.INDEX */
+    if (e.index) {
+        printf("%llu.%u %s %s", (unsigned long long) e.seq, e.index, when,
+               idem_audit_event_name(e.event));
+
+    } else {
+        printf("%llu %s %s", (unsigned long long) e.seq, when,
+               idem_audit_event_name(e.event));
+    }
 
     if (e.status) {
         printf(" status=%d", e.status);
@@ -814,10 +918,17 @@ audit_show_entry(audit_t *a, idem_audit_entry_t *en)
 static int
 audit_show_each(audit_t *a, audit_read_t *en, void *data)
 {
-    idem_audit_entry_t  e;
+    size_t               i;
+    idem_audit_events_t  ev;
 
-    if (en->e && idem_audit_decode(en->e, en->e_len, &e) == 0) {
-        (*(uint64_t *) data) += audit_show_entry(a, &e);
+    if (en->e && idem_audit_events_decode(en->e, en->e_len, &ev) == 0) {
+        for (i = 0; i < ev.n; i++) {
+            if (ev.version == 1) {
+                ev.e[i].index = 0;
+            }
+
+            (*(uint64_t *) data) += audit_show_entry(a, &ev.e[i]);
+        }
     }
 
     return 0;
@@ -929,39 +1040,59 @@ audit_json_field(const char *name, idem_str_t *s)
 }
 
 
+/* one line of export: event e of the entry en (NULL: none decodes) */
 static int
-audit_export_each(audit_t *a, audit_read_t *en, void *data)
+audit_export_event(audit_read_t *en, idem_audit_entry_t *e, size_t n,
+    const char *e64)
 {
-    char                *e64;
-    char                 when[48];
-    idem_audit_entry_t   e;
+    char  when[48], text[2 * IDEM_AUDIT_PREV_MAX + 1];
 
     printf("{\"seq\":%llu", (unsigned long long) idem_audit_id_seq(en->id,
                                                                en->id_len));
     audit_json_str("id", en->id, en->id_len);
-    audit_json_str("hash", en->h ? en->h : "", en->h_len);
+    idem_audit_hash_text(en->h ? en->h : "",
+                         en->h_len > IDEM_AUDIT_PREV_MAX ? 0 : en->h_len,
+                         text);
+    audit_json_str("hash", text, strlen(text));
 
-    if (en->e && idem_audit_decode(en->e, en->e_len, &e) == 0) {
-        audit_time(e.time, when);
-        audit_json_field("prev", &e.prev);
-        printf(",\"time\":%lld,\"time_utc\":\"%s\"", (long long) e.time,
+    if (e) {
+        printf(",\"index\":%u,\"events\":%zu", e->index ? e->index : 1, n);
+        audit_time(e->time, when);
+        idem_audit_hash_text(e->prev.data, e->prev.len, text);
+        audit_json_str("prev", text, strlen(text));
+        printf(",\"time\":%lld,\"time_utc\":\"%s\"", (long long) e->time,
                when);
-        audit_json_str("event", idem_audit_event_name(e.event),
-                       strlen(idem_audit_event_name(e.event)));
-        audit_json_field("operation_id", &e.op);
-        audit_json_field("key", &e.key);
-        audit_json_field("fingerprint", &e.fp);
-        audit_json_field("route", &e.route);
-        printf(e.status ? ",\"status\":%d" : ",\"status\":null", e.status);
-        audit_json_field("identity", &e.identity);
-        audit_json_field("approver", &e.approver);
-        audit_json_field("response_sha256", &e.response);
-        audit_json_field("ref", &e.ref);
-        audit_json_field("request_id", &e.request);
+        audit_json_str("event", idem_audit_event_name(e->event),
+                       strlen(idem_audit_event_name(e->event)));
+        audit_json_field("operation_id", &e->op);
+        audit_json_field("key", &e->key);
+        audit_json_field("fingerprint", &e->fp);
+        audit_json_field("route", &e->route);
+        printf(e->status ? ",\"status\":%d" : ",\"status\":null", e->status);
+        audit_json_field("identity", &e->identity);
+        audit_json_field("approver", &e->approver);
+        audit_json_field("response_sha256", &e->response);
+        audit_json_field("ref", &e->ref);
+        audit_json_field("request_id", &e->request);
 
     } else {
         printf(",\"error\":\"not an entry the module writes\"");
     }
+
+    printf(",\"e\":\"%s\"}\n", e64);
+
+    return ferror(stdout) ? -1 : 0;
+}
+
+
+/* one line per event of the entry (one line when it is not an entry) */
+static int
+audit_export_each(audit_t *a, audit_read_t *en, void *data)
+{
+    int                  rc;
+    char                *e64;
+    size_t               i;
+    idem_audit_events_t  ev;
 
     e64 = malloc(idem_b64url_len(en->e_len) + 1);
     if (e64 == NULL) {
@@ -970,10 +1101,20 @@ audit_export_each(audit_t *a, audit_read_t *en, void *data)
 
     e64[idem_b64url_encode((const unsigned char *) (en->e ? en->e : ""),
                            en->e_len, e64)] = '\0';
-    printf(",\"e\":\"%s\"}\n", e64);
+
+    if (en->e == NULL || idem_audit_events_decode(en->e, en->e_len, &ev) != 0)
+    {
+        rc = audit_export_event(en, NULL, 0, e64);
+
+    } else {
+        for (rc = 0, i = 0; rc == 0 && i < ev.n; i++) {
+            rc = audit_export_event(en, &ev.e[i], ev.n, e64);
+        }
+    }
+
     free(e64);
 
-    return ferror(stdout) ? -1 : 0;
+    return rc;
 }
 
 

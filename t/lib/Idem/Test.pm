@@ -1482,9 +1482,15 @@ sub parallel {
 
 # ---------------------------------------------------------------- audit
 
-# The fields of an audit entry's encoding, in order (docs/audit.md).
+# The fields of an audit entry's encoding, in order (docs/audit.md):
+# version 1 (fifteen netstrings, one event per entry) and version 2 (the
+# events of one step; the bits of an event's mask, in order).
 our @AUDIT_FIELDS = qw(version seq time prev event op key fp route status
                        identity approver response ref request);
+our @AUDIT_BITS   = qw(time op key fp route status identity approver response ref request);
+our @AUDIT_EVENTS = qw(attempted confirmation_required approved sent accepted completed replayed
+                       reused conflict in_progress unknown released resolved declined);
+my %AUDIT_DIGEST  = (op => 16, fp => 32, response => 32, request => 16);
 
 # audit_tool(@args): build/idempotency-audit with --redis this test's Redis
 # (unless @args has one) and @args; returns (exit code, stdout, stderr).
@@ -1499,10 +1505,13 @@ sub audit_tool {
     return ($? == -1 ? 255 : $? >> 8, _slurp($out), _slurp($err));
 }
 
-# audit_decode($e): the fields of an entry's encoding by name, or undef when
-# it is not fifteen netstrings. Written from docs/audit.md, not from the C.
+# audit_decode($e): an entry's encoding as { version, seq, prev, events =>
+# [ { event, time, op, ... }, ... ] } (digests in hex, prev as stored), or
+# undef when it is not one the module writes. Written from docs/audit.md,
+# not from the C.
 sub audit_decode {
     my ($self, $e) = @_;
+    return _audit_decode2($e) if length $e && substr($e, 0, 1) eq "\x02";
     my @f;
     while (length $e) {
         $e =~ s/^(0|[1-9]\d*)://s or return undef;
@@ -1514,27 +1523,98 @@ sub audit_decode {
     return undef unless @f == @AUDIT_FIELDS && $f[0] eq 'idem-audit-1';
     my %h;
     @h{@AUDIT_FIELDS} = @f;
-    return \%h;
+    my %ev = map { $_ => $h{$_} } grep { !/^(version|seq|prev)$/ } @AUDIT_FIELDS;
+    return { version => 1, seq => $h{seq}, prev => $h{prev}, events => [ \%ev ] };
 }
 
-# audit_encode(\%fields): the encoding of an entry (the inverse of audit_decode).
+sub _audit_decode2 {
+    my ($e) = @_;
+    my $at = 1;
+    my $take = sub { my ($n) = @_; die "short\n" if $at + $n > length $e; my $v = substr($e, $at, $n); $at += $n; $v };
+    my $d = eval {
+        my $seq = unpack 'Q>', $take->(8);
+        my $prev = $take->(unpack 'C', $take->(1));
+        my $n = unpack 'C', $take->(1);
+        my (@ev, %was);
+        for my $k (1 .. $n) {
+            my %v = (%was, event => $AUDIT_EVENTS[unpack 'C', $take->(1)]);
+            my $mask = unpack 'n', $take->(2);
+            die "no time\n" if $k == 1 && !($mask & 1);
+            for my $i (0 .. $#AUDIT_BITS) {
+                next unless $mask & (1 << $i);
+                my $name = $AUDIT_BITS[$i];
+                if ($name eq 'time') { $v{time} = unpack 'Q>', $take->(8) }
+                elsif ($name eq 'status') { my $st = unpack 'n', $take->(2); $v{status} = $st ? $st : '' }
+                else {
+                    my $b = $take->(unpack 'n', $take->(2));
+                    $v{$name} = $AUDIT_DIGEST{$name} ? unpack('H*', $b) : $b;
+                }
+            }
+            $v{$_} //= '' for @AUDIT_BITS;
+            %was = %v;
+            push @ev, \%v;
+        }
+        die "trailing\n" if $at != length $e || !@ev;
+        { version => 2, seq => $seq, prev => $prev, events => \@ev };
+    };
+    return $d;
+}
+
+# audit_encode(\%entry): the encoding of an entry as audit_decode gives it
+# (version 2 unless it says 1; events' missing fields empty), the inverse.
 sub audit_encode {
     my ($self, $h) = @_;
-    return join '', map { my $v = $_ eq 'version' ? 'idem-audit-1' : $h->{$_} // '';
-                          length($v) . ":$v," } @AUDIT_FIELDS;
+    if (($h->{version} // 2) == 1) {
+        my %f = (%{ $h->{events}[0] }, seq => $h->{seq}, prev => $h->{prev});
+        return join '', map { my $v = $_ eq 'version' ? 'idem-audit-1' : $f{$_} // '';
+                              length($v) . ":$v," } @AUDIT_FIELDS;
+    }
+    my %code = map { $AUDIT_EVENTS[$_] => $_ } 0 .. $#AUDIT_EVENTS;
+    my $out = "\x02" . pack('Q>', $h->{seq}) . pack('C', length $h->{prev}) . $h->{prev}
+              . pack('C', scalar @{ $h->{events} });
+    my %was;
+    for my $ev (@{ $h->{events} }) {
+        my ($mask, $body) = (0, '');
+        for my $i (0 .. $#AUDIT_BITS) {
+            my $name = $AUDIT_BITS[$i];
+            my $v = $ev->{$name} // '';
+            $v = 0 + ($v || 0) if $name eq 'status' || $name eq 'time';
+            next if %was ? $v eq $was{$name}
+                         : $name eq 'time' ? 0 : $name eq 'status' ? $v == 0 : $v eq '';
+            $mask |= 1 << $i;
+            $body .= $name eq 'time' ? pack('Q>', $v) : $name eq 'status' ? pack('n', $v)
+                   : $AUDIT_DIGEST{$name} ? pack('n', length($v) / 2) . pack('H*', $v)
+                   : pack('n', length $v) . $v;
+        }
+        $out .= pack('C', $code{ $ev->{event} }) . pack('n', $mask) . $body;
+        %was = map { my $v = $ev->{$_} // ''; ($_ => ($_ eq 'status' || $_ eq 'time') ? 0 + ($v || 0) : $v) }
+               @AUDIT_BITS;
+    }
+    return $out;
 }
 
 # audit_hash($e, $key): the entry hash of an encoding, SHA-256 or with $key
-# HMAC-SHA256, in lowercase hex.
+# HMAC-SHA256, in lowercase hex; audit_digest: the same, raw (a version-2
+# entry's "h").
 sub audit_hash {
     my ($self, $e, $key) = @_;
     require Digest::SHA;
     return defined $key ? Digest::SHA::hmac_sha256_hex($e, $key) : Digest::SHA::sha256_hex($e);
 }
 
-# audit_entries($stream): the stream's entries in order (XRANGE), each a
-# hashref: id, h, e and, when e decodes, its fields by name (seq, event, op...).
-sub audit_entries {
+sub audit_digest {
+    my ($self, $e, $key) = @_;
+    require Digest::SHA;
+    return defined $key ? Digest::SHA::hmac_sha256($e, $key) : Digest::SHA::sha256($e);
+}
+
+# a stored hash as people read it: hex of a raw digest, a version-1 one as it is
+sub _audit_text { my ($h) = @_; defined $h && length $h == 32 ? unpack('H*', $h) : $h }
+
+# audit_stream($stream): the stream's entries in order (XRANGE), each a
+# hashref: id, h and e as stored, seq, and the decoded entry (undef when
+# e does not decode).
+sub audit_stream {
     my ($self, $stream) = @_;
     my $x = $self->redis('XRANGE', $stream // 'idem:audit', '-', '+');
     return [] unless ref $x eq 'ARRAY';
@@ -1542,8 +1622,29 @@ sub audit_entries {
     for my $en (@$x) {
         my %f = @{ $en->[1] };
         my $d = defined $f{e} ? $self->audit_decode($f{e}) : undef;
-        push @out, { ($d ? %$d : (bad => 1)), id => $en->[0], h => $f{h}, e => $f{e},
+        push @out, { id => $en->[0], h => $f{h}, e => $f{e}, seq => $d && $d->{seq}, decoded => $d,
                      fields => $en->[1] };
+    }
+    return \@out;
+}
+
+# audit_entries($stream): the stream's events in order, one hashref each:
+# the entry's id, h and prev (as text: hex of a raw digest), e, seq and
+# fields, the event's index in its entry, and its fields by name (event,
+# op, key, ...).
+sub audit_entries {
+    my ($self, $stream) = @_;
+    my @out;
+    for my $en (@{ $self->audit_stream($stream) }) {
+        my $d = $en->{decoded};
+        my %base = (id => $en->{id}, h => _audit_text($en->{h}), e => $en->{e}, fields => $en->{fields});
+        if (!$d) {
+            push @out, { %base, bad => 1 };
+            next;
+        }
+        my $i = 0;
+        push @out, { %$_, %base, seq => $d->{seq}, prev => _audit_text($d->{prev}), index => ++$i,
+                     version => $d->{version} } for @{ $d->{events} };
     }
     return \@out;
 }
