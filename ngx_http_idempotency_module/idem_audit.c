@@ -349,6 +349,9 @@ idem_audit_verify_init(idem_audit_verify_t *v, const unsigned char *key,
 
     v->key = key;
     v->key_len = key_len;
+
+    /* the head of no entry, as verify --allow-empty prints it */
+    memcpy(v->hex, idem_audit_genesis, IDEM_AUDIT_HASH_LEN + 1);
 }
 
 

@@ -755,6 +755,26 @@ ngx_http_idem_audit_lean(ngx_http_idem_audit_t *audit,
 }
 
 
+/*
+ * The claim of a key the first look found free, with the stream and no
+ * unique or lock key: claimnew.lua, claim.lua's free-key case alone (the
+ * same arguments), instead of claim.lua, which defines what every other
+ * case needs on each call.  The command stays claim.lua's: its replies
+ * are, a NOSCRIPT resends claim.lua's text, and a key taken since the look
+ * is given to claim.lua (ngx_http_idem_audit_look()).
+ */
+static void
+ngx_http_idem_audit_claimnew(ngx_http_idem_cmd_t *cmd, ngx_str_t *expect)
+{
+    if (expect->len == sizeof("claim") - 1
+        && ngx_strncmp(expect->data, "claim", expect->len) == 0)
+    {
+        cmd->argv[1] = (const char *)
+                       cmd->redis->scripts[NGX_HTTP_IDEM_SCRIPT_CLAIMNEW].sha1;
+    }
+}
+
+
 ngx_http_idem_cmd_t *
 ngx_http_idem_audit_cmd(ngx_http_idem_audit_t *audit,
     ngx_http_idem_script_e script, const u_char *key, u_char **keys,
@@ -822,6 +842,12 @@ ngx_http_idem_audit_cmd(ngx_http_idem_audit_t *audit,
 
     if (lean) {
         cmd->hidden = NGX_HTTP_IDEM_AUDIT_ENTRIES + (nentries ? 2 : 0);
+    }
+
+    if (script == NGX_HTTP_IDEM_SCRIPT_CLAIM && audit->on_stream && n == 0
+        && nentries)
+    {
+        ngx_http_idem_audit_claimnew(cmd, expect);
     }
 
     return cmd;
@@ -991,6 +1017,41 @@ ngx_http_idem_audit_again(ngx_http_idem_cmd_t *cmd, ngx_uint_t at,
     }
 
     copy->pos = start + meta->room;
+
+    if (ngx_http_idem_cmd_send(copy, cmd->handler, cmd->data) == NGX_ERROR) {
+        return NGX_ERROR;
+    }
+
+    *next = copy;
+
+    return NGX_AGAIN;
+}
+
+
+/*
+ * claimnew.lua found the key taken since the first look, and wrote
+ * nothing: the same command, claim.lua's text, decides (its entries are
+ * still the next ones this worker predicted).
+ */
+static ngx_int_t
+ngx_http_idem_audit_look(ngx_http_idem_cmd_t *cmd, ngx_http_idem_cmd_t **next)
+{
+    ngx_http_idem_cmd_t  *copy;
+
+    if (cmd->data == NULL && !cmd->durable) {
+        return NGX_DECLINED;
+    }
+
+    copy = ngx_http_idem_cmd_copy(cmd);
+    if (copy == NULL) {
+        return NGX_ERROR;
+    }
+
+    copy->argv[0] = "EVALSHA";
+    copy->argvlen[0] = sizeof("EVALSHA") - 1;
+    copy->argv[1] = (const char *) cmd->redis->scripts[cmd->script].sha1;
+    copy->argvlen[1] = NGX_HTTP_IDEM_SHA1_HEX;
+    copy->eval = 0;
 
     if (ngx_http_idem_cmd_send(copy, cmd->handler, cmd->data) == NGX_ERROR) {
         return NGX_ERROR;
@@ -1211,6 +1272,10 @@ ngx_http_idem_audit_reply(ngx_http_idem_cmd_t *cmd, redisReply **reply,
                && (*reply)->integer == 1
                ? ngx_http_idem_audit_to_file(cmd, meta.head->audit)
                : NGX_OK;
+    }
+
+    if (ngx_http_idem_audit_is(*reply, "audit-look", 1)) {
+        return ngx_http_idem_audit_look(cmd, next);
     }
 
     if (ngx_http_idem_audit_is(*reply, "audited", 2)) {

@@ -333,9 +333,9 @@ close $fh;
 ($rc, $out) = $t->audit_tool('verify', '--file', "$P/empty.log");
 is($rc, 1, 'verify --file of an empty file: exit 1');
 like($out, qr/^no entries/m, 'it says "no entries"');
-my $e1 = $t->audit_entries('idem:story')->[0];
-$t->redis('XADD', 'idem:extra', '1-0', 'h', $e1->{h}, 'e', $e1->{e});
-$t->redis('XADD', 'idem:extra', '2-0', 'h', $all->[1]{h}, 'e', $all->[1]{e}, 'note', 'x');
+my $s12 = $t->audit_stream('idem:story');
+$t->redis('XADD', 'idem:extra', '1-0', 'h', $s12->[0]{h}, 'e', $s12->[0]{e});
+$t->redis('XADD', 'idem:extra', '2-0', 'h', $s12->[1]{h}, 'e', $s12->[1]{e}, 'note', 'x');
 ($rc, $out) = $t->audit_tool('verify', '--stream', 'idem:extra');
 is($rc, 1, 'a stream entry with a field the encoding does not define: exit 1');
 like($out, qr/^entry 2: inserted: a field the encoding does not define: "note"/m, 'named, with the field')

@@ -5,11 +5,13 @@
  * tampered with in each way docs/audit.md names.
  */
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "idem_audit.h"
 #include "idem_record.h"
+#include "idem_text.h"
 #include "tap.h"
 
 
@@ -334,9 +336,233 @@ test_chain(const unsigned char *key, const char *what)
 }
 
 
+/* ------------------------------------------------------------ version 2 */
+
+/* the documented example: "attempted" then "sent", one entry (Python) */
+static const char  v2_hex[] =
+    "0200000000000000012000000000000000000000000000000000000000000000000000"
+    "000000000000000200045f000001939a447d7b00100123456789abcdef0123456789ab"
+    "cdef00036b2d310020abababababababababababababababababababababababababab"
+    "abababababab00042f7061790005616c6963650010fedcba9876543210fedcba987654"
+    "3210030000";
+static const char  v2_sha[] =
+    "1e446f22f1202a37be8bc04c8ba6789c85ed0e9134d20c671f2451019ebd1d54";
+static const char  v2_hmac[] =
+    "a71222fdbea0f1cfa844a93636de2fbeb3f761b51d1dc0c0e76594bd526b8215";
+
+static const char  zeros[IDEM_AUDIT_DIGEST_LEN];
+
+
+static size_t
+v2_pair(idem_audit_entry_t *e, uint64_t seq, const char *prev,
+    size_t prev_len, char *buf)
+{
+    e[0] = vector_entry();
+    e[0].event = IDEM_AUDIT_ATTEMPTED;
+    e[0].seq = seq;
+    e[0].prev.data = prev;
+    e[0].prev.len = prev_len;
+    e[1] = e[0];
+    e[1].event = IDEM_AUDIT_SENT;
+
+    return (size_t) (idem_audit_batch_encode(buf, e, 2) - buf);
+}
+
+
+static void
+test_v2_vector(void)
+{
+    char                 buf[512], hex[2 * sizeof(buf) + 1];
+    char                 text[2 * IDEM_AUDIT_PREV_MAX + 1];
+    size_t               len;
+    unsigned char        md[IDEM_AUDIT_DIGEST_LEN];
+    idem_audit_entry_t   e[2];
+    idem_audit_events_t  ev;
+
+    len = v2_pair(e, 1, zeros, sizeof(zeros), buf);
+    idem_hex((unsigned char *) buf, len, hex);
+
+    is_str(hex, v2_hex, "version 2: the encoding of the documented example");
+    is_int((long) len, (long) idem_audit_batch_len(e, 2),
+           "batch_len is the length written");
+    ok(idem_audit_batch_max(e, 2)
+       >= len + IDEM_AUDIT_PREV_MAX - IDEM_AUDIT_DIGEST_LEN + 2 * 8,
+       "batch_max leaves room for another prev and times");
+
+    ok(idem_audit_digest(buf, len, NULL, 0, md) == 0, "digest computed");
+    idem_audit_hash_text((char *) md, sizeof(md), text);
+    is_str(text, v2_sha, "SHA-256 of the encoding");
+    ok(idem_audit_digest(buf, len, chain_key, 32, md) == 0, "HMAC computed");
+    idem_audit_hash_text((char *) md, sizeof(md), text);
+    is_str(text, v2_hmac, "HMAC-SHA256 with the key");
+
+    ok(idem_audit_events_decode(buf, len, &ev) == 0 && ev.version == 2
+       && ev.n == 2, "decoded: two events");
+    ok(ev.e[0].event == IDEM_AUDIT_ATTEMPTED && ev.e[1].event == IDEM_AUDIT_SENT
+       && ev.e[1].index == 2 && ev.e[1].seq == 1
+       && ev.e[1].time == 1733460000123LL
+       && ev.e[1].op.len == 32
+       && memcmp(ev.e[1].op.data, "0123456789abcdef0123456789abcdef", 32) == 0
+       && ev.e[1].identity.len == 5 && ev.e[1].status == 0,
+       "the second event has the first's fields (written once)");
+
+    e[1].time++;
+    e[1].status = 201;
+    e[1].op.len = 0;
+    len = (size_t) (idem_audit_batch_encode(buf, e, 2) - buf);
+    ok(idem_audit_events_decode(buf, len, &ev) == 0
+       && ev.e[1].time == e[0].time + 1 && ev.e[1].status == 201
+       && ev.e[1].op.len == 0 && ev.e[0].op.len == 32,
+       "an event's own time, status, and an empty field where the one "
+       "before had one");
+    is_int((long) len, (long) idem_audit_batch_len(e, 2),
+           "batch_len again");
+}
+
+
+static void
+test_v2_refuses(void)
+{
+    char                 buf[1024], bad[520];
+    size_t               len, i, refused;
+    idem_audit_entry_t   e[2];
+    idem_audit_events_t  ev;
+
+    len = v2_pair(e, 1, zeros, sizeof(zeros), buf);
+
+    ok(idem_audit_events_decode(buf, len - 1, &ev) == -1,
+       "version 2: cut short: refused");
+
+    memcpy(bad, buf, len);
+    bad[len] = 0;
+    ok(idem_audit_events_decode(bad, len + 1, &ev) == -1,
+       "a byte after the last event: refused");
+
+    /* the second event's mask names the op, unchanged: not canonical */
+    memcpy(bad, buf, len - 2);
+    bad[len - 2] = 0x00;
+    bad[len - 1] = 0x02;
+    memcpy(bad + len, "\x00\x10\x01\x23\x45\x67\x89\xab\xcd\xef"
+                      "\x01\x23\x45\x67\x89\xab\xcd\xef", 18);
+    ok(idem_audit_events_decode(bad, len + 18, &ev) == -1,
+       "a field written where it did not change: refused");
+
+    memcpy(bad, buf, len);
+    bad[10 + 32] = 0;
+    ok(idem_audit_events_decode(bad, len, &ev) == -1, "no event: refused");
+
+    memcpy(bad, buf, len);
+    bad[10 + 32 + 1] = IDEM_AUDIT_NEVENTS;
+    ok(idem_audit_events_decode(bad, len, &ev) == -1,
+       "an unknown event: refused");
+
+    /* every single byte changed: refused, or an entry written back as is */
+    for (i = 0, refused = 0; i < len; i++) {
+        memcpy(bad, buf, len);
+        bad[i] ^= 0x40;
+
+        if (idem_audit_events_decode(bad, len, &ev) != 0) {
+            refused++;
+
+        } else if (idem_audit_batch_len(ev.e, ev.n) != len
+                   || idem_audit_batch_encode(buf + len, ev.e, ev.n)
+                      != buf + 2 * len
+                   || memcmp(buf + len, bad, len) != 0)
+        {
+            break;
+        }
+    }
+
+    ok(i == len, "each single-byte change is refused (%zu of %zu) or "
+       "decodes to an entry that encodes back to those bytes", refused, len);
+}
+
+
+/* a chain of version-1 entries, then version-2 ones on it, and tampering */
+static void
+test_v2_chain(const unsigned char *key, const char *what)
+{
+    char                 enc[6][512], h[6][IDEM_AUDIT_HASH_LEN + 1];
+    char                 id[6][24];
+    size_t               len[6], hlen[6], i;
+    idem_audit_entry_t   e[2];
+    idem_audit_verify_t  v;
+
+    for (i = 0; i < 6; i++) {
+        snprintf(id[i], sizeof(id[i]), "%zu-0", i + 1);
+
+        if (i < 2) {
+            e[0] = vector_entry();
+            e[0].seq = i + 1;
+            e[0].prev.data = i ? h[i - 1] : idem_audit_genesis;
+            e[0].prev.len = IDEM_AUDIT_HASH_LEN;
+            len[i] = (size_t) (idem_audit_encode(enc[i], &e[0]) - enc[i]);
+            idem_audit_hash(enc[i], len[i], key, key ? 32 : 0, h[i]);
+            hlen[i] = IDEM_AUDIT_HASH_LEN;
+            continue;
+        }
+
+        len[i] = v2_pair(e, i + 1, h[i - 1], hlen[i - 1], enc[i]);
+        idem_audit_digest(enc[i], len[i], key, key ? 32 : 0,
+                          (unsigned char *) h[i]);
+        hlen[i] = IDEM_AUDIT_DIGEST_LEN;
+    }
+
+    idem_audit_verify_init(&v, key, key ? 32 : 0);
+
+    for (i = 0; i < 6; i++) {
+        if (idem_audit_verify_next(&v, id[i], strlen(id[i]), h[i], hlen[i],
+                                   enc[i], len[i]) != 0)
+        {
+            break;
+        }
+    }
+
+    ok(i == 6 && v.count == 6 && v.events == 2 + 4 * 2,
+       "%s: versions 1 then 2 verify as one chain (6 entries, 10 events)",
+       what);
+    ok(strlen(v.hex) == IDEM_AUDIT_HASH_LEN, "%s: the head in hex", what);
+
+    /* one byte of entry 4's third field changed, its hash kept */
+    enc[3][len[3] - 20] ^= 1;
+    idem_audit_verify_init(&v, key, key ? 32 : 0);
+
+    for (i = 0; i < 6; i++) {
+        if (idem_audit_verify_next(&v, id[i], strlen(id[i]), h[i], hlen[i],
+                                   enc[i], len[i]) != 0)
+        {
+            break;
+        }
+    }
+
+    ok(i == 3 && v.fault == IDEM_AUDIT_MODIFIED && v.fault_seq == 4,
+       "%s: a byte of a version-2 entry changed: modified at 4", what);
+    enc[3][len[3] - 20] ^= 1;
+
+    /* entry 5 deleted */
+    idem_audit_verify_init(&v, key, key ? 32 : 0);
+
+    for (i = 0; i < 6; i++) {
+        if (i != 4
+            && idem_audit_verify_next(&v, id[i], strlen(id[i]), h[i],
+                                      hlen[i], enc[i], len[i]) != 0)
+        {
+            break;
+        }
+    }
+
+    ok(i == 5 && v.fault == IDEM_AUDIT_MISSING && v.fault_seq == 5,
+       "%s: a version-2 entry deleted: missing at 5", what);
+}
+
+
 int
 main(void)
 {
+    test_v2_vector();
+    test_v2_refuses();
+    test_v2_chain(NULL, "SHA-256");
+    test_v2_chain(chain_key, "HMAC");
     test_vector();
     test_events();
     test_decode_refuses();

@@ -1,0 +1,73 @@
+#!/usr/bin/perl
+# idempotency_audit: a first look (GET) finds a key free, and another
+# attempt claims it before this one's claim runs. The claim of a free key
+# goes to claimnew.lua (claim.lua's free-key case alone); finding the key
+# taken, it writes nothing and says so ("audit-look"), and the module sends
+# the same command to claim.lua, which decides: one attempt executes, the
+# other is told in-progress, each with its events in the stream.
+#
+# The race is made with two nginx instances on one Redis (each its own
+# connection) and Redis's CLIENT PAUSE WRITE: both first looks (reads) are
+# answered, both claims (scripts) wait until the pause ends.
+
+use strict;
+use warnings;
+use FindBin;
+use lib "$FindBin::Bin/lib";
+use Test::More;
+use Idem::Test;
+
+my $conf = <<'EOF2';
+server {
+    listen 127.0.0.1:%%PORT%%;
+    location / {
+        idempotency on;
+        idempotency_redis %%REDIS%%;
+        idempotency_audit on;
+        idempotency_audit_stream idem:look;
+        proxy_pass http://%%UPSTREAM%%;
+    }
+}
+EOF2
+
+my $t = Idem::Test->new;
+$t->start_stack($conf, workers => 1);
+my $t2 = Idem::Test->new;
+$t2->{redis_port} = $t->{redis_port};
+$t2->{upstream_port} = $t->{upstream_port};
+$t2->start_nginx($conf, workers => 1);
+
+# each instance's link is up and has learned the stream's head
+for my $x ($t, $t2) {
+    my $k = $t->key('warm');
+    is($x->http(POST => '/pay', key => $k, json => {})->{status}, 201, 'a first write through each instance');
+}
+
+sub gets { ($t->redis('INFO', 'commandstats') =~ /cmdstat_get:calls=(\d+)/)[0] // 0 }
+
+sub shown {
+    my ($what) = @_;
+    my ($rc, $out) = $t->audit_tool('--stream', 'idem:look', 'show', $what);
+    return join ' ', map { (split ' ')[2] } grep { /\S/ } split /\n/, $out;
+}
+
+my $k = $t->key('race');
+my $before = gets();
+is($t->redis('CLIENT', 'PAUSE', 10000, 'WRITE'), 'OK', 'Redis holds writes and scripts (reads go on)');
+my @bg = map { $_->http_bg(POST => '/pay', key => $k, json => { same => 1 }, headers => [ 'X-Delay' => 1 ],
+                           timeout => 20) } $t, $t2;
+ok($t->wait_for(sub { gets() >= $before + 2 }, 10), 'both first looks answered: the key is free for both');
+is($t->redis('CLIENT', 'UNPAUSE'), 'OK', 'the claims run, one after the other');
+my @st = sort map { ($_->result(20) // {})->{status} // 0 } @bg;
+is("@st", '201 409', 'one attempt executes, the other is told in-progress');
+is($t->effects(key => $k), 1, 'one effect');
+ok($t->wait_state($k, undef, 'completed'), 'recorded');
+is(shown($k), 'attempted sent attempted in_progress accepted completed',
+   'the stream: the claim, the other attempt told in-progress, the completion');
+
+my ($rc, $out, $err) = $t->audit_tool('--stream', 'idem:look', 'verify');
+is($rc, 0, 'verify: intact') or diag("$out$err");
+
+$t2->check_logs;
+$t->check_logs;
+done_testing;
