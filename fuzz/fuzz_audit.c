@@ -10,6 +10,8 @@
  *     (and HMAC-SHA256) that OpenSSL computes directly.
  *  2. As fields: the input split at NUL bytes fills an entry's text
  *     fields; its encoding decodes back to the same fields.
+ *  2b. As a version-2 entry (and with 0x02 before it): what
+ *     idem_audit_events_decode() accepts it writes back byte for byte.
  *  3. As a tamperer: a chain of four entries is built from the input's
  *     fields, with and without a key; it verifies, with its head; then one
  *     byte of one entry's ID, hash or encoding, chosen by the input, is
@@ -249,6 +251,54 @@ fuzz_as_tamperer(const char *in, size_t size, const unsigned char *key)
 }
 
 
+/*
+ * Version 2 (one entry, its events): what idem_audit_events_decode()
+ * accepts it writes back byte for byte, at idem_audit_batch_len(), within
+ * idem_audit_batch_max(); the input with 0x02 before it is read too, so
+ * that most inputs reach the event decoder.
+ */
+static void
+fuzz_as_entry(const char *in, size_t size)
+{
+    char                 *v2, *out;
+    size_t                len, n;
+    idem_audit_events_t   ev;
+
+    v2 = malloc(size + 1);
+    if (v2 == NULL) {
+        abort();
+    }
+
+    v2[0] = IDEM_AUDIT_V2;
+    memcpy(v2 + 1, in, size);
+
+    for (n = 0; n < 2; n++) {
+        const char  *p = n ? v2 : in;
+        size_t       plen = n ? size + 1 : size;
+
+        if (idem_audit_events_decode(p, plen, &ev) != 0 || ev.version != 2) {
+            continue;
+        }
+
+        len = idem_audit_batch_len(ev.e, ev.n);
+        FUZZ_CHECK(len == plen, "batch_len %zu of an entry of %zu bytes",
+                   len, plen);
+        FUZZ_CHECK(idem_audit_batch_max(ev.e, ev.n) >= len, "batch_max");
+        out = malloc(len);
+        if (out == NULL) {
+            abort();
+        }
+        FUZZ_CHECK(idem_audit_batch_encode(out, ev.e, ev.n) == out + len,
+                   "batch_encode wrote another length");
+        FUZZ_CHECK(memcmp(out, p, len) == 0,
+                   "a decoded entry is not written back byte for byte");
+        free(out);
+    }
+
+    free(v2);
+}
+
+
 int
 LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -259,6 +309,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     in = fuzz_dup(data, size);
 
     fuzz_as_encoding(in, size);
+    fuzz_as_entry(in, size);
     fuzz_as_fields(in, size);
     fuzz_as_tamperer(in, size, NULL);
     fuzz_as_tamperer(in, size, fuzz_key);
