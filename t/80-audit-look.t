@@ -9,12 +9,16 @@
 # The race is made with two nginx instances on one Redis (each its own
 # connection) and Redis's CLIENT PAUSE WRITE: both first looks (reads) are
 # answered, both claims (scripts) wait until the pause ends.
+#
+# Also: a stream an older module wrote (version 1) goes on in version 2,
+# and verify, show read it as one chain (docs/audit.md, "Upgrading").
 
 use strict;
 use warnings;
 use FindBin;
 use lib "$FindBin::Bin/lib";
 use Test::More;
+use Time::HiRes qw(time);
 use Idem::Test;
 
 my $conf = <<'EOF2';
@@ -67,6 +71,36 @@ is(shown($k), 'attempted sent attempted in_progress accepted completed',
 
 my ($rc, $out, $err) = $t->audit_tool('--stream', 'idem:look', 'verify');
 is($rc, 0, 'verify: intact') or diag("$out$err");
+
+# ---- a stream an older module wrote (version 1: one entry per event, hex
+# hashes) goes on in version 2, and verifies as one chain
+{
+    my $S = 'idem:look';
+    $t->redis('DEL', $S);
+    my $prev = '0' x 64;
+    for my $seq (1 .. 2) {
+        my $e = $t->audit_encode({ version => 1, seq => $seq, prev => $prev,
+                                   events => [ { time => int(time * 1000), event => $seq == 1 ? 'attempted' : 'sent',
+                                                 op => 'a' x 32, key => 'old-key', fp => 'b' x 64, route => '/pay' } ] });
+        my $h = $t->audit_hash($e);
+        $t->redis('XADD', $S, "$seq-0", 'h', $h, 'e', $e);
+        $prev = $h;
+    }
+    my $k2 = $t->key('after-v1');
+    is($t->http(POST => '/pay', key => $k2, json => {})->{status}, 201, 'a first write on a stream of version 1');
+    ok($t->wait_state($k2, undef, 'completed'), 'recorded');
+    my $st = $t->audit_stream($S);
+    is_deeply([ map { $_->{decoded}{version} } @$st ], [ 1, 1, 2, 2 ], 'two entries of version 1, then two of 2');
+    is($st->[2]{decoded}{prev}, $prev, 'the first of version 2 is chained on the last of version 1 (its hex hash)');
+    ($rc, $out, $err) = $t->audit_tool('--stream', $S, 'verify');
+    is($rc, 0, 'verify: one chain across the versions') or diag("$out$err");
+    like($err, qr/^4 entries \(6 events\)/m, 'verify counts the entries and their events');
+    ($rc, $out) = $t->audit_tool('--stream', $S, 'show', 'old-key');
+    like($out, qr/^1 \S+ attempted .*\n2 \S+ sent /, 'show: the version-1 events by their seq');
+    ($rc, $out) = $t->audit_tool('--stream', $S, 'show', $k2);
+    like($out, qr/^3\.1 \S+ attempted .*\n3\.2 \S+ sent .*\n4\.1 \S+ accepted .*\n4\.2 \S+ completed /,
+         'show: the version-2 events by their entry and place');
+}
 
 $t2->check_logs;
 $t->check_logs;
