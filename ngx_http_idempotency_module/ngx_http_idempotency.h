@@ -722,4 +722,37 @@ ngx_int_t ngx_http_idem_op_arg(ngx_http_request_t *r, ngx_str_t *op);
 ngx_int_t ngx_http_idem_add_variables(ngx_conf_t *cf);
 extern ngx_str_t  ngx_http_idem_outcome_names[];   /* by outcome */
 
+/* directive parsers and merge-time checks, each in its feature's file */
+char *ngx_http_idem_lowercase_list(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+char *ngx_http_idem_enum(ngx_conf_t *cf, ngx_command_t *cmd, void *conf);
+char *ngx_http_idem_unset_cv_slot(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+char *ngx_http_idem_fp_exclude(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+char *ngx_http_idem_thread_pool(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+char *ngx_http_idem_thread_pool_merge(ngx_conf_t *cf,
+    ngx_http_idem_loc_conf_t *prev, ngx_http_idem_loc_conf_t *conf);
+char *ngx_http_idem_release_statuses(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+char *ngx_http_idem_release_merge(ngx_conf_t *cf,
+    ngx_http_idem_loc_conf_t *prev, ngx_http_idem_loc_conf_t *conf);
+char *ngx_http_idem_check_fp_headers(ngx_conf_t *cf,
+    ngx_http_idem_loc_conf_t *conf);
+char *ngx_http_idem_conflict_status(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+char *ngx_http_idem_methods(ngx_conf_t *cf, ngx_command_t *cmd, void *conf);
+char *ngx_http_idem_guard_merge(ngx_conf_t *cf,
+    ngx_http_idem_loc_conf_t *prev, ngx_http_idem_loc_conf_t *conf);
+char *ngx_http_idem_guard_names(ngx_conf_t *cf,
+    ngx_http_idem_loc_conf_t *conf);
+char *ngx_http_idem_merge_redis_wait(ngx_conf_t *cf,
+    ngx_http_idem_loc_conf_t *prev, ngx_http_idem_loc_conf_t *conf);
+char *ngx_http_idem_approve_conf(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+char *ngx_http_idem_approve_page_conf(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+
+
 #endif /* NGX_HTTP_IDEMPOTENCY_H */

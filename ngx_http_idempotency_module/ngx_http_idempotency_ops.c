@@ -883,3 +883,30 @@ ngx_http_idem_metrics_label(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 
     return NGX_CONF_OK;
 }
+
+
+/* a later directive took the location from the module's content handler */
+char *
+ngx_http_idem_check_content(ngx_conf_t *cf, ngx_http_idem_loc_conf_t *conf)
+{
+    ngx_http_core_loc_conf_t  *clcf;
+
+    if (conf->content == NULL) {
+        return NGX_CONF_OK;
+    }
+
+    clcf = ngx_http_conf_get_module_loc_conf(cf, ngx_http_core_module);
+
+    if (clcf->handler == conf->content) {
+        return NGX_CONF_OK;
+    }
+
+    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                       "location \"%V\" has \"idempotency_status\", "
+                       "\"idempotency_admin\", \"idempotency_approve\" or "
+                       "\"idempotency_metrics\" and another content "
+                       "handler (proxy_pass, return...)",
+                       &clcf->name);
+
+    return NGX_CONF_ERROR;
+}

@@ -26,4 +26,8 @@ char *ngx_http_idem_metrics_zone_conf(ngx_conf_t *cf, ngx_command_t *cmd,
 char *ngx_http_idem_metrics_label(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 
+/* a later directive took the location from the module's content handler */
+char *ngx_http_idem_check_content(ngx_conf_t *cf,
+    ngx_http_idem_loc_conf_t *conf);
+
 #endif /* NGX_HTTP_IDEMPOTENCY_OPS_H */

@@ -28,6 +28,7 @@
 #include <cjson/cJSON.h>
 
 #include "ngx_http_idempotency.h"
+#include "ngx_http_idempotency_ops.h"
 #include "idem_html.h"
 
 
@@ -1353,4 +1354,25 @@ ngx_http_idem_page_conf(ngx_conf_t *cf, ngx_http_idem_loc_conf_t *lcf)
                                               "idempotency_approve_page");
 
     return lcf->page_secret ? NGX_CONF_OK : NGX_CONF_ERROR;
+}
+
+
+/* idempotency_approve_page: the approvers' page (_page.c) */
+char *
+ngx_http_idem_approve_page_conf(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf)
+{
+    ngx_http_idem_loc_conf_t  *lcf = conf;
+
+    if (lcf->page_secret) {
+        return "is duplicate";
+    }
+
+    lcf->ops = 1;
+
+    if (ngx_http_idem_page_conf(cf, lcf) != NGX_CONF_OK) {
+        return NGX_CONF_ERROR;
+    }
+
+    return ngx_http_idem_ops_location(cf, ngx_http_idem_page_handler);
 }

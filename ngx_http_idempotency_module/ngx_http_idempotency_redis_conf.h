@@ -21,4 +21,8 @@ char *ngx_http_idem_redis_sentinel(ngx_conf_t *cf, ngx_command_t *cmd,
 char *ngx_http_idem_redis_cluster(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 
+/* idempotency_redis_wait off | replicas [timeout], and its merge */
+char *ngx_http_idem_redis_wait(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+
 #endif /* NGX_HTTP_IDEMPOTENCY_REDIS_CONF_H */

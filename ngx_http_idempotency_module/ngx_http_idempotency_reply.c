@@ -595,3 +595,33 @@ ngx_http_idem_send_answer(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
 
     return ngx_http_idem_send_problem(r, ctx, problem, NULL);
 }
+
+
+char *
+ngx_http_idem_conflict_status(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_http_idem_loc_conf_t  *lcf = conf;
+
+    ngx_str_t  *value;
+
+    if (lcf->conflict_status != NGX_CONF_UNSET_UINT) {
+        return "is duplicate";
+    }
+
+    value = cf->args->elts;
+
+    if (ngx_strcmp(value[1].data, "409") == 0) {
+        lcf->conflict_status = NGX_HTTP_CONFLICT;
+
+    } else if (ngx_strcmp(value[1].data, "422") == 0) {
+        lcf->conflict_status = 422;
+
+    } else {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "invalid value \"%V\" in \"%V\" directive, "
+                           "it must be 409 or 422", &value[1], &cmd->name);
+        return NGX_CONF_ERROR;
+    }
+
+    return NGX_CONF_OK;
+}
