@@ -24,7 +24,14 @@
 #include <cjson/cJSON.h>
 
 #include "ngx_http_idempotency.h"
+#include "ngx_http_idempotency_approve.h"
+#include "ngx_http_idempotency_audit.h"
+#include "ngx_http_idempotency_command.h"
+#include "ngx_http_idempotency_ctx.h"
 #include "ngx_http_idempotency_ops.h"
+#include "ngx_http_idempotency_redis.h"
+#include "ngx_http_idempotency_reply.h"
+#include "ngx_http_idempotency_request.h"
 
 
 #define NGX_HTTP_IDEM_APPROVE_BODY_MAX   8192

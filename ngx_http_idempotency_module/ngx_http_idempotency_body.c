@@ -10,6 +10,8 @@
 #include <openssl/evp.h>
 
 #include "ngx_http_idempotency.h"
+#include "ngx_http_idempotency_body.h"
+#include "ngx_http_idempotency_ctx.h"
 
 
 #define NGX_HTTP_IDEM_READ_CHUNK  65536

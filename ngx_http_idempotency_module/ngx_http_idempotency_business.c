@@ -10,6 +10,7 @@
 #include <ngx_http.h>
 
 #include "ngx_http_idempotency.h"
+#include "ngx_http_idempotency_business.h"
 
 
 static char *

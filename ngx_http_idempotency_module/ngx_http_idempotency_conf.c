@@ -7,6 +7,7 @@
 #include <ngx_config.h>
 #include <ngx_core.h>
 #include "ngx_http_idempotency.h"
+#include "ngx_http_idempotency_conf.h"
 
 
 char *
@@ -108,4 +109,53 @@ ngx_http_idem_unset_cv_slot(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     *cv = NULL;
 
     return ngx_http_set_complex_value_slot(cf, cmd, conf);
+}
+
+
+static void
+ngx_http_idem_key_cleanup(void *data)
+{
+    idem_jws_key_free(data);
+}
+
+
+/*
+ * A key file read with the configuration (idempotency_audit_key,
+ * idempotency_confirm_key, idempotency_approve_page's secret): the key,
+ * whose secret a cleanup of the configuration's pool frees, or NULL once
+ * the fault is logged after the directive's name.
+ */
+idem_jws_key_t *
+ngx_http_idem_key_file(ngx_conf_t *cf, ngx_str_t *name, idem_jws_alg_e alg,
+    const char *kid, const char *directive)
+{
+    char                 err[512];
+    ngx_str_t            file;
+    idem_jws_key_t      *key;
+    ngx_pool_cleanup_t  *cln;
+
+    file = *name;
+
+    if (ngx_conf_full_name(cf->cycle, &file, 1) != NGX_OK) {
+        return NULL;
+    }
+
+    cln = ngx_pool_cleanup_add(cf->pool, sizeof(idem_jws_key_t));
+    if (cln == NULL) {
+        return NULL;
+    }
+
+    key = cln->data;
+    ngx_memzero(key, sizeof(idem_jws_key_t));
+    cln->handler = ngx_http_idem_key_cleanup;
+
+    if (idem_jws_key_load(key, alg, (char *) file.data, kid, 0, err,
+                          sizeof(err)) != 0)
+    {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0, "\"%s\": %s", directive,
+                           err);
+        return NULL;
+    }
+
+    return key;
 }

@@ -7,6 +7,11 @@
 #include <ngx_config.h>
 #include <ngx_core.h>
 #include "ngx_http_idempotency.h"
+#include "ngx_http_idempotency_filter.h"
+#include "ngx_http_idempotency_audit.h"
+#include "ngx_http_idempotency_close.h"
+#include "ngx_http_idempotency_ctx.h"
+#include "ngx_http_idempotency_replicas.h"
 
 
 static ngx_http_output_header_filter_pt  ngx_http_next_header_filter;

@@ -8,6 +8,17 @@
 #include <ngx_config.h>
 #include <ngx_core.h>
 #include "ngx_http_idempotency.h"
+#include "ngx_http_idempotency_handler.h"
+#include "ngx_http_idempotency_body.h"
+#include "ngx_http_idempotency_business.h"
+#include "ngx_http_idempotency_claim.h"
+#include "ngx_http_idempotency_close.h"
+#include "ngx_http_idempotency_confirm.h"
+#include "ngx_http_idempotency_ctx.h"
+#include "ngx_http_idempotency_metrics.h"
+#include "ngx_http_idempotency_reply.h"
+#include "ngx_http_idempotency_request.h"
+#include "ngx_http_idempotency_wait.h"
 
 
 /* bodies above this may take long enough to hash that time must be read */

@@ -9,10 +9,27 @@
 #include <ngx_config.h>
 #include <ngx_core.h>
 #include "ngx_http_idempotency.h"
-#include "ngx_http_idempotency_sentinel.h"
+#include "ngx_http_idempotency_approve.h"
+#include "ngx_http_idempotency_audit.h"
+#include "ngx_http_idempotency_audit_file.h"
+#include "ngx_http_idempotency_body.h"
+#include "ngx_http_idempotency_business.h"
 #include "ngx_http_idempotency_cluster.h"
-#include "ngx_http_idempotency_redis_conf.h"
+#include "ngx_http_idempotency_conf.h"
+#include "ngx_http_idempotency_confirm.h"
+#include "ngx_http_idempotency_filter.h"
+#include "ngx_http_idempotency_handler.h"
+#include "ngx_http_idempotency_json_var.h"
+#include "ngx_http_idempotency_metrics.h"
 #include "ngx_http_idempotency_ops.h"
+#include "ngx_http_idempotency_page.h"
+#include "ngx_http_idempotency_redis.h"
+#include "ngx_http_idempotency_redis_conf.h"
+#include "ngx_http_idempotency_reply.h"
+#include "ngx_http_idempotency_request.h"
+#include "ngx_http_idempotency_script.h"
+#include "ngx_http_idempotency_sentinel.h"
+#include "ngx_http_idempotency_variables.h"
 
 
 static ngx_int_t ngx_http_idem_postconfiguration(ngx_conf_t *cf);

@@ -17,6 +17,15 @@
 #include <ngx_core.h>
 #include "ngx_http_idempotency.h"
 #include "ngx_http_idempotency_ops.h"
+#include "ngx_http_idempotency_audit.h"
+#include "ngx_http_idempotency_command.h"
+#include "ngx_http_idempotency_ctx.h"
+#include "ngx_http_idempotency_metrics.h"
+#include "ngx_http_idempotency_proposal.h"
+#include "ngx_http_idempotency_redis.h"
+#include "ngx_http_idempotency_reply.h"
+#include "ngx_http_idempotency_request.h"
+#include "ngx_http_idempotency_variables.h"
 
 
 /* what a reply says, before anything is sent */

@@ -28,7 +28,15 @@
 #include <cjson/cJSON.h>
 
 #include "ngx_http_idempotency.h"
+#include "ngx_http_idempotency_page.h"
+#include "ngx_http_idempotency_approve.h"
+#include "ngx_http_idempotency_command.h"
+#include "ngx_http_idempotency_conf.h"
+#include "ngx_http_idempotency_ctx.h"
 #include "ngx_http_idempotency_ops.h"
+#include "ngx_http_idempotency_proposal.h"
+#include "ngx_http_idempotency_redis.h"
+#include "ngx_http_idempotency_reply.h"
 #include "idem_html.h"
 
 

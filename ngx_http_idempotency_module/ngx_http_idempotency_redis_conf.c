@@ -9,9 +9,9 @@
 #include <ngx_config.h>
 #include <ngx_core.h>
 #include "ngx_http_idempotency.h"
-#include "ngx_http_idempotency_sentinel.h"
-#include "ngx_http_idempotency_cluster.h"
 #include "ngx_http_idempotency_redis_conf.h"
+#include "ngx_http_idempotency_cluster.h"
+#include "ngx_http_idempotency_sentinel.h"
 
 
 static char *

@@ -59,7 +59,7 @@ subtest 'the transport knows nothing of requests' => sub {
         my $text = slurp($f);
         my $name = basename($f);
         my @inc = $text =~ /^#include\s+"([^"]+)"/mg;
-        my @up  = grep { !/^(idem_[a-z_]+|ngx_http_idempotency_($transport|script|metrics))\.h$/ } @inc;
+        my @up  = grep { !/^(idem_[a-z_]+|ngx_http_idempotency_($transport|transport|script|metrics))\.h$/ } @inc;
         is("@up", '', "$name includes no request-flow header");
         unlike($text, qr/\bngx_http_request_t\b|\bngx_http_idem_ctx_t\b/,
                "$name names no request or request context");
