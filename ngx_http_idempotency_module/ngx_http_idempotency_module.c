@@ -712,6 +712,10 @@ ngx_http_idem_postconfiguration(ngx_conf_t *cf)
 
     *h = ngx_http_idem_precontent_handler;
 
+    if (ngx_http_idem_ops_filter_init(cf) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
     return ngx_http_idem_filter_init(cf);
 }
 

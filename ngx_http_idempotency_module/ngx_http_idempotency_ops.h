@@ -31,6 +31,9 @@ char *ngx_http_idem_metrics_label(ngx_conf_t *cf, ngx_command_t *cmd,
 char *ngx_http_idem_check_content(ngx_conf_t *cf,
     ngx_http_idem_loc_conf_t *conf);
 
+/* nginx's own 413 and 500 in an endpoint's location, as problems */
+ngx_int_t ngx_http_idem_ops_filter_init(ngx_conf_t *cf);
+
 ngx_int_t ngx_http_idem_status_handler(ngx_http_request_t *r);
 ngx_int_t ngx_http_idem_admin_handler(ngx_http_request_t *r);
 ngx_int_t ngx_http_idem_metrics_handler(ngx_http_request_t *r);

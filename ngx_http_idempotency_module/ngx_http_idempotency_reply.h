@@ -16,6 +16,8 @@ ngx_int_t ngx_http_idem_send_answer(ngx_http_request_t *r,
 ngx_int_t ngx_http_idem_send_problem(ngx_http_request_t *r,
     ngx_http_idem_ctx_t *ctx, ngx_http_idem_problem_e problem,
     const char *detail);
+ngx_int_t ngx_http_idem_problem_page(ngx_http_request_t *r,
+    ngx_http_idem_problem_e problem, ngx_uint_t headers, ngx_str_t *text);
 ngx_int_t ngx_http_idem_send_json(ngx_http_request_t *r, ngx_uint_t status,
     u_char *body, size_t len);
 ngx_int_t ngx_http_idem_send_not_allowed(ngx_http_request_t *r,
