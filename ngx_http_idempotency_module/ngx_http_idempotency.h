@@ -1,7 +1,9 @@
 /*
- * ngx_http_idempotency_module: the types the nginx glue shares, and each
- * file's functions.  docs/architecture.md says which file owns what and in
- * which direction they call each other.
+ * ngx_http_idempotency_module: the types the nginx glue shares (the
+ * configuration, the request context, the enums, the log helpers), and no
+ * function: each glue file declares its own in ngx_http_idempotency_X.h,
+ * which a caller includes.  docs/architecture.md says which file owns what
+ * and in which direction they call each other.
  */
 
 #ifndef NGX_HTTP_IDEMPOTENCY_H
