@@ -836,7 +836,7 @@ ngx_http_idem_approve_json(ngx_http_request_t *r)
 }
 
 
-ngx_int_t
+static ngx_int_t
 ngx_http_idem_approve_handler(ngx_http_request_t *r)
 {
     ngx_int_t             rc;

@@ -28,7 +28,6 @@ struct ngx_http_idem_approval_s {
     ngx_http_idem_decided_pt     decided;
 };
 
-ngx_int_t ngx_http_idem_approve_handler(ngx_http_request_t *r);
 ngx_int_t ngx_http_idem_approve_record(ngx_http_request_t *r,
     ngx_http_idem_ctx_t *ctx, ngx_http_idem_approval_t *a);
 ngx_int_t ngx_http_idem_approve_who(ngx_http_request_t *r,

@@ -1235,7 +1235,7 @@ ngx_http_idem_page_post_start(ngx_http_request_t *r)
 }
 
 
-ngx_int_t
+static ngx_int_t
 ngx_http_idem_page_handler(ngx_http_request_t *r)
 {
     ngx_int_t                rc;
@@ -1322,7 +1322,7 @@ ngx_http_idem_page_random_secret(ngx_conf_t *cf, ngx_http_idem_loc_conf_t *lcf)
 
 
 /* idempotency_approve_page [secret=FILE] [max_ttl=time] */
-char *
+static char *
 ngx_http_idem_page_conf(ngx_conf_t *cf, ngx_http_idem_loc_conf_t *lcf)
 {
     ngx_str_t   *value, file, v;

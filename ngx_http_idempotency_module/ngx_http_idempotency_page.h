@@ -11,8 +11,6 @@
 #include "ngx_http_idempotency.h"
 
 
-ngx_int_t ngx_http_idem_page_handler(ngx_http_request_t *r);
-char *ngx_http_idem_page_conf(ngx_conf_t *cf, ngx_http_idem_loc_conf_t *lcf);
 char *ngx_http_idem_approve_page_conf(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 
