@@ -44,8 +44,9 @@ sub external_functions {
 sub c_files { map { glob("$root/$_/*.c") } @_ }
 
 # the transport: _redis.c and the files split from it (the hiredis adapter,
-# WAIT, the waiters, building commands and reading replies)
-my @transport = qw(redis io replicas waiters command);
+# WAIT, the waiters, building commands and reading replies), and the header
+# of their types
+my @transport = qw(redis io replicas waiters command transport);
 my $transport = join '|', @transport;
 
 subtest 'nginx headers first in every glue file' => sub {
@@ -64,7 +65,7 @@ subtest 'the transport knows nothing of requests' => sub {
         my $text = slurp($f);
         my $name = basename($f);
         my @inc = $text =~ /^#include\s+"([^"]+)"/mg;
-        my @up  = grep { !/^(idem_[a-z_]+|ngx_http_idempotency_($transport|transport|script|metrics))\.h$/ } @inc;
+        my @up  = grep { !/^(idem_[a-z_]+|ngx_http_idempotency_($transport|script|script_args|metrics))\.h$/ } @inc;
         is("@up", '', "$name includes no request-flow header");
         unlike($text, qr/\bngx_http_request_t\b|\bngx_http_idem_ctx_t\b/,
                "$name names no request or request context");
