@@ -18,6 +18,13 @@
 #include <openssl/evp.h>
 
 #include "ngx_http_idempotency.h"
+#include "ngx_http_idempotency_audit.h"
+#include "ngx_http_idempotency_audit_file.h"
+#include "ngx_http_idempotency_command.h"
+#include "ngx_http_idempotency_conf.h"
+#include "ngx_http_idempotency_metrics.h"
+#include "ngx_http_idempotency_redis.h"
+#include "ngx_http_idempotency_request.h"
 
 
 #define NGX_HTTP_IDEM_AUDIT_STREAM   "idem:audit"
@@ -122,55 +129,6 @@ ngx_http_idem_audit_stream_conf(ngx_conf_t *cf, ngx_command_t *cmd,
     lcf->audit_anchor = (ngx_uint_t) n;
 
     return NGX_CONF_OK;
-}
-
-
-static void
-ngx_http_idem_key_cleanup(void *data)
-{
-    idem_jws_key_free(data);
-}
-
-
-/*
- * A key file read with the configuration (idempotency_audit_key, and
- * idempotency_confirm_key's): the key, whose secret a cleanup of the
- * configuration's pool frees, or NULL once the fault is logged after the
- * directive's name.
- */
-idem_jws_key_t *
-ngx_http_idem_key_file(ngx_conf_t *cf, ngx_str_t *name, idem_jws_alg_e alg,
-    const char *kid, const char *directive)
-{
-    char                 err[512];
-    ngx_str_t            file;
-    idem_jws_key_t      *key;
-    ngx_pool_cleanup_t  *cln;
-
-    file = *name;
-
-    if (ngx_conf_full_name(cf->cycle, &file, 1) != NGX_OK) {
-        return NULL;
-    }
-
-    cln = ngx_pool_cleanup_add(cf->pool, sizeof(idem_jws_key_t));
-    if (cln == NULL) {
-        return NULL;
-    }
-
-    key = cln->data;
-    ngx_memzero(key, sizeof(idem_jws_key_t));
-    cln->handler = ngx_http_idem_key_cleanup;
-
-    if (idem_jws_key_load(key, alg, (char *) file.data, kid, 0, err,
-                          sizeof(err)) != 0)
-    {
-        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0, "\"%s\": %s", directive,
-                           err);
-        return NULL;
-    }
-
-    return key;
 }
 
 

@@ -22,6 +22,8 @@
 #include <ngx_core.h>
 
 #include "ngx_http_idempotency.h"
+#include "ngx_http_idempotency_audit_file.h"
+#include "ngx_http_idempotency_metrics.h"
 #include "idem_audit_file.h"
 
 

@@ -26,6 +26,14 @@
 #include <openssl/rand.h>
 
 #include "ngx_http_idempotency.h"
+#include "ngx_http_idempotency_claim.h"
+#include "ngx_http_idempotency_audit.h"
+#include "ngx_http_idempotency_business.h"
+#include "ngx_http_idempotency_close.h"
+#include "ngx_http_idempotency_command.h"
+#include "ngx_http_idempotency_redis.h"
+#include "ngx_http_idempotency_replicas.h"
+#include "ngx_http_idempotency_request.h"
 
 
 static void ngx_http_idem_claim_done(ngx_http_idem_cmd_t *cmd,
