@@ -30,6 +30,7 @@
 
 static void ngx_http_idem_claim_done(ngx_http_idem_cmd_t *cmd,
     redisReply *reply);
+static void ngx_http_idem_claim_answered(ngx_http_idem_ctx_t *ctx);
 
 
 /* SET key value NX PX ttl GET: its arguments after the key, by name */
@@ -102,10 +103,6 @@ ngx_http_idem_tokens(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
 
     return NGX_OK;
 }
-
-
-static void ngx_http_idem_claim_index(ngx_http_request_t *r,
-    ngx_http_idem_ctx_t *ctx, int64_t ttl);
 
 
 /* the record's TTL: a proposal lives for idempotency_confirm_ttl */
@@ -602,8 +599,6 @@ static ngx_http_idem_answer_e
 ngx_http_idem_claim_proposal(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
     idem_value_t *v)
 {
-    int64_t  left;
-
     ctx->proposal_expires = v->expires;
 
     if (ctx->confirm == NGX_HTTP_IDEM_CONFIRM_APPROVED) {
@@ -613,16 +608,10 @@ ngx_http_idem_claim_proposal(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
     if (v->state == 'a') {
         /*
          * The proposal sent again: its operation-id index may have been
-         * evicted, and without it the approval endpoint cannot find the
-         * operation until the proposal expires.  Written again, for the
-         * proposal's life left.
+         * evicted (or its write failed), and without it the approval
+         * endpoint cannot find the operation until the proposal expires.
+         * Written again (ngx_http_idem_claim_index), for its life left.
          */
-        left = v->expires - ngx_http_idem_now_ms();
-
-        if (left > 0) {
-            ngx_http_idem_claim_index(r, ctx, left);
-        }
-
         return NGX_HTTP_IDEM_ANS_CONFIRM;
     }
 
@@ -695,12 +684,13 @@ ngx_http_idem_claim_held(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
  * The operation id of a new proposal names its record for the approval
  * endpoint (idempotency_approve), which is given the id and not the key:
  * SET <IDEM_OPERATION_PREFIX><op id>} <record key><proposal> PX <proposal
- * TTL>, the proposal as the 428 shows it (JSON, at most
+ * TTL left>, the proposal as the 428 shows it (JSON, at most
  * NGX_HTTP_IDEM_PROPOSAL_MAX bytes; a larger one is not kept, and the
- * approval page and idempotency-approve then refuse to show it).  It is
- * sent before the 428 leaves, so Redis has it before anybody can read the
- * id; if it fails, the approval endpoint answers 404 and a signed
- * approval still works.
+ * approval page and idempotency-approve then refuse to show it).  The 428
+ * waits for Redis's "OK": sent and not awaited, an approver's look-up on
+ * another worker or another cluster node's link could reach Redis first
+ * and be told 404.  If it fails, the answer is 503 store-unavailable;
+ * the client's retry finds the proposal and writes the index again.
  */
 #define NGX_HTTP_IDEM_PROPOSAL_MAX  (64 * 1024)
 
@@ -765,17 +755,58 @@ ngx_http_idem_claim_pending(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
 }
 
 
+/* the 428 may leave: its index is in Redis; the pending list follows */
 static void
-ngx_http_idem_claim_index(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
-    int64_t ttl)
+ngx_http_idem_claim_indexed(ngx_http_idem_cmd_t *cmd, redisReply *reply)
+{
+    ngx_http_idem_ctx_t  *ctx;
+
+    ctx = cmd->data;
+
+    if (ctx == NULL) {
+        return;     /* the request has gone; the index names a proposal */
+    }
+
+    ctx->cmd = NULL;
+
+    if (reply == NULL || reply->type != REDIS_REPLY_STATUS) {
+        ngx_log_error(NGX_LOG_WARN, ctx->request->connection->log, 0,
+                      "idempotency: the operation index of key \"%V\"'s "
+                      "proposal was not written (%s); answered 503",
+                      ngx_http_idem_log_key(ctx),
+                      reply ? "error reply" : "no reply");
+
+        ctx->answer = NGX_HTTP_IDEM_ANS_STORE_DOWN;
+
+    } else {
+        ngx_http_idem_claim_pending(ctx->request, ctx);
+    }
+
+    ngx_http_idem_claim_answered(ctx);
+}
+
+
+/*
+ * NGX_OK: the index is on its way and its reply resumes the request;
+ * NGX_DECLINED: the proposal has no life left, nothing to write;
+ * NGX_ERROR: it could not be sent.
+ */
+static ngx_int_t
+ngx_http_idem_claim_index(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
 {
     u_char               *key, *p;
     size_t                len;
+    int64_t               ttl;
     ngx_http_idem_cmd_t  *cmd;
+
+    ttl = ctx->proposal_expires - ngx_http_idem_now_ms();
+    if (ttl <= 0) {
+        return NGX_DECLINED;
+    }
 
     key = ngx_http_idem_operation_key(r->pool, &ctx->op_id);
     if (key == NULL) {
-        return;
+        return NGX_ERROR;
     }
 
     len = ngx_strlen(ctx->rkey);
@@ -792,7 +823,7 @@ ngx_http_idem_claim_index(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
                                    len + ctx->proposal.len + NGX_INT64_LEN
                                    + 2, r->connection->log);
     if (cmd == NULL) {
-        return;
+        return NGX_ERROR;
     }
 
     p = ngx_http_idem_cmd_start(cmd, NGX_HTTP_IDEM_INDEX_VALUE);
@@ -806,7 +837,15 @@ ngx_http_idem_claim_index(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
     ngx_http_idem_cmd_set(cmd, NGX_HTTP_IDEM_INDEX_PX, "PX", 2);
     ngx_http_idem_cmd_set_num(cmd, NGX_HTTP_IDEM_INDEX_TTL, ttl);
 
-    (void) ngx_http_idem_cmd_send(cmd, NULL, NULL);
+    if (ngx_http_idem_cmd_send(cmd, ngx_http_idem_claim_indexed, ctx)
+        != NGX_OK)
+    {
+        return NGX_ERROR;
+    }
+
+    ctx->cmd = cmd;
+
+    return NGX_OK;
 }
 
 
@@ -870,8 +909,6 @@ ngx_http_idem_claim_claimed(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
         /* what was written is the proposal: nothing may run */
         ngx_http_idem_set_state(ctx, 'a');
         ctx->proposal_expires = ctx->created + ngx_http_idem_claim_ttl(ctx);
-        ngx_http_idem_claim_index(r, ctx, ngx_http_idem_claim_ttl(ctx));
-        ngx_http_idem_claim_pending(r, ctx);
         return NGX_HTTP_IDEM_ANS_CONFIRM;
     }
 
@@ -1439,6 +1476,21 @@ ngx_http_idem_claim_done(ngx_http_idem_cmd_t *cmd, redisReply *reply)
         }
 
         ctx->answer = NGX_HTTP_IDEM_ANS_STORE_DOWN;
+    }
+
+    if (ctx->answer == NGX_HTTP_IDEM_ANS_CONFIRM) {
+        switch (ngx_http_idem_claim_index(r, ctx)) {
+
+        case NGX_OK:
+            return;
+
+        case NGX_ERROR:
+            ctx->answer = NGX_HTTP_IDEM_ANS_STORE_DOWN;
+            break;
+
+        default:
+            break;
+        }
     }
 
     if (ngx_http_idem_claim_replicate(r, ctx) == NGX_OK) {
