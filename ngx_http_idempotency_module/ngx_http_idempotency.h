@@ -621,15 +621,6 @@ char *ngx_http_idem_audit_file_merge(ngx_conf_t *cf,
 ngx_int_t ngx_http_idem_audit_file_append(ngx_http_idem_audit_file_t *file,
     idem_audit_entry_t *e, ngx_uint_t n, ngx_log_t *log);
 
-/* ngx_http_idempotency_claim.c: the claim and its answer */
-ngx_int_t ngx_http_idem_tokens(ngx_http_request_t *r,
-    ngx_http_idem_ctx_t *ctx);
-ngx_int_t ngx_http_idem_claim_send(ngx_http_request_t *r,
-    ngx_http_idem_ctx_t *ctx);
-void ngx_http_idem_resume(ngx_http_idem_ctx_t *ctx);
-ngx_int_t ngx_http_idem_claim_audit_answer(ngx_http_request_t *r,
-    ngx_http_idem_ctx_t *ctx);
-
 /* ngx_http_idempotency_wait.c: idempotency_wait */
 ngx_int_t ngx_http_idem_wait(ngx_http_request_t *r,
     ngx_http_idem_ctx_t *ctx);

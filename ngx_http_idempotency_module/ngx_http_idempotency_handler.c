@@ -8,6 +8,8 @@
 #include <ngx_config.h>
 #include <ngx_core.h>
 #include "ngx_http_idempotency.h"
+#include "ngx_http_idempotency_claim.h"
+#include "ngx_http_idempotency_claim_audit.h"
 
 
 /* bodies above this may take long enough to hash that time must be read */

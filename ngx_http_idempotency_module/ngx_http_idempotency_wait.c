@@ -7,6 +7,7 @@
 #include <ngx_config.h>
 #include <ngx_core.h>
 #include "ngx_http_idempotency.h"
+#include "ngx_http_idempotency_claim.h"
 
 
 /* how often a waiter looks again while Redis cannot be reached */
