@@ -19,7 +19,7 @@
  * order of registration and names none.  Every hook may be NULL.  Those
  * that answer return NGX_DECLINED when what they are shown is not theirs.
  */
-typedef struct {
+struct ngx_http_idem_claim_part_s {
     /* before the first look; NGX_ERROR: the answer is "store down" */
     ngx_int_t   (*prepare)(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx);
 
@@ -65,7 +65,7 @@ typedef struct {
     /* the answer is known: NGX_DONE when the part resumes the request */
     ngx_int_t   (*answered)(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
                     ngx_http_idem_cmd_t *cmd);
-} ngx_http_idem_claim_part_t;
+};
 
 
 /* claim.lua's KEYS the parts may add beside the record (and the stream) */

@@ -10,7 +10,6 @@
 #include <ngx_config.h>
 #include <ngx_core.h>
 #include "ngx_http_idempotency.h"
-#include "ngx_http_idempotency_claim.h"
 
 
 extern ngx_http_idem_claim_part_t  ngx_http_idem_claim_audit;
