@@ -4,7 +4,9 @@
 # look-up that follows the 428 (the status endpoint's ?op=, the approval
 # endpoint) often goes through the other worker's Redis link: were the index
 # sent without waiting for its "OK", that look-up could reach Redis first
-# and be told 404. When Redis refuses the index, the request is answered
+# and be told 404 (the same through a Redis Cluster, where the index is on
+# another node's link than its record). When Redis refuses the index, the
+# request is answered
 # 503 store-unavailable (nothing runs), and the client's retry gets the same
 # proposal again with its index written.
 
@@ -71,34 +73,39 @@ sub approve { $t->http(POST => '/approve', approval(@_)) }
 # the status endpoint (?op=) or the approval endpoint, in turn. Several
 # clients at once, so that a worker has other requests to answer between a
 # 428 and its next turn of the event loop, as on a loaded host.
-my ($C, $N) = (16, 60);
-my $res = $t->parallel($C, sub {
-    my $c = shift;
+sub race {
+    my ($s, $what, $C, $N) = @_;
+    my $res = $s->parallel($C, sub {
+        my $c = shift;
+        my ($proposed, $approved, @miss) = (0, 0);
+        for my $i (1 .. $N) {
+            my $r = $s->http(POST => '/pay', key => $s->key("race-$c-$i"),
+                             json => { amount => $i, to => 'ACME Ltd', memo => 'm' x 512 });
+            my $prop = ($s->problem($r) // {})->{proposal} // {};
+            my $op = $prop->{operation_id} // '';
+            next unless $r->{status} == 428 && $op =~ /^[0-9a-f]{32}$/;
+            $proposed++;
+            my $l = $i % 2 ? $s->http(GET => "/status?op=$op")
+                           : $s->http(POST => '/approve', approval($op, $prop->{fingerprint} // ''));
+            $approved++ if $l->{status} == 200 && !($i % 2);
+            push @miss, "$c.$i: $l->{status}" if $l->{status} != 200;
+        }
+        return { proposed => $proposed, approved => $approved, miss => \@miss };
+    }, timeout => 120);
     my ($proposed, $approved, @miss) = (0, 0);
-    for my $i (1 .. $N) {
-        my ($r, $op) = propose('/pay', $t->key("race-$c-$i"),
-                               { amount => $i, to => 'ACME Ltd', memo => 'm' x 512 });
-        next unless $r->{status} == 428 && $op =~ /^[0-9a-f]{32}$/;
-        $proposed++;
-        my $s = $i % 2 ? $t->http(GET => "/status?op=$op")
-                       : approve($op, (($t->problem($r) // {})->{proposal} // {})
-                                          ->{fingerprint} // '');
-        $approved++ if $s->{status} == 200 && !($i % 2);
-        push @miss, "$c.$i: $s->{status}" if $s->{status} != 200;
+    for (@$res) {
+        $proposed += $_->{proposed} // 0;
+        $approved += $_->{approved} // 0;
+        push @miss, @{ $_->{miss} // [] };
     }
-    return { proposed => $proposed, approved => $approved, miss => \@miss };
-}, timeout => 120);
-my ($proposed, $approved, @miss) = (0, 0);
-for (@$res) {
-    $proposed += $_->{proposed} // 0;
-    $approved += $_->{approved} // 0;
-    push @miss, @{ $_->{miss} // [] };
+    is($proposed, $C * $N, "$what: " . $C * $N . ' proposals, each a 428 with its operation id');
+    is(scalar @miss, 0, "$what: each operation was found by the next request (status ?op=, approve)")
+        or diag(scalar(@miss) . ' not found: ' . join ', ', @miss);
+    is($approved, $C * $N / 2, "$what: every other one approved at once");
+    is($s->effects, 0, "$what: nothing ran: proposals and approvals only");
 }
-is($proposed, $C * $N, $C * $N . ' proposals, each a 428 with its operation id');
-is(scalar @miss, 0, 'each operation was found by the next request (status ?op=, approve)')
-    or diag(scalar(@miss) . ' not found: ' . join ', ', @miss);
-is($approved, $C * $N / 2, 'every other one approved at once');
-is($t->effects, 0, 'nothing ran: proposals and approvals only');
+
+race($t, 'one Redis', 16, 60);
 
 # ---- Redis refuses the index: 503 store-unavailable, nothing runs, the
 # retry gets the same proposal and its index
@@ -142,6 +149,37 @@ is($t->effects, 0, 'nothing ran: proposals and approvals only');
     $r = $t->http(POST => '/acl', key => $k, json => $body);
     is($r->{status}, 201, 'the approved request executes');
     is($t->effects(key => $k), 1, '... once');
+}
+
+# ---- the same through a Redis Cluster (the index and its record are in
+# other hash slots, each look-up on the link of the index's node)
+{
+    my $c = Idem::Test->new;
+    my $cp = $c->prefix;
+    system("cp $p/hs.key $cp/hs.key") == 0 or BAIL_OUT('cp hs.key');
+    my @ports = $c->start_cluster(masters => 3, replicas => 0);
+    $c->start_upstream;
+    my $seeds = join ' ', map { "127.0.0.1:$_" } @ports;
+    $c->start_nginx(<<"EOF", workers => 2);
+idempotency_redis_cluster $seeds;
+server {
+    listen 127.0.0.1:%%PORT%%;
+    idempotency_confirm_key hs256 $cp/hs.key;
+    location /pay {
+        idempotency on;
+        idempotency_confirm on;
+        idempotency_confirm_show /amount /to /memo;
+        proxy_pass http://%%UPSTREAM%%;
+    }
+    location = /approve {
+        idempotency_approve;
+    }
+    location = /status {
+        idempotency_status;
+    }
+}
+EOF
+    race($c, 'cluster', 16, 40);
 }
 
 done_testing;
