@@ -6,9 +6,8 @@
 # sent without waiting for its "OK", that look-up could reach Redis first
 # and be told 404 (the same through a Redis Cluster, where the index is on
 # another node's link than its record). When Redis refuses the index, the
-# request is answered
-# 503 store-unavailable (nothing runs), and the client's retry gets the same
-# proposal again with its index written.
+# request is answered 503 store-unavailable (nothing runs), and the client's
+# retry gets the same proposal again with its index written.
 
 use strict;
 use warnings;
