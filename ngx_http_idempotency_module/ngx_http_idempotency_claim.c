@@ -44,7 +44,7 @@ enum {
 static ngx_str_t  ngx_http_idem_set = ngx_string("SET");
 
 
-/* the parts, in the order they were added; a reload adds them again */
+/* the parts, in the order they were added (once: a reload adds them again) */
 #define NGX_HTTP_IDEM_CLAIM_PARTS  8
 
 static ngx_http_idem_claim_part_t  *ngx_http_idem_claim_parts[
