@@ -318,6 +318,9 @@ typedef enum {
 
 typedef struct ngx_http_idem_ctx_s  ngx_http_idem_ctx_t;
 
+/* a feature's part in a claim: its hooks, ngx_http_idempotency_claim.h */
+typedef struct ngx_http_idem_claim_part_s  ngx_http_idem_claim_part_t;
+
 /*
  * The link from a complete script in flight to the request that holds its
  * response's end for the answer.  The script may outlive the request, and

@@ -19,6 +19,7 @@
 #include "ngx_http_idempotency_reply.h"
 #include "ngx_http_idempotency_request.h"
 #include "ngx_http_idempotency_wait.h"
+#include "ngx_http_idempotency_claim_audit.h"
 
 
 /* bodies above this may take long enough to hash that time must be read */

@@ -30,6 +30,10 @@
 #include "ngx_http_idempotency_script.h"
 #include "ngx_http_idempotency_sentinel.h"
 #include "ngx_http_idempotency_variables.h"
+#include "ngx_http_idempotency_claim.h"
+#include "ngx_http_idempotency_claim_audit.h"
+#include "ngx_http_idempotency_claim_business.h"
+#include "ngx_http_idempotency_claim_confirm.h"
 
 
 static ngx_int_t ngx_http_idem_postconfiguration(ngx_conf_t *cf);
@@ -693,6 +697,16 @@ ngx_http_idem_postconfiguration(ngx_conf_t *cf)
 
     mcf->scripts = ngx_http_idem_scripts_init(cf->pool);
     if (mcf->scripts == NULL) {
+        return NGX_ERROR;
+    }
+
+    /* the features' parts in a claim, in the order the claim used to call
+     * them: the business keys are made before the audit's preparation */
+    if (ngx_http_idem_claim_add_part(&ngx_http_idem_claim_business) != NGX_OK
+        || ngx_http_idem_claim_add_part(&ngx_http_idem_claim_confirm)
+           != NGX_OK
+        || ngx_http_idem_claim_add_part(&ngx_http_idem_claim_audit) != NGX_OK)
+    {
         return NGX_ERROR;
     }
 

@@ -181,6 +181,7 @@ subtest 'no call cycle between the glue files' => sub {
 # one room per concern: the files that grew with every feature stay small
 my %line_limit = (
     'ngx_http_idempotency_module.c' => 1000,
+    'ngx_http_idempotency_claim.c'  => 900,
 );
 
 subtest 'line targets' => sub {
