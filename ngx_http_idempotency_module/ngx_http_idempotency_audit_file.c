@@ -28,6 +28,9 @@
 /* the most of the file's end read at start-up to learn the head */
 #define NGX_HTTP_IDEM_AUDIT_TAIL   (256 * 1024)
 
+/* lines up to this size are made on the stack */
+#define NGX_HTTP_IDEM_AUDIT_STACK  8192
+
 
 typedef struct {
     uint64_t                     seq;
@@ -41,6 +44,8 @@ typedef struct {
 
 static ngx_int_t ngx_http_idem_audit_file_init_zone(ngx_shm_zone_t *zone,
     void *data);
+static void ngx_http_idem_audit_file_flush(ngx_open_file_t *file,
+    ngx_log_t *log);
 
 
 /* ---- configuration */
@@ -222,6 +227,49 @@ ngx_http_idem_audit_conf(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 }
 
 
+static void
+ngx_http_idem_audit_file_hasher_free(void *data)
+{
+    idem_audit_file_hasher_free(data);
+}
+
+
+/*
+ * What a line's hash needs, made once (each worker gets its copy at the
+ * fork); and nginx's reopen of the file told to this device, so that a
+ * worker learns which file its descriptor is without an fstat() per write
+ * (unless something else already listens on the file's reopen).
+ */
+static char *
+ngx_http_idem_audit_file_ready(ngx_conf_t *cf, ngx_http_idem_audit_file_t *f)
+{
+    ngx_pool_cleanup_t  *cln;
+
+    cln = ngx_pool_cleanup_add(cf->pool, 0);
+    if (cln == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    f->hasher = idem_audit_file_hasher(f->key ? f->key->secret : NULL,
+                                       f->key ? f->key->secret_len : 0);
+    if (f->hasher == NULL) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0, "audit file \"%V\": the "
+                           "chain's SHA-256 cannot be set up", &f->path);
+        return NGX_CONF_ERROR;
+    }
+
+    cln->handler = ngx_http_idem_audit_file_hasher_free;
+    cln->data = f->hasher;
+
+    if (f->file->flush == NULL && f->file->data == NULL) {
+        f->file->flush = ngx_http_idem_audit_file_flush;
+        f->file->data = f;
+    }
+
+    return NGX_CONF_OK;
+}
+
+
 /* one file is one chain: one key, one anchor interval */
 char *
 ngx_http_idem_audit_file_merge(ngx_conf_t *cf, ngx_http_idem_audit_file_t *f,
@@ -233,7 +281,7 @@ ngx_http_idem_audit_file_merge(ngx_conf_t *cf, ngx_http_idem_audit_file_t *f,
         f->used = 1;
         f->key = key;
         f->anchor = anchor;
-        return NGX_CONF_OK;
+        return ngx_http_idem_audit_file_ready(cf, f);
     }
 
     same = (f->key == NULL || key == NULL)
@@ -406,6 +454,40 @@ ngx_http_idem_audit_file_init_zone(ngx_shm_zone_t *zone, void *data)
 
 /* ---- writing */
 
+/* nginx is about to reopen the file (USR1): the descriptor will change */
+static void
+ngx_http_idem_audit_file_flush(ngx_open_file_t *file, ngx_log_t *log)
+{
+    ngx_http_idem_audit_file_t  *f = file->data;
+
+    f->known = 0;
+}
+
+
+/* which file this process' descriptor is: fstat() only after a reopen */
+static ngx_int_t
+ngx_http_idem_audit_file_mine(ngx_http_idem_audit_file_t *f)
+{
+    ngx_file_info_t  fi;
+
+    if (f->known && f->file->flush == ngx_http_idem_audit_file_flush
+        && f->file->data == f)
+    {
+        return NGX_OK;
+    }
+
+    if (ngx_fd_info(f->file->fd, &fi) == NGX_FILE_ERROR) {
+        return NGX_ERROR;
+    }
+
+    f->dev = fi.st_dev;
+    f->ino = fi.st_ino;
+    f->known = 1;
+
+    return NGX_OK;
+}
+
+
 /*
  * The descriptor is the file at the path, or the one the last line went
  * to while the path's is not used yet; otherwise the path is opened here.
@@ -415,21 +497,22 @@ ngx_http_idem_audit_file_current(ngx_http_idem_audit_file_t *f,
     ngx_http_idem_audit_file_sh_t *sh, ngx_log_t *log)
 {
     ngx_fd_t          fd;
-    ngx_file_info_t   mine, there;
+    ngx_file_info_t   there;
 
-    if (ngx_fd_info(f->file->fd, &mine) == NGX_FILE_ERROR) {
+    if (ngx_http_idem_audit_file_mine(f) != NGX_OK) {
         return NGX_ERROR;
     }
 
-    if (sh->ino && (mine.st_ino != sh->ino || mine.st_dev != sh->dev)
+    if (sh->ino && (f->ino != sh->ino || f->dev != sh->dev)
         && (ngx_file_info(f->path.data, &there) == NGX_FILE_ERROR
-            || there.st_ino != mine.st_ino || there.st_dev != mine.st_dev))
+            || there.st_ino != f->ino || there.st_dev != f->dev))
     {
         fd = ngx_open_file(f->path.data, NGX_FILE_APPEND,
                            NGX_FILE_CREATE_OR_OPEN, NGX_FILE_DEFAULT_ACCESS);
+        f->known = 0;
 
         if (fd == NGX_INVALID_FILE || dup2(fd, f->file->fd) == -1
-            || ngx_fd_info(f->file->fd, &mine) == NGX_FILE_ERROR)
+            || ngx_http_idem_audit_file_mine(f) != NGX_OK)
         {
             if (fd != NGX_INVALID_FILE) {
                 ngx_close_file(fd);
@@ -441,9 +524,9 @@ ngx_http_idem_audit_file_current(ngx_http_idem_audit_file_t *f,
         ngx_close_file(fd);
     }
 
-    if (mine.st_ino != sh->ino || mine.st_dev != sh->dev) {
-        sh->dev = mine.st_dev;
-        sh->ino = mine.st_ino;
+    if (f->ino != sh->ino || f->dev != sh->dev) {
+        sh->dev = f->dev;
+        sh->ino = f->ino;
         sh->torn = 0;       /* another file: its own end */
     }
 
@@ -467,10 +550,13 @@ ngx_http_idem_audit_file_lines(ngx_http_idem_audit_file_t *f,
         e[i].prev.data = (const char *) prev;
         e[i].prev.len = IDEM_AUDIT_HASH_LEN;
 
-        p = (u_char *) idem_audit_file_line((char *) p, &e[i],
-                                            f->key ? f->key->secret : NULL,
-                                            f->key ? f->key->secret_len : 0,
-                                            (char *) hashes[i]);
+        p = (u_char *) (f->hasher
+            ? idem_audit_file_line_h((char *) p, &e[i], f->hasher,
+                                     (char *) hashes[i])
+            : idem_audit_file_line((char *) p, &e[i],
+                                   f->key ? f->key->secret : NULL,
+                                   f->key ? f->key->secret_len : 0,
+                                   (char *) hashes[i]));
         if (p == NULL) {
             return NULL;
         }
@@ -531,13 +617,20 @@ ngx_http_idem_audit_file_moved(ngx_http_idem_audit_file_t *f,
 
 /*
  * A write() cut short left part of a line: the file is cut back to its
- * size before the write, so that the batch is all or none and the next
- * line follows a complete one. NGX_OK when undone.
+ * size before the write (under the mutex, the only writer: its size now
+ * less the w bytes the write appended), so that the batch is all or none
+ * and the next line follows a complete one. NGX_OK when undone.
  */
 static ngx_int_t
-ngx_http_idem_audit_file_undo(ngx_http_idem_audit_file_t *f, off_t size,
-    ssize_t w, ngx_log_t *log)
+ngx_http_idem_audit_file_undo(ngx_http_idem_audit_file_t *f, ssize_t w,
+    ngx_log_t *log)
 {
+    off_t            size;
+    ngx_file_info_t  fi;
+
+    size = ngx_fd_info(f->file->fd, &fi) == NGX_FILE_ERROR
+           ? -1 : fi.st_size - w;
+
     if (size < 0 || ftruncate(f->file->fd, size) == -1) {
         ngx_log_error(NGX_LOG_ALERT, log, size < 0 ? 0 : ngx_errno,
                       "idempotency: the %z bytes of a cut write to audit "
@@ -556,10 +649,8 @@ ngx_http_idem_audit_file_put(ngx_http_idem_audit_file_t *f,
     u_char *buf, ngx_log_t *log)
 {
     u_char           *p, *start, *ends[4], hashes[4][IDEM_AUDIT_HASH_LEN + 1];
-    off_t             size;
     ssize_t           w;
     ngx_uint_t        i, done;
-    ngx_file_info_t   fi;
 
     if (ngx_http_idem_audit_file_current(f, sh, log) != NGX_OK) {
         ngx_log_error(NGX_LOG_ALERT, log, ngx_errno,
@@ -567,9 +658,6 @@ ngx_http_idem_audit_file_put(ngx_http_idem_audit_file_t *f,
                       &f->path);
         return NGX_ERROR;
     }
-
-    /* under the mutex, the only writer: the end the write will start at */
-    size = ngx_fd_info(f->file->fd, &fi) == NGX_FILE_ERROR ? -1 : fi.st_size;
 
     start = buf;
     p = buf;
@@ -586,7 +674,7 @@ ngx_http_idem_audit_file_put(ngx_http_idem_audit_file_t *f,
     w = write(f->file->fd, start, p - start);
 
     if (w > 0 && w != p - start
-        && ngx_http_idem_audit_file_undo(f, size, w, log) == NGX_OK)
+        && ngx_http_idem_audit_file_undo(f, w, log) == NGX_OK)
     {
         /* nothing of it stays: the head and "torn" are as they were */
         ngx_log_error(NGX_LOG_ALERT, log, 0,
@@ -630,7 +718,7 @@ ngx_int_t
 ngx_http_idem_audit_file_append(ngx_http_idem_audit_file_t *f,
     idem_audit_entry_t *e, ngx_uint_t n, ngx_log_t *log)
 {
-    u_char                         *buf;
+    u_char                         *buf, stack[NGX_HTTP_IDEM_AUDIT_STACK];
     size_t                          size;
     ngx_int_t                       rc;
     ngx_uint_t                      i;
@@ -646,9 +734,14 @@ ngx_http_idem_audit_file_append(ngx_http_idem_audit_file_t *f,
         size += idem_audit_file_line_max(&e[i]);
     }
 
-    buf = ngx_alloc(size, log);
+    /* the usual lines fit on the stack: no allocation per request */
+    buf = size <= sizeof(stack) ? stack : ngx_alloc(size, log);
+
     if (buf == NULL || n > 4) {
-        ngx_free(buf);
+        if (buf != stack) {
+            ngx_free(buf);
+        }
+
         ngx_http_idem_metrics_audit_error();
         return NGX_ERROR;
     }
@@ -659,7 +752,9 @@ ngx_http_idem_audit_file_append(ngx_http_idem_audit_file_t *f,
     rc = ngx_http_idem_audit_file_put(f, sh, e, n, buf, log);
     ngx_shmtx_unlock(&f->shpool->mutex);
 
-    ngx_free(buf);
+    if (buf != stack) {
+        ngx_free(buf);
+    }
 
     if (rc != NGX_OK) {
         ngx_http_idem_metrics_audit_error();

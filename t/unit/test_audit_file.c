@@ -186,10 +186,62 @@ test_chain(const unsigned char *k, const char *what)
 }
 
 
+/*
+ * The writer's hasher (contexts set up once, HMAC pads absorbed once)
+ * gives the one-shot idem_audit_hash()'s lines: without a key, with a
+ * key, with one longer than SHA-256's block, again and again.
+ */
+static void
+test_hasher(void)
+{
+    int                        i, same;
+    char                       a[4096], b[4096];
+    char                       ha[IDEM_AUDIT_HASH_LEN + 1];
+    char                       hb[IDEM_AUDIT_HASH_LEN + 1];
+    char                      *ea, *eb;
+    size_t                     lens[4] = { 0, 32, 64, 100 };
+    unsigned char              k[100];
+    idem_audit_entry_t         e;
+    idem_audit_file_hasher_t  *h;
+
+    for (i = 0; i < (int) sizeof(k); i++) {
+        k[i] = (unsigned char) (i * 7 + 1);
+    }
+
+    for (i = 0; i < 4; i++) {
+        h = idem_audit_file_hasher(lens[i] ? k : NULL, lens[i]);
+        ok(h != NULL, "a hasher, key of %zu bytes", lens[i]);
+        if (h == NULL) {
+            continue;
+        }
+
+        same = 1;
+
+        for (int j = 0; j < 3; j++) {
+            e = entry(j);
+            e.seq = (uint64_t) j + 1;
+            e.prev.data = idem_audit_genesis;
+            e.prev.len = IDEM_AUDIT_HASH_LEN;
+
+            ea = idem_audit_file_line(a, &e, lens[i] ? k : NULL, lens[i], ha);
+            eb = idem_audit_file_line_h(b, &e, h, hb);
+
+            same &= ea && eb && ea - a == eb - b && memcmp(a, b, ea - a) == 0
+                    && strcmp(ha, hb) == 0;
+        }
+
+        ok(same, "key of %zu bytes: the same lines as HMAC()/SHA-256 "
+           "one-shot", lens[i]);
+        idem_audit_file_hasher_free(h);
+    }
+}
+
+
 int
 main(void)
 {
     test_line();
+    test_hasher();
     test_chain(NULL, "SHA-256");
     test_chain(key, "HMAC");
 
