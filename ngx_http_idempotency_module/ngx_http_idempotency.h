@@ -51,6 +51,7 @@ typedef struct {
     idem_jws_key_t              *key;
     ngx_uint_t                   anchor;
     void                        *hasher;    /* the chain's, set up once */
+    void                        *batch;     /* this process' lines to come */
     dev_t                        dev;       /* the file of this process' */
     ino_t                        ino;       /* descriptor, while "known" */
     unsigned                     used:1;    /* key and anchor are set */
@@ -623,6 +624,8 @@ char *ngx_http_idem_audit_conf(ngx_conf_t *cf, ngx_command_t *cmd,
 char *ngx_http_idem_audit_file_merge(ngx_conf_t *cf,
     ngx_http_idem_audit_file_t *file, idem_jws_key_t *key, ngx_uint_t anchor);
 ngx_int_t ngx_http_idem_audit_file_append(ngx_http_idem_audit_file_t *file,
+    idem_audit_entry_t *e, ngx_uint_t n, ngx_log_t *log);
+void ngx_http_idem_audit_file_later(ngx_http_idem_audit_file_t *file,
     idem_audit_entry_t *e, ngx_uint_t n, ngx_log_t *log);
 
 /* ngx_http_idempotency_claim.c: the claim and its answer */

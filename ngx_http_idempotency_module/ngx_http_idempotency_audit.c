@@ -1138,19 +1138,23 @@ ngx_http_idem_audit_to_file(ngx_http_idem_cmd_t *cmd,
 
     n = ngx_http_idem_audit_entries(cmd, e, NGX_HTTP_IDEM_AUDIT_MAX);
 
+    for (i = 0; i < n && e[i].event != IDEM_AUDIT_SENT; i++) {
+        /* void */
+    }
+
+    /* nothing waits for entries without "sent": with the turn's others */
+    if (i == n) {
+        ngx_http_idem_audit_file_later(audit->file, e, n, cmd->redis->log);
+        return NGX_DONE;
+    }
+
     if (ngx_http_idem_audit_file_append(audit->file, e, n, cmd->redis->log)
         == NGX_OK)
     {
         return NGX_DONE;
     }
 
-    for (i = 0; i < n; i++) {
-        if (e[i].event == IDEM_AUDIT_SENT) {
-            return NGX_ABORT;
-        }
-    }
-
-    return NGX_DONE;
+    return NGX_ABORT;
 }
 
 

@@ -28,8 +28,9 @@
 /* the most of the file's end read at start-up to learn the head */
 #define NGX_HTTP_IDEM_AUDIT_TAIL   (256 * 1024)
 
-/* lines up to this size are made on the stack */
-#define NGX_HTTP_IDEM_AUDIT_STACK  8192
+/* the most entries one write() carries, and their strings' room */
+#define NGX_HTTP_IDEM_AUDIT_BATCH  64
+#define NGX_HTTP_IDEM_AUDIT_ARENA  (64 * 1024)
 
 
 typedef struct {
@@ -42,10 +43,29 @@ typedef struct {
 } ngx_http_idem_audit_file_sh_t;
 
 
+/*
+ * This process' entries not yet written: those after the execution (a
+ * completion's) wait for the end of the event loop's turn, so that the
+ * completions of one turn go with one write(); any write writes them
+ * first, so the file keeps the order in which they happened.
+ */
+typedef struct {
+    idem_audit_entry_t           e[NGX_HTTP_IDEM_AUDIT_BATCH];
+    ngx_uint_t                   n;
+    ngx_uint_t                   appends;   /* calls they came with */
+    size_t                       used;      /* of arena */
+    size_t                       size;      /* of buf */
+    u_char                      *buf;       /* where the lines are made */
+    ngx_event_t                  ev;
+    u_char                       arena[NGX_HTTP_IDEM_AUDIT_ARENA];
+} ngx_http_idem_audit_batch_t;
+
+
 static ngx_int_t ngx_http_idem_audit_file_init_zone(ngx_shm_zone_t *zone,
     void *data);
 static void ngx_http_idem_audit_file_flush(ngx_open_file_t *file,
     ngx_log_t *log);
+static void ngx_http_idem_audit_file_posted(ngx_event_t *ev);
 
 
 /* ---- configuration */
@@ -648,7 +668,8 @@ ngx_http_idem_audit_file_put(ngx_http_idem_audit_file_t *f,
     ngx_http_idem_audit_file_sh_t *sh, idem_audit_entry_t *e, ngx_uint_t n,
     u_char *buf, ngx_log_t *log)
 {
-    u_char           *p, *start, *ends[4], hashes[4][IDEM_AUDIT_HASH_LEN + 1];
+    u_char           *p, *start, *ends[NGX_HTTP_IDEM_AUDIT_BATCH];
+    u_char            hashes[NGX_HTTP_IDEM_AUDIT_BATCH][IDEM_AUDIT_HASH_LEN + 1];
     ssize_t           w;
     ngx_uint_t        i, done;
 
@@ -710,55 +731,227 @@ ngx_http_idem_audit_file_put(ngx_http_idem_audit_file_t *f,
 }
 
 
-/*
- * The entries (at most 4) go into the file, or none: NGX_ERROR (logged,
- * counted) when they are not all there.
- */
-ngx_int_t
-ngx_http_idem_audit_file_append(ngx_http_idem_audit_file_t *f,
-    idem_audit_entry_t *e, ngx_uint_t n, ngx_log_t *log)
+static ngx_http_idem_audit_batch_t *
+ngx_http_idem_audit_file_batch(ngx_http_idem_audit_file_t *f, ngx_log_t *log)
 {
-    u_char                         *buf, stack[NGX_HTTP_IDEM_AUDIT_STACK];
-    size_t                          size;
-    ngx_int_t                       rc;
-    ngx_uint_t                      i;
-    ngx_http_idem_audit_file_sh_t  *sh;
+    ngx_http_idem_audit_batch_t  *b;
 
-    if (n == 0) {
+    if (f->batch) {
+        return f->batch;
+    }
+
+    b = ngx_pcalloc(ngx_cycle->pool, sizeof(ngx_http_idem_audit_batch_t));
+    if (b == NULL) {
+        return NULL;
+    }
+
+    b->ev.handler = ngx_http_idem_audit_file_posted;
+    b->ev.data = f;
+    b->ev.log = ngx_cycle->log;
+    f->batch = b;
+
+    return b;
+}
+
+
+/* s copied into the batch's arena (room checked by the caller) */
+static void
+ngx_http_idem_audit_file_keep(ngx_http_idem_audit_batch_t *b, idem_str_t *s)
+{
+    u_char  *p;
+
+    p = b->arena + b->used;
+
+    if (s->len) {
+        ngx_memcpy(p, s->data, s->len);
+    }
+
+    s->data = (const char *) p;
+    b->used += s->len;
+}
+
+
+static size_t
+ngx_http_idem_audit_file_strings(idem_audit_entry_t *e)
+{
+    return e->op.len + e->key.len + e->fp.len + e->route.len
+           + e->identity.len + e->approver.len + e->response.len
+           + e->ref.len + e->request.len;
+}
+
+
+/* the entries added to the batch, which has room for them */
+static void
+ngx_http_idem_audit_file_add(ngx_http_idem_audit_batch_t *b,
+    idem_audit_entry_t *e, ngx_uint_t n)
+{
+    ngx_uint_t           i;
+    idem_audit_entry_t  *k;
+
+    for (i = 0; i < n; i++) {
+        k = &b->e[b->n++];
+        *k = e[i];
+
+        ngx_http_idem_audit_file_keep(b, &k->op);
+        ngx_http_idem_audit_file_keep(b, &k->key);
+        ngx_http_idem_audit_file_keep(b, &k->fp);
+        ngx_http_idem_audit_file_keep(b, &k->route);
+        ngx_http_idem_audit_file_keep(b, &k->identity);
+        ngx_http_idem_audit_file_keep(b, &k->approver);
+        ngx_http_idem_audit_file_keep(b, &k->response);
+        ngx_http_idem_audit_file_keep(b, &k->ref);
+        ngx_http_idem_audit_file_keep(b, &k->request);
+    }
+
+    b->appends++;
+}
+
+
+/*
+ * The batch into the file, or none of it: NGX_ERROR (logged, counted once
+ * per call that gave entries) when its lines are not all there.
+ */
+static ngx_int_t
+ngx_http_idem_audit_file_flush_batch(ngx_http_idem_audit_file_t *f,
+    ngx_http_idem_audit_batch_t *b, ngx_log_t *log)
+{
+    u_char      *buf;
+    size_t       size;
+    ngx_int_t    rc;
+    ngx_uint_t   i;
+
+    if (b->ev.posted) {
+        ngx_delete_posted_event(&b->ev);
+    }
+
+    if (b->n == 0) {
         return NGX_OK;
     }
 
     size = 1;
 
-    for (i = 0; i < n && i < 4; i++) {
-        size += idem_audit_file_line_max(&e[i]);
+    for (i = 0; i < b->n; i++) {
+        size += idem_audit_file_line_max(&b->e[i]);
     }
 
-    /* the usual lines fit on the stack: no allocation per request */
-    buf = size <= sizeof(stack) ? stack : ngx_alloc(size, log);
-
-    if (buf == NULL || n > 4) {
-        if (buf != stack) {
-            ngx_free(buf);
+    /* one buffer per process, grown when needed: no allocation per line */
+    if (size > b->size) {
+        buf = ngx_alloc(ngx_max(size, 16384), log);
+        if (buf != NULL) {
+            ngx_free(b->buf);
+            b->buf = buf;
+            b->size = ngx_max(size, 16384);
         }
+    }
 
+    rc = NGX_ERROR;
+
+    if (size <= b->size) {
+        ngx_shmtx_lock(&f->shpool->mutex);
+        rc = ngx_http_idem_audit_file_put(f, f->sh, b->e, b->n, b->buf, log);
+        ngx_shmtx_unlock(&f->shpool->mutex);
+    }
+
+    for (i = 0; rc != NGX_OK && i < b->appends; i++) {
+        ngx_http_idem_metrics_audit_error();
+    }
+
+    b->n = 0;
+    b->appends = 0;
+    b->used = 0;
+
+    return rc;
+}
+
+
+/* the end of the event loop's turn: the entries left for it */
+static void
+ngx_http_idem_audit_file_posted(ngx_event_t *ev)
+{
+    ngx_http_idem_audit_file_t  *f = ev->data;
+
+    (void) ngx_http_idem_audit_file_flush_batch(f, f->batch, ev->log);
+}
+
+
+/* the batch can take n more entries like e, once what it holds is out */
+static ngx_http_idem_audit_batch_t *
+ngx_http_idem_audit_file_room(ngx_http_idem_audit_file_t *f,
+    idem_audit_entry_t *e, ngx_uint_t n, ngx_log_t *log)
+{
+    size_t                        need;
+    ngx_uint_t                    i;
+    ngx_http_idem_audit_batch_t  *b;
+
+    b = ngx_http_idem_audit_file_batch(f, log);
+    if (b == NULL || n > 4) {
+        return NULL;
+    }
+
+    for (need = 0, i = 0; i < n; i++) {
+        need += ngx_http_idem_audit_file_strings(&e[i]);
+    }
+
+    if (b->n + n > NGX_HTTP_IDEM_AUDIT_BATCH
+        || b->used + need > NGX_HTTP_IDEM_AUDIT_ARENA)
+    {
+        (void) ngx_http_idem_audit_file_flush_batch(f, b, log);
+    }
+
+    return need <= NGX_HTTP_IDEM_AUDIT_ARENA ? b : NULL;
+}
+
+
+/*
+ * The entries (at most 4) go into the file now, after those left for
+ * later, or none: NGX_ERROR (logged, counted) when they are not all there.
+ */
+ngx_int_t
+ngx_http_idem_audit_file_append(ngx_http_idem_audit_file_t *f,
+    idem_audit_entry_t *e, ngx_uint_t n, ngx_log_t *log)
+{
+    ngx_http_idem_audit_batch_t  *b;
+
+    if (n == 0) {
+        return NGX_OK;
+    }
+
+    b = ngx_http_idem_audit_file_room(f, e, n, log);
+    if (b == NULL) {
         ngx_http_idem_metrics_audit_error();
         return NGX_ERROR;
     }
 
-    sh = f->sh;
+    ngx_http_idem_audit_file_add(b, e, n);
 
-    ngx_shmtx_lock(&f->shpool->mutex);
-    rc = ngx_http_idem_audit_file_put(f, sh, e, n, buf, log);
-    ngx_shmtx_unlock(&f->shpool->mutex);
+    return ngx_http_idem_audit_file_flush_batch(f, b, log);
+}
 
-    if (buf != stack) {
-        ngx_free(buf);
+
+/*
+ * Entries nothing waits for (after the execution): written at the end of
+ * this turn of the event loop with the others of the turn, or before the
+ * next entries written now.  A failure is logged and counted then.
+ */
+void
+ngx_http_idem_audit_file_later(ngx_http_idem_audit_file_t *f,
+    idem_audit_entry_t *e, ngx_uint_t n, ngx_log_t *log)
+{
+    ngx_http_idem_audit_batch_t  *b;
+
+    if (n == 0) {
+        return;
     }
 
-    if (rc != NGX_OK) {
+    b = ngx_http_idem_audit_file_room(f, e, n, log);
+    if (b == NULL) {
         ngx_http_idem_metrics_audit_error();
+        return;
     }
 
-    return rc;
+    ngx_http_idem_audit_file_add(b, e, n);
+
+    if (!b->ev.posted) {
+        ngx_post_event(&b->ev, &ngx_posted_events);
+    }
 }
