@@ -627,6 +627,10 @@ ngx_int_t ngx_http_idem_audit_file_append(ngx_http_idem_audit_file_t *file,
     idem_audit_entry_t *e, ngx_uint_t n, ngx_log_t *log);
 void ngx_http_idem_audit_file_later(ngx_http_idem_audit_file_t *file,
     idem_audit_entry_t *e, ngx_uint_t n, ngx_log_t *log);
+size_t ngx_http_idem_audit_file_packed(idem_audit_entry_t *e);
+u_char *ngx_http_idem_audit_file_pack(u_char *p, idem_audit_entry_t *e);
+ngx_int_t ngx_http_idem_audit_file_unpack(u_char *p, size_t len,
+    idem_audit_entry_t *e);
 
 /* ngx_http_idempotency_claim.c: the claim and its answer */
 ngx_int_t ngx_http_idem_tokens(ngx_http_request_t *r,

@@ -808,6 +808,96 @@ ngx_http_idem_audit_file_add(ngx_http_idem_audit_batch_t *b,
 
 
 /*
+ * An entry kept in a command for the file alone (its strings never go to
+ * Redis): the entry's fields as they are, then its strings one after the
+ * other, so that reading it back is no parse; offsets, not pointers, for
+ * a command may be copied.
+ */
+size_t
+ngx_http_idem_audit_file_packed(idem_audit_entry_t *e)
+{
+    return sizeof(idem_audit_entry_t) + ngx_http_idem_audit_file_strings(e);
+}
+
+
+static u_char *
+ngx_http_idem_audit_file_pack_str(u_char *p, idem_str_t *s)
+{
+    return s->len ? ngx_cpymem(p, s->data, s->len) : p;
+}
+
+
+u_char *
+ngx_http_idem_audit_file_pack(u_char *p, idem_audit_entry_t *e)
+{
+    p = ngx_cpymem(p, e, sizeof(idem_audit_entry_t));
+    p = ngx_http_idem_audit_file_pack_str(p, &e->op);
+    p = ngx_http_idem_audit_file_pack_str(p, &e->key);
+    p = ngx_http_idem_audit_file_pack_str(p, &e->fp);
+    p = ngx_http_idem_audit_file_pack_str(p, &e->route);
+    p = ngx_http_idem_audit_file_pack_str(p, &e->identity);
+    p = ngx_http_idem_audit_file_pack_str(p, &e->approver);
+    p = ngx_http_idem_audit_file_pack_str(p, &e->response);
+    p = ngx_http_idem_audit_file_pack_str(p, &e->ref);
+    p = ngx_http_idem_audit_file_pack_str(p, &e->request);
+
+    return p;
+}
+
+
+/* s's bytes at *p, which moves past them; NGX_ERROR past the end */
+static ngx_int_t
+ngx_http_idem_audit_file_unpack_str(u_char **p, u_char *end, idem_str_t *s)
+{
+    if ((size_t) (end - *p) < s->len) {
+        return NGX_ERROR;
+    }
+
+    s->data = (const char *) *p;
+    *p += s->len;
+
+    return NGX_OK;
+}
+
+
+ngx_int_t
+ngx_http_idem_audit_file_unpack(u_char *p, size_t len, idem_audit_entry_t *e)
+{
+    u_char  *end;
+
+    if (len < sizeof(idem_audit_entry_t)) {
+        return NGX_ERROR;
+    }
+
+    end = p + len;
+    ngx_memcpy(e, p, sizeof(idem_audit_entry_t));
+    p += sizeof(idem_audit_entry_t);
+
+    e->prev.data = NULL;        /* the head's, when it is written */
+    e->prev.len = 0;
+
+    if (ngx_http_idem_audit_file_unpack_str(&p, end, &e->op) != NGX_OK
+        || ngx_http_idem_audit_file_unpack_str(&p, end, &e->key) != NGX_OK
+        || ngx_http_idem_audit_file_unpack_str(&p, end, &e->fp) != NGX_OK
+        || ngx_http_idem_audit_file_unpack_str(&p, end, &e->route) != NGX_OK
+        || ngx_http_idem_audit_file_unpack_str(&p, end, &e->identity)
+           != NGX_OK
+        || ngx_http_idem_audit_file_unpack_str(&p, end, &e->approver)
+           != NGX_OK
+        || ngx_http_idem_audit_file_unpack_str(&p, end, &e->response)
+           != NGX_OK
+        || ngx_http_idem_audit_file_unpack_str(&p, end, &e->ref) != NGX_OK
+        || ngx_http_idem_audit_file_unpack_str(&p, end, &e->request)
+           != NGX_OK)
+    {
+        return NGX_ERROR;
+    }
+
+    return p == end ? NGX_OK : NGX_ERROR;
+}
+
+
+/*
  * The batch into the file, or none of it: NGX_ERROR (logged, counted once
  * per call that gave entries) when its lines are not all there.
  */
