@@ -44,6 +44,43 @@ idem_audit_file_line_max(const idem_audit_entry_t *e)
 }
 
 
+/*
+ * The length of the run at d (at most len) of bytes written as they are:
+ * printable ASCII but '"' and '\\'.  Eight bytes at a time while they
+ * all are (most of a line: hex digests, ids, paths).
+ */
+static size_t
+idem_audit_file_plain(const unsigned char *d, size_t len)
+{
+    size_t    i;
+    uint64_t  x, bad;
+
+    const uint64_t  ones = 0x0101010101010101ULL;
+    const uint64_t  high = 0x8080808080808080ULL;
+
+    for (i = 0; i + 8 <= len; i += 8) {
+        memcpy(&x, d + i, 8);
+
+        /* a byte < 0x20, >= 0x80, '"' or '\\' sets its high bit here */
+        bad = ((x - ones * 0x20) | x
+               | ((x ^ (ones * '"')) - ones)
+               | ((x ^ (ones * '\\')) - ones)) & high;
+
+        if (bad) {
+            break;
+        }
+    }
+
+    for ( /* void */ ; i < len && d[i] >= 0x20 && d[i] < 0x80
+                       && d[i] != '"' && d[i] != '\\'; i++)
+    {
+        /* void */
+    }
+
+    return i;
+}
+
+
 /* s as a canonical JSON string; a byte that is not UTF-8 as U+00XX */
 static char *
 idem_audit_file_str(char *p, const char *name, size_t name_len,
@@ -63,11 +100,7 @@ idem_audit_file_str(char *p, const char *name, size_t name_len,
 
     for (i = 0; i < s->len; i += n) {
         /* most bytes are printable ASCII: copied in runs */
-        for (run = i; run < s->len && d[run] >= 0x20 && d[run] < 0x80
-                      && d[run] != '"' && d[run] != '\\'; run++)
-        {
-            /* void */
-        }
+        run = i + idem_audit_file_plain(d + i, s->len - i);
 
         if (run > i) {
             p = (char *) memcpy(p, d + i, run - i) + (run - i);

@@ -237,11 +237,87 @@ test_hasher(void)
 }
 
 
+/*
+ * Strings long enough for the writer's eight-bytes-at-a-time scan, with
+ * each byte it must not copy as is (a control, '"', '\\', DEL and a
+ * byte >= 0x80) at every position of an eight-byte block: the line is
+ * still its own RFC 8785 form and reads back to the same string.
+ */
+static void
+test_runs(void)
+{
+    int                  pos, c, good;
+    char                 buf[8192], hash[IDEM_AUDIT_HASH_LEN + 1], *end, *h;
+    char                 s[40], why[200];
+    void                *tree;
+    mem_t                m;
+    idem_sink_t          sink;
+    idem_audit_entry_t   e, d;
+    const unsigned char  bad[] = { 0x01, 0x1f, '"', '\\', 0x7f, 0xc3, 0xff };
+
+    good = 1;
+
+    for (pos = 0; pos < 24; pos++) {
+        for (c = 0; c < (int) sizeof(bad); c++) {
+            memset(s, 'a' + pos % 26, sizeof(s));
+            s[pos] = (char) bad[c];
+            if (bad[c] == 0xc3) {
+                s[pos + 1] = (char) 0xa9;     /* a whole UTF-8 character */
+            }
+
+            e = entry(1);
+            e.seq = 1;
+            e.prev.data = idem_audit_genesis;
+            e.prev.len = IDEM_AUDIT_HASH_LEN;
+            e.identity.data = s;
+            e.identity.len = sizeof(s);
+
+            end = idem_audit_file_line(buf, &e, NULL, 0, hash);
+            if (end == NULL) {
+                good = 0;
+                continue;
+            }
+
+            if (idem_audit_file_parse(buf, (size_t) (end - 1 - buf), &d, hash,
+                                      &tree, why, sizeof(why)) != 0
+                || (bad[c] < 0x80 || bad[c] == 0xc3
+                    ? d.identity.len != sizeof(s)
+                      || memcmp(d.identity.data, s, sizeof(s)) != 0
+                    : d.identity.len != sizeof(s) + 1))
+            {
+                good = 0;
+            }
+
+            idem_audit_file_free(tree);
+
+            h = strstr(buf, ",\"hash\":\"");
+            *h = '}';
+            memset(&m, 0, sizeof(m));
+            mem_sink(&m, &sink);
+
+            if (idem_jcs_canonicalize(buf, (size_t) (h + 1 - buf), &sink)
+                != IDEM_JCS_OK
+                || m.len != (size_t) (h + 1 - buf)
+                || memcmp(m.data, buf, m.len) != 0)
+            {
+                good = 0;
+            }
+
+            mem_free(&m);
+        }
+    }
+
+    ok(good, "long strings with a byte to escape anywhere: canonical, read "
+       "back");
+}
+
+
 int
 main(void)
 {
     test_line();
     test_hasher();
+    test_runs();
     test_chain(NULL, "SHA-256");
     test_chain(key, "HMAC");
 
