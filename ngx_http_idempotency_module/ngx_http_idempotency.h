@@ -51,7 +51,12 @@ typedef struct {
     ngx_slab_pool_t             *shpool;    /* its mutex guards the head */
     idem_jws_key_t              *key;
     ngx_uint_t                   anchor;
+    void                        *hasher;    /* the chain's, set up once */
+    void                        *batch;     /* this process' lines to come */
+    dev_t                        dev;       /* the file of this process' */
+    ino_t                        ino;       /* descriptor, while "known" */
     unsigned                     used:1;    /* key and anchor are set */
+    unsigned                     known:1;
 } ngx_http_idem_audit_file_t;
 
 

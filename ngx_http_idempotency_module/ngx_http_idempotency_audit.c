@@ -607,8 +607,8 @@ ngx_http_idem_audit_head(ngx_http_idem_audit_t *audit)
 
 
 static size_t
-ngx_http_idem_audit_room(ngx_str_t *expect, idem_audit_entry_t *e,
-    ngx_uint_t n)
+ngx_http_idem_audit_room(ngx_http_idem_audit_t *audit, ngx_str_t *expect,
+    idem_audit_entry_t *e, ngx_uint_t n)
 {
     size_t      size;
     ngx_uint_t  i;
@@ -617,7 +617,9 @@ ngx_http_idem_audit_room(ngx_str_t *expect, idem_audit_entry_t *e,
            + 2 * NGX_INT64_LEN + IDEM_AUDIT_PREV_MAX;
 
     for (i = 0; i < n; i++) {
-        size += IDEM_AUDIT_HASH_LEN + idem_audit_encoded_max(&e[i]);
+        size += IDEM_AUDIT_HASH_LEN
+                + (audit->on_stream ? idem_audit_encoded_max(&e[i])
+                                    : ngx_http_idem_audit_file_packed(&e[i]));
     }
 
     return size;
@@ -671,7 +673,10 @@ ngx_http_idem_audit_write(ngx_http_idem_cmd_t *cmd,
                                            + 2 * i, IDEM_AUDIT_HASH_LEN);
         p = ngx_http_idem_cmd_start(cmd, at + NGX_HTTP_IDEM_AUDIT_ENTRIES
                                          + 2 * i + 1);
-        end = (u_char *) idem_audit_encode((char *) p, &e[i]);
+        /* the file alone: the entries never go to Redis, kept as they are */
+        end = head->audit->on_stream
+              ? (u_char *) idem_audit_encode((char *) p, &e[i])
+              : ngx_http_idem_audit_file_pack(p, &e[i]);
         ngx_http_idem_cmd_end(cmd, at + NGX_HTTP_IDEM_AUDIT_ENTRIES
                                    + 2 * i + 1, end);
 
@@ -744,7 +749,7 @@ ngx_http_idem_audit_cmd(ngx_http_idem_audit_t *audit,
     ngx_memcpy(rkey, key, IDEM_RECORD_KEY_LEN);
     rkey[IDEM_RECORD_KEY_LEN] = '\0';
     all[n] = audit->on_stream ? audit->stream.data : rkey;
-    meta.room = ngx_http_idem_audit_room(expect, e, nentries);
+    meta.room = ngx_http_idem_audit_room(audit, expect, e, nentries);
     lean = ngx_http_idem_audit_lean(audit, script);
 
     cmd = ngx_http_idem_cmd_create_more(audit->redis, script, key, all,
@@ -837,22 +842,28 @@ ngx_uint_t
 ngx_http_idem_audit_entries(ngx_http_idem_cmd_t *cmd, idem_audit_entry_t *e,
     ngx_uint_t max)
 {
-    ngx_int_t   at;
-    ngx_str_t   enc;
-    ngx_uint_t  i, n;
+    ngx_int_t                   at;
+    ngx_str_t                   enc;
+    ngx_uint_t                  i, n;
+    ngx_http_idem_audit_meta_t  meta;
 
     at = ngx_http_idem_audit_at(cmd);
     if (at == NGX_ERROR) {
         return 0;
     }
 
+    ngx_http_idem_audit_meta(cmd, at, &meta);
     n = (cmd->argc - cmd->arg0 - at - NGX_HTTP_IDEM_AUDIT_ENTRIES) / 2;
 
     for (i = 0; i < n && i < max; i++) {
         enc = ngx_http_idem_cmd_get(cmd, at + NGX_HTTP_IDEM_AUDIT_ENTRIES
                                          + 2 * i + 1);
 
-        if (idem_audit_decode((char *) enc.data, enc.len, &e[i]) != 0) {
+        if (meta.head->audit->on_stream
+            ? idem_audit_decode((char *) enc.data, enc.len, &e[i]) != 0
+            : ngx_http_idem_audit_file_unpack(enc.data, enc.len, &e[i])
+              != NGX_OK)
+        {
             return 0;
         }
     }
@@ -1096,19 +1107,23 @@ ngx_http_idem_audit_to_file(ngx_http_idem_cmd_t *cmd,
 
     n = ngx_http_idem_audit_entries(cmd, e, NGX_HTTP_IDEM_AUDIT_MAX);
 
+    for (i = 0; i < n && e[i].event != IDEM_AUDIT_SENT; i++) {
+        /* void */
+    }
+
+    /* nothing waits for entries without "sent": with the turn's others */
+    if (i == n) {
+        ngx_http_idem_audit_file_later(audit->file, e, n, cmd->redis->log);
+        return NGX_DONE;
+    }
+
     if (ngx_http_idem_audit_file_append(audit->file, e, n, cmd->redis->log)
         == NGX_OK)
     {
         return NGX_DONE;
     }
 
-    for (i = 0; i < n; i++) {
-        if (e[i].event == IDEM_AUDIT_SENT) {
-            return NGX_ABORT;
-        }
-    }
-
-    return NGX_DONE;
+    return NGX_ABORT;
 }
 
 
