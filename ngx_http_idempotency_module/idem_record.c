@@ -432,9 +432,9 @@ idem_value_head(const char *p, size_t len, idem_value_t *v)
 {
     const char  *owner;
 
-    if (len < IDEM_HEAD_LEN || p[0] != IDEM_LAYOUT
-        || idem_state_name(p[1]) == NULL
-        || (p[2] != '0' && p[2] != '1')
+    if (len < IDEM_HEAD_LEN || p[IDEM_LAYOUT_OFF] != IDEM_LAYOUT
+        || idem_state_name(p[IDEM_STATE_OFF]) == NULL
+        || (p[IDEM_WAITERS_OFF] != '0' && p[IDEM_WAITERS_OFF] != '1')
         || !idem_is_hex(p + IDEM_OP_OFF, IDEM_TOKEN_LEN)
         || !idem_is_hex(p + IDEM_FP_OFF, IDEM_FP_LEN))
     {
@@ -451,12 +451,14 @@ idem_value_head(const char *p, size_t len, idem_value_t *v)
     }
 
     /* a claim always has its owner; a closed record never has one */
-    if ((p[1] == 'i') != (owner != NULL) && p[1] != 'r') {
+    if ((p[IDEM_STATE_OFF] == 'i') != (owner != NULL)
+        && p[IDEM_STATE_OFF] != 'r')
+    {
         return -1;
     }
 
-    v->state = p[1];
-    v->waiters = p[2] == '1';
+    v->state = p[IDEM_STATE_OFF];
+    v->waiters = p[IDEM_WAITERS_OFF] == '1';
     v->op = p + IDEM_OP_OFF;
     v->fp = p + IDEM_FP_OFF;
     v->owner = owner;

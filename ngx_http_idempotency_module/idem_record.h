@@ -188,9 +188,16 @@ int idem_is_hex(const char *p, size_t len);
  * or for a claim that may still arrive from a connection the worker gave
  * up on (no status), which must not take the key then.  Every other
  * claim takes the key over a marker.
+ *
+ * The Lua scripts read and write the head with these offsets too: config
+ * copies them into redis-scripts/head.lua at build time (and refuses a
+ * head whose fields are not in the order above, one after the other).
  */
 #define IDEM_LAYOUT          '2'
 #define IDEM_HEAD_LEN        131
+#define IDEM_LAYOUT_OFF      0
+#define IDEM_STATE_OFF       1
+#define IDEM_WAITERS_OFF     2
 #define IDEM_OP_OFF          3
 #define IDEM_FP_OFF          35
 #define IDEM_OWNER_OFF       99

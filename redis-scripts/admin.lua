@@ -31,7 +31,7 @@ if type(v) == 'table' then
         return corrupt('layout')
     end
     v = layout1_value(r)
-    state = string.sub(v, 2, 2)
+    state = state_of(v)
     stuck = state == 'u' or layout1_lapsed(r, now)
     created = r[6] or '0'
 else
@@ -78,7 +78,7 @@ if action == 'release' then
 end
 
 redis.call('SET', KEYS[1],
-           '2c0' .. string.sub(v, 4, 99) .. string.rep('-', 32)
+           make_head('c', '0', op_of(v), fp_of(v))
            .. ns(created) .. ns(ms(now)) .. ns(status) .. ns('1') .. ns('1')
            .. ns('') .. ns(''),
            'PX', ttl)

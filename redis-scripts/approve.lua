@@ -43,16 +43,16 @@ if not f then
 end
 
 -- another operation under the same key is not what the person saw
-if state == 'r' or string.sub(v, 4, 35) ~= op then
+if state == 'r' or op_of(v) ~= op then
     return {'none'}
 end
 
 if (state ~= 'a' and state ~= 'p')
-   or (state == 'p' and string.sub(decision, -5) == '_once') then
+   or (state == 'p' and string.find(decision, '_once$')) then
     return {'refused', names[state]}
 end
 
-if string.sub(v, 36, 99) ~= fp then
+if fp_of(v) ~= fp then
     return {'mismatch'}
 end
 
@@ -66,13 +66,14 @@ local now = now_ms()
 
 -- a decline also ends an approval not claimed yet: the person changed
 -- their mind before the operation ran
-if string.sub(decision, 1, 7) == 'decline' then
+if string.find(decision, '^decline') then
     local left = redis.call('PTTL', KEYS[1])
     if left < tonumber(keep) then
         left = tonumber(keep)
     end
     redis.call('SET', KEYS[1],
-               '2d' .. string.sub(v, 3, 131) .. ns(f[1]) .. ns(f[2])
+               make_head('d', waiters_of(v), op_of(v), fp_of(v),
+                         owner_of(v)) .. ns(f[1]) .. ns(f[2])
                .. ns(ms(now)) .. ns(approver), 'PX', ms(left))
     return audit_done({'declined', ms(now)})
 end
@@ -87,7 +88,8 @@ if left < tonumber(expires_in) then
 end
 
 redis.call('SET', KEYS[1],
-           '2p' .. string.sub(v, 3, 131) .. ns(f[1]) .. ns(f[2])
+           make_head('p', waiters_of(v), op_of(v), fp_of(v), owner_of(v))
+           .. ns(f[1]) .. ns(f[2])
            .. ns(ms(untl)) .. ns(approver),
            'PX', ms(left))
 

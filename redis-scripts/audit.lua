@@ -48,8 +48,9 @@ local function audit_gate(at, stream, kind, basis, reply)
         -- names it (state, operation, fingerprint, owner; not the waiters)
         local want = kind
         if kind ~= 'claim' then
-            want = kind .. ':' .. (basis and string.sub(basis, 2, 2)
-                                             .. string.sub(basis, 4, 131)
+            want = kind .. ':' .. (basis and state_of(basis) .. op_of(basis)
+                                             .. fp_of(basis)
+                                             .. owner_of(basis)
                                    or '')
         end
         if want ~= expect then

@@ -67,7 +67,7 @@ end
 -- The owner stopped renewing its lease: it may or may not have reached
 -- the upstream, so the outcome is unknown, never free.
 local function unknown_of(v, f)
-    return '2u' .. string.sub(v, 3, 99) .. string.rep('-', 32)
+    return make_head('u', waiters_of(v), op_of(v), fp_of(v))
            .. ns(f[1]) .. ns(ms(now_ms()))
 end
 
@@ -105,9 +105,8 @@ local function reuse(rk, s, hv, left)
     if stop then
         return stop
     end
-    redis.call('SET', KEYS[1], '2s0' .. string.sub(hv, 4, 35) .. fp
-                               .. string.rep('-', 32) .. ns(ms(now_ms()))
-                               .. ns(rk), 'PX', ttl)
+    redis.call('SET', KEYS[1], make_head('s', '0', op_of(hv), fp)
+                               .. ns(ms(now_ms())) .. ns(rk), 'PX', ttl)
     return audit_done(reply)
 end
 
@@ -145,7 +144,7 @@ end
 -- identity and the lock, or is answered by whoever holds them.
 local function claim(v, kind, basis, reply)
     reply = reply or {'claimed'}
-    if string.sub(v, 2, 2) == 'i' then
+    if state_of(v) == 'i' then
         local held = unique_held() or lock_held()
         if held then
             return held
@@ -155,8 +154,8 @@ local function claim(v, kind, basis, reply)
     if stop then
         return stop
     end
-    if string.sub(v, 2, 2) == 'i' then
-        local name = KEYS[1] .. string.sub(v, 4, 35)
+    if state_of(v) == 'i' then
+        local name = KEYS[1] .. op_of(v)
         if ukey ~= '' then
             redis.call('SET', ukey, name .. loc, 'PX', business_ttl(ttl))
         end
@@ -226,8 +225,8 @@ if state == 'r' then
     -- A claim from a connection its worker gave up on must not take the
     -- key: that worker answered its client already.  A duplicate that
     -- waited on the released attempt gets the upstream's "retry later".
-    if string.sub(v, 100, 131) == owner
-       or (waited ~= '' and string.sub(v, 4, 35) == waited and f[1] ~= '')
+    if owner_of(v) == owner
+       or (waited ~= '' and op_of(v) == waited and f[1] ~= '')
     then
         return {'released', v}
     end
@@ -236,8 +235,8 @@ end
 
 -- An alias answers what the operation it reused answers, while that one
 -- holds the identity; after that, this key's own request runs.
-if state == 's' and string.sub(v, 36, 99) == fp then
-    local s, hv, left = holder(f[2], string.sub(v, 4, 35))
+if state == 's' and fp_of(v) == fp then
+    local s, hv, left = holder(f[2], op_of(v))
     if s then
         return reuse(f[2], s, hv, left)
     end
@@ -249,20 +248,21 @@ end
 -- the request carries, or one recorded (approved) that has not expired
 -- by Redis's clock.  The claim keeps the proposal's operation id: that
 -- is what the person approved.
-if (state == 'a' or state == 'p') and string.sub(v, 36, 99) == fp
-   and string.sub(value, 2, 2) == 'i'
+if (state == 'a' or state == 'p') and fp_of(v) == fp
+   and state_of(value) == 'i'
    and (approved == '1'
         or (state == 'p' and tonumber(f[3]) > now_ms()))
 then
-    local reply = {'claimed', string.sub(v, 4, 35)}
+    local reply = {'claimed', op_of(v)}
     if approved ~= '1' then
         reply[3] = f[4]
     end
-    return claim(string.sub(value, 1, 3) .. string.sub(v, 4, 35)
-                 .. string.sub(value, 36), 'approve', v, reply)
+    return claim(make_head(state_of(value), waiters_of(value), op_of(v),
+                      fp_of(value), owner_of(value)) .. fields_of(value),
+                 'approve', v, reply)
 end
 
-if state ~= 'i' or string.sub(v, 36, 99) ~= fp then
+if state ~= 'i' or fp_of(v) ~= fp then
     return {'record', v}
 end
 
@@ -270,8 +270,9 @@ local left = lease_left(KEYS[1], f)
 
 if left > 0 then
     if wait == '1' then
-        if string.sub(v, 3, 3) ~= '1' then
-            v = '2i1' .. string.sub(v, 4)
+        if waiters_of(v) ~= '1' then
+            v = make_head('i', '1', op_of(v), fp_of(v), owner_of(v))
+                .. fields_of(v)
             redis.call('SET', KEYS[1], v, 'KEEPTTL')
         end
         -- the owner's completion beside the record finds the mark, and

@@ -14,7 +14,7 @@ end
 -- exactly as the module writes them (decimal lengths without leading
 -- zeros, each field closed by its comma, nothing after the last)
 local function fields(v)
-    local out, pos = {}, 132
+    local out, pos = {}, head_len + 1
     while pos <= #v do
         local len = string.match(v, '^(0):', pos) or string.match(v, '^([1-9]%d*):', pos)
         if not len or #len > 18 then
@@ -42,11 +42,11 @@ local field_count = { i = 3, c = 7, u = 2, r = 2, a = 2, p = 4, s = 2,
 -- A string record of layout 2, or nil: anything else under our key is
 -- somebody else's (or damaged), and never written into.
 local function layout2(v)
-    if string.sub(v, 1, 1) ~= '2' or #v < 131 then
+    if not is_layout2(v) or #v < head_len then
         return nil
     end
     local f = fields(v)
-    local state = string.sub(v, 2, 2)
+    local state = state_of(v)
     if not f or #f ~= field_count[state] then
         return nil
     end
@@ -65,7 +65,7 @@ local function readable(v)
     if not f then
         return nil, corrupt('layout')
     end
-    return f, string.sub(v, 2, 2)
+    return f, state_of(v)
 end
 
 -- Record v of key as it stands: a claim whose owner wrote its completion
@@ -91,7 +91,7 @@ local function settled(key, v, fold)
             redis.call('DEL', dk)
         end
         -- the owner announced it unless its answer was lost: once more
-        if string.sub(v, 3, 3) == '1' then
+        if waiters_of(v) == '1' then
             publish(key)
         end
     end
@@ -140,7 +140,7 @@ end
 -- a marker, no record).
 local function holds(rk, op)
     local v = redis.pcall('GET', rk)
-    if type(v) ~= 'string' or string.sub(v, 4, 35) ~= op then
+    if type(v) ~= 'string' or op_of(v) ~= op then
         return nil
     end
     local f, s
@@ -155,7 +155,7 @@ local function holds(rk, op)
         end
         return 'lapsed', v, f
     end
-    if s == 'u' or (s == 'c' and string.sub(f[3], 1, 1) == '2') then
+    if s == 'u' or (s == 'c' and string.find(f[3], '^2')) then
         return s, v, f
     end
     return nil

@@ -27,11 +27,11 @@ end
 -- the record as layout 2 would hold it; "left" is a claim's lease left
 local function layout1_value(r, left)
     local st = layout1_states[r[2]]
-    local owner = string.rep('-', 32)
+    local owner
     if st == 'i' then
-        owner = r[15] or owner
+        owner = r[15]
     end
-    local v = '2' .. st .. (r[14] and '1' or '0') .. r[4] .. r[3] .. owner
+    local v = make_head(st, r[14] and '1' or '0', r[4], r[3], owner)
     if st == 'c' then
         return v .. ns(r[6] or '0') .. ns(r[7] or '0') .. ns(r[8] or '')
                  .. ns(r[11] or '0') .. ns(r[13] or '0') .. ns(r[9] or '')

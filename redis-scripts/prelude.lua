@@ -1,11 +1,12 @@
--- Shared by every script: prepended to each at build time, then the files
--- it names in its "--: needs" line, then a line that names its ARGV (its
--- "--: args" line) as locals.
+-- Shared by every script: prepended to each at build time (after
+-- head.lua), then the files it names in its "--: needs" line, then a line
+-- that names its ARGV (its "--: args" line) as locals.
 --
--- The record is one string, layout 2 (docs/states.md): a 131-byte head,
--- '2', the state (i, c, u, r, a, p, d, s), the waiters flag, the operation id (32 hex),
--- the fingerprint (64 hex) and the owner token (32 hex or 32 '-'), then
--- netstring fields.  Lua reads the head at fixed offsets.
+-- The record is one string, layout 2 (docs/states.md): a fixed head,
+-- the layout, the state (i, c, u, r, a, p, d, s), the waiters flag, the
+-- operation id (32 hex), the fingerprint (64 hex) and the owner token (32
+-- hex or 32 '-'), then netstring fields.  Lua reads and writes the head
+-- only through head.lua's helpers.
 --
 -- Numbers are written with string.format('%d'): tostring() of a Lua number
 -- goes through '%.14g', glibc's float printer, a measurable part of a
@@ -20,8 +21,7 @@ end
 -- The record is a live claim held by this attempt's owner token: only then
 -- may a closing script (complete, release, fail) or a renewal touch it.
 local function owned(v, token)
-    return v and string.sub(v, 1, 2) == '2i'
-           and string.sub(v, 100, 131) == token
+    return v and in_state(v, 'i') and owner_of(v) == token
 end
 
 -- A claim's owner writes its completion beside the record, by a native
@@ -32,16 +32,16 @@ end
 -- duplicate waits: the owner announces its completion) or "x" (the claim
 -- was taken from its owner, who logs that its completion was lost).
 local function done_key(key, v)
-    return key .. ':c:' .. string.sub(v, 100, 131)
+    return key .. ':c:' .. owner_of(v)
 end
 
 -- the completion written beside claim v of key, or nil
 local function done_of(key, v)
-    if string.sub(v, 1, 2) ~= '2i' then
+    if not in_state(v, 'i') then
         return nil
     end
     local c = redis.call('GET', done_key(key, v))
-    if c and string.sub(c, 1, 2) == '2c' then
+    if c and in_state(c, 'c') then
         return c
     end
     return nil
@@ -55,9 +55,9 @@ end
 -- Somebody waits for this record (idempotency_wait): tell them it changed.
 -- The waiter's mark beside a claim is not needed any more.
 local function announce(key, v)
-    if string.sub(v, 3, 3) == '1' then
+    if waiters_of(v) == '1' then
         publish(key)
-        if string.sub(v, 2, 2) == 'i' then
+        if state_of(v) == 'i' then
             redis.call('DEL', done_key(key, v))
         end
     end

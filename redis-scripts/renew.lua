@@ -26,7 +26,7 @@ redis.call('PEXPIRE', KEYS[1], ttl)
 -- the identity and the lock this operation took keep outliving its
 -- record (prelude.lua); their values, and that of the key naming the
 -- lock, name the operation (fields.lua)
-local name = KEYS[1] .. string.sub(v, 4, 35)
+local name = KEYS[1] .. op_of(v)
 
 for i = 2, #KEYS do
     local h = KEYS[i] ~= KEYS[1] and redis.call('GET', KEYS[i])

@@ -44,7 +44,7 @@ if state == 'r' then
 end
 
 if state == 's' then
-    local ts = holds(f[2], string.sub(v, 4, 35)) or ''
+    local ts = holds(f[2], op_of(v)) or ''
     return {v, '0', ts == 'lapsed' and 'u' or ts}
 end
 
@@ -62,10 +62,12 @@ local function lock_of(op)
         return nil
     end
     local rk, hop, lk = named(h, #KEYS[1])
-    -- a lock key is the record key's prefix, 32 hex digits and "}:l"
+    -- a lock key is the record key's prefix (up to its hash tag's "{"),
+    -- 32 hex digits and "}:l"
+    local prefix = string.match(KEYS[1], '^[^{]*{')
     if rk ~= KEYS[1] or hop ~= op or #lk ~= #KEYS[1]
-       or string.sub(lk, 1, 6) ~= string.sub(KEYS[1], 1, 6)
-       or not string.find(lk, '^[0-9a-f]+}:l$', 7) then
+       or string.sub(lk, 1, #prefix) ~= prefix
+       or not string.find(lk, '^[0-9a-f]+}:l$', #prefix + 1) then
         return nil
     end
     local l = redis.pcall('GET', lk)
@@ -78,7 +80,7 @@ end
 
 if state == 'i' or state == 'u' then
     local lapse = (state == 'i' and lapsed(KEYS[1], f)) and '1' or '0'
-    local lk = lock_of(string.sub(v, 4, 35))
+    local lk = lock_of(op_of(v))
     if lk then
         return {v, lapse, lk}
     end
@@ -86,7 +88,7 @@ if state == 'i' or state == 'u' then
 end
 
 if state == 'c' then
-    v = string.sub(v, 1, 131) .. ns(f[1]) .. ns(f[2]) .. ns(f[3]) .. ns(f[4])
+    v = head_of(v) .. ns(f[1]) .. ns(f[2]) .. ns(f[3]) .. ns(f[4])
         .. ns(f[5]) .. ns('') .. ns('')
 end
 

@@ -13,6 +13,7 @@
 #     calls into Y.c) form no cycle;
 #   - line targets of the files every feature used to grow;
 #   - no C function outside fuzz/ is longer than 80 lines;
+#   - no Lua script reads the record head at bare offsets (head.lua does);
 #   - nothing in the tree points to a file outside the repository;
 #   - the built module exports no symbol of test-only code.
 # Each check names what broke it.
@@ -196,6 +197,32 @@ subtest 'config builds every glue file' => sub {
     my @missing = grep { $config !~ /\$IDEM_SRC\/\Q$_\E\b/ }
                   map { basename($_) } glob("$mod/ngx_http_idempotency*.[ch]");
     is("@missing", '', 'each ngx_http_idempotency*.c and .h is named in config');
+};
+
+# A string.sub (or string.byte, or :sub/:byte) whose offsets are all
+# numbers reads a fixed place of a value: in the scripts that is the
+# record's head, whose offsets idem_record.h defines and config copies into
+# head.lua.  Anywhere else it would be a second definition that the build
+# does not keep in step.
+subtest 'Lua reads the record head only through head.lua' => sub {
+    my @files = grep { basename($_) ne 'head.lua' } glob("$root/redis-scripts/*.lua");
+    ok(@files > 5, 'found the scripts');
+    my $num  = qr/\s*-?\d+(?:\s*[-+]\s*\d+)*\s*/;
+    my $arg  = qr/[^,()]*(?:\([^()]*\)[^,()]*)*/;
+    my $bare = qr/(?:\bstring\.(?:sub|byte)\s*\($arg,|:(?:sub|byte)\s*\()$num(?:,$num)?\)/;
+    my @bad;
+    for my $f (@files) {
+        my $n = 0;
+        for my $line (split /\n/, slurp($f)) {
+            $n++;
+            next if $line =~ /^\s*--/;
+            push @bad, basename($f) . ":$n: $1" while $line =~ /($bare)/g;
+        }
+    }
+    is(join('; ', @bad), '', 'no bare offset into a value outside head.lua');
+    my $head = slurp("$root/redis-scripts/head.lua");
+    like($head, qr/^--: head ${_}_of\(V\) /m, "head.lua defines ${_}_of")
+        for qw(state waiters op fp owner);
 };
 
 subtest 'no function over 80 lines outside fuzz/' => sub {
