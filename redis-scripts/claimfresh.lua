@@ -22,18 +22,18 @@ end
 if #KEYS >= 4 and not ARGV[nargs + 1] and string.sub(value, 2, 2) == 'i' then
     local name = KEYS[1] .. string.sub(value, 4, 35)
     local unique, lock = KEYS[2] ~= KEYS[1], KEYS[3] ~= KEYS[1]
+    local bttl = business_ttl(ttl)
     -- the business keys first: a retry, a reuse or a refused lock finds
     -- one of them present before this has taken anything to give back
-    if not unique or claimfresh_take(KEYS[2], name .. loc, business_ttl(ttl))
+    if not unique or claimfresh_take(KEYS[2], name .. loc, bttl)
     then
         if not lock
-           or claimfresh_take(KEYS[3], name .. scope, business_ttl(ttl))
+           or claimfresh_take(KEYS[3], name .. scope, bttl)
         then
             if claimfresh_take(KEYS[1], value, ttl) then
                 -- the lock's name beside the record (claim.lua)
                 if lock and KEYS[4] ~= KEYS[1] then
-                    redis.call('SET', KEYS[4], name .. KEYS[3], 'PX',
-                               business_ttl(ttl))
+                    redis.call('SET', KEYS[4], name .. KEYS[3], 'PX', bttl)
                 end
                 return {'claimed'}
             end
