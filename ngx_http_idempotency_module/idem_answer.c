@@ -232,7 +232,21 @@ const idem_answer_t  idem_answers[] = {
       503, 1, 0, 0, IDEM_ACT_RETRY_AFTER,
       "resend the same request with the same key after Retry-After",
       "the audit device could not record this request, so it was not "
-      "executed; retry with the same key after Retry-After" }
+      "executed; retry with the same key after Retry-After" },
+
+    [IDEM_ANS_BODY_TOO_LARGE] =
+    { "body-too-large", "Request body too large",
+      413, 0, 0, 0, IDEM_ACT_FINAL,
+      "do not resend as is: the body is over this endpoint's limit",
+      "the request body is larger than this endpoint takes "
+      "(client_max_body_size); nothing was done" },
+
+    [IDEM_ANS_INTERNAL_ERROR] =
+    { "internal-error", "Internal error",
+      500, 0, 0, 0, IDEM_ACT_OPERATOR,
+      "stop: an operator reads the server's error log",
+      "the server could not answer this request (see its error log); "
+      "nothing was done" }
 };
 
 const size_t  idem_answers_n = sizeof(idem_answers) / sizeof(idem_answers[0]);

@@ -9,8 +9,11 @@
 #include <string.h>
 
 #include <cjson/cJSON.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
 
 #include "idem_audit_file.h"
+#include "idem_fingerprint.h"
 #include "idem_jcs.h"
 #include "idem_pointer.h"
 #include "idem_record.h"
@@ -41,6 +44,43 @@ idem_audit_file_line_max(const idem_audit_entry_t *e)
 }
 
 
+/*
+ * The length of the run at d (at most len) of bytes written as they are:
+ * printable ASCII but '"' and '\\'.  Eight bytes at a time while they
+ * all are (most of a line: hex digests, ids, paths).
+ */
+static size_t
+idem_audit_file_plain(const unsigned char *d, size_t len)
+{
+    size_t    i;
+    uint64_t  x, bad;
+
+    const uint64_t  ones = 0x0101010101010101ULL;
+    const uint64_t  high = 0x8080808080808080ULL;
+
+    for (i = 0; i + 8 <= len; i += 8) {
+        memcpy(&x, d + i, 8);
+
+        /* a byte < 0x20, >= 0x80, '"' or '\\' sets its high bit here */
+        bad = ((x - ones * 0x20) | x
+               | ((x ^ (ones * '"')) - ones)
+               | ((x ^ (ones * '\\')) - ones)) & high;
+
+        if (bad) {
+            break;
+        }
+    }
+
+    for ( /* void */ ; i < len && d[i] >= 0x20 && d[i] < 0x80
+                       && d[i] != '"' && d[i] != '\\'; i++)
+    {
+        /* void */
+    }
+
+    return i;
+}
+
+
 /* s as a canonical JSON string; a byte that is not UTF-8 as U+00XX */
 static char *
 idem_audit_file_str(char *p, const char *name, size_t name_len,
@@ -60,11 +100,7 @@ idem_audit_file_str(char *p, const char *name, size_t name_len,
 
     for (i = 0; i < s->len; i += n) {
         /* most bytes are printable ASCII: copied in runs */
-        for (run = i; run < s->len && d[run] >= 0x20 && d[run] < 0x80
-                      && d[run] != '"' && d[run] != '\\'; run++)
-        {
-            /* void */
-        }
+        run = i + idem_audit_file_plain(d + i, s->len - i);
 
         if (run > i) {
             p = (char *) memcpy(p, d + i, run - i) + (run - i);
@@ -123,15 +159,12 @@ idem_audit_file_num(char *p, uint64_t n)
     idem_audit_file_str(p, name, sizeof(name) - 1, s)
 
 
-char *
-idem_audit_file_line(char *p, const idem_audit_entry_t *e,
-    const unsigned char *key, size_t key_len,
-    char hash[IDEM_AUDIT_HASH_LEN + 1])
+/* the canonical form without "hash" at p; returns its end */
+static char *
+idem_audit_file_body(char *p, const idem_audit_entry_t *e)
 {
-    char         *start;
-    idem_str_t    ev;
+    idem_str_t  ev;
 
-    start = p;
     ev.data = idem_audit_event_name(e->event);
     ev.len = strlen(ev.data);
 
@@ -161,16 +194,178 @@ idem_audit_file_line(char *p, const idem_audit_entry_t *e,
     p = idem_audit_file_num(p, (uint64_t) e->time);
     p = idem_audit_file_put(p, ",\"v\":1}");
 
-    if (idem_audit_hash(start, p - start, key, key_len, hash) != 0) {
-        return NULL;
-    }
+    return p;
+}
 
-    p--;    /* the brace: "hash" goes last */
+
+/* the body's closing brace replaced: "hash" goes last */
+static char *
+idem_audit_file_end(char *p, const char hash[IDEM_AUDIT_HASH_LEN + 1])
+{
+    p--;
     p = idem_audit_file_put(p, ",\"hash\":\"");
     p = (char *) memcpy(p, hash, IDEM_AUDIT_HASH_LEN) + IDEM_AUDIT_HASH_LEN;
     p = idem_audit_file_put(p, "\"}\n");
 
     return p;
+}
+
+
+char *
+idem_audit_file_line(char *p, const idem_audit_entry_t *e,
+    const unsigned char *key, size_t key_len,
+    char hash[IDEM_AUDIT_HASH_LEN + 1])
+{
+    char  *start;
+
+    start = p;
+    p = idem_audit_file_body(p, e);
+
+    if (idem_audit_hash(start, p - start, key, key_len, hash) != 0) {
+        return NULL;
+    }
+
+    return idem_audit_file_end(p, hash);
+}
+
+
+char *
+idem_audit_file_line_h(char *p, const idem_audit_entry_t *e,
+    idem_audit_file_hasher_t *h, char hash[IDEM_AUDIT_HASH_LEN + 1])
+{
+    char  *start;
+
+    start = p;
+    p = idem_audit_file_body(p, e);
+
+    if (idem_audit_file_hash(h, start, p - start, hash) != 0) {
+        return NULL;
+    }
+
+    return idem_audit_file_end(p, hash);
+}
+
+
+/* ------------------------------------------------------------ hash */
+
+#define IDEM_SHA256_BLOCK  64
+
+struct idem_audit_file_hasher_s {
+    EVP_MD_CTX  *work;
+    EVP_MD_CTX  *inner;     /* NULL: plain SHA-256 */
+    EVP_MD_CTX  *outer;
+};
+
+
+/* a context that has absorbed the key padded and XORed with pad */
+static EVP_MD_CTX *
+idem_audit_file_pad(const unsigned char k[IDEM_SHA256_BLOCK], unsigned char pad)
+{
+    int            ok;
+    size_t         i;
+    EVP_MD_CTX    *c;
+    unsigned char  b[IDEM_SHA256_BLOCK];
+
+    for (i = 0; i < IDEM_SHA256_BLOCK; i++) {
+        b[i] = k[i] ^ pad;
+    }
+
+    c = EVP_MD_CTX_new();
+    ok = c && EVP_DigestInit_ex(c, idem_sha256(), NULL)
+         && EVP_DigestUpdate(c, b, sizeof(b));
+    OPENSSL_cleanse(b, sizeof(b));
+
+    if (!ok) {
+        EVP_MD_CTX_free(c);
+        return NULL;
+    }
+
+    return c;
+}
+
+
+idem_audit_file_hasher_t *
+idem_audit_file_hasher(const unsigned char *key, size_t key_len)
+{
+    unsigned int               n;
+    unsigned char              k[IDEM_SHA256_BLOCK];
+    idem_audit_file_hasher_t  *h;
+
+    h = calloc(1, sizeof(idem_audit_file_hasher_t));
+    if (h == NULL || (h->work = EVP_MD_CTX_new()) == NULL) {
+        idem_audit_file_hasher_free(h);
+        return NULL;
+    }
+
+    if (key == NULL) {
+        return h;
+    }
+
+    /* RFC 2104: a key longer than a block is its digest */
+    memset(k, 0, sizeof(k));
+
+    if (key_len > IDEM_SHA256_BLOCK) {
+        if (EVP_Digest(key, key_len, k, &n, idem_sha256(), NULL) != 1) {
+            idem_audit_file_hasher_free(h);
+            return NULL;
+        }
+
+    } else if (key_len) {
+        memcpy(k, key, key_len);
+    }
+
+    h->inner = idem_audit_file_pad(k, 0x36);
+    h->outer = idem_audit_file_pad(k, 0x5c);
+    OPENSSL_cleanse(k, sizeof(k));
+
+    if (h->inner == NULL || h->outer == NULL) {
+        idem_audit_file_hasher_free(h);
+        return NULL;
+    }
+
+    return h;
+}
+
+
+void
+idem_audit_file_hasher_free(idem_audit_file_hasher_t *h)
+{
+    if (h) {
+        EVP_MD_CTX_free(h->work);
+        EVP_MD_CTX_free(h->inner);
+        EVP_MD_CTX_free(h->outer);
+        free(h);
+    }
+}
+
+
+int
+idem_audit_file_hash(idem_audit_file_hasher_t *h, const char *p, size_t len,
+    char hash[IDEM_AUDIT_HASH_LEN + 1])
+{
+    int            ok;
+    unsigned int   n;
+    unsigned char  md[EVP_MAX_MD_SIZE];
+
+    ok = h->inner ? EVP_MD_CTX_copy_ex(h->work, h->inner)
+                  : EVP_DigestInit_ex(h->work, idem_sha256(), NULL);
+
+    ok = ok && EVP_DigestUpdate(h->work, p, len)
+         && EVP_DigestFinal_ex(h->work, md, &n);
+
+    if (ok && h->outer) {
+        ok = EVP_MD_CTX_copy_ex(h->work, h->outer)
+             && EVP_DigestUpdate(h->work, md, n)
+             && EVP_DigestFinal_ex(h->work, md, &n);
+    }
+
+    if (!ok || n != IDEM_AUDIT_HASH_LEN / 2) {
+        return -1;
+    }
+
+    idem_hex(md, n, hash);
+
+    return 0;
 }
 
 

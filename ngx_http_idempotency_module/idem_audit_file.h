@@ -40,6 +40,25 @@ char *idem_audit_file_line(char *p, const idem_audit_entry_t *e,
     char hash[IDEM_AUDIT_HASH_LEN + 1]);
 
 /*
+ * The chain's hash, set up once per key: the digest contexts are made
+ * once, and with a key the HMAC's inner and outer pads are absorbed once
+ * (RFC 2104), so that a line costs its own bytes and no allocation of a
+ * one-shot HMAC().  NULL when it cannot be made.  Not shared between
+ * threads.
+ */
+typedef struct idem_audit_file_hasher_s  idem_audit_file_hasher_t;
+
+idem_audit_file_hasher_t *idem_audit_file_hasher(const unsigned char *key,
+    size_t key_len);
+void idem_audit_file_hasher_free(idem_audit_file_hasher_t *h);
+int idem_audit_file_hash(idem_audit_file_hasher_t *h, const char *p,
+    size_t len, char hash[IDEM_AUDIT_HASH_LEN + 1]);
+
+/* idem_audit_file_line() with the hash of h: the same line */
+char *idem_audit_file_line_h(char *p, const idem_audit_entry_t *e,
+    idem_audit_file_hasher_t *h, char hash[IDEM_AUDIT_HASH_LEN + 1]);
+
+/*
  * A line read back: 0 with *e (strings pointing into the parsed tree
  * *tree, which the caller frees with idem_audit_file_free()) and its
  * hash; -1 with why when the line is not one the module writes (not

@@ -1,7 +1,9 @@
 /*
- * ngx_http_idempotency_module: the types the nginx glue shares, and each
- * file's functions.  docs/architecture.md says which file owns what and in
- * which direction they call each other.
+ * ngx_http_idempotency_module: the types the nginx glue shares (the
+ * configuration, the request context, the enums, the log helpers), and no
+ * function: each glue file declares its own in ngx_http_idempotency_X.h,
+ * which a caller includes.  docs/architecture.md says which file owns what
+ * and in which direction they call each other.
  */
 
 #ifndef NGX_HTTP_IDEMPOTENCY_H
@@ -19,8 +21,7 @@
 #include "idem_key.h"
 #include "idem_record.h"
 #include "idem_text.h"
-#include "ngx_http_idempotency_redis.h"
-#include "ngx_http_idempotency_metrics.h"
+#include "ngx_http_idempotency_transport.h"
 
 
 #define NGX_HTTP_IDEM_TOKEN_HEX       IDEM_TOKEN_LEN  /* 128 bits as hex */
@@ -50,7 +51,12 @@ typedef struct {
     ngx_slab_pool_t             *shpool;    /* its mutex guards the head */
     idem_jws_key_t              *key;
     ngx_uint_t                   anchor;
+    void                        *hasher;    /* the chain's, set up once */
+    void                        *batch;     /* this process' lines to come */
+    dev_t                        dev;       /* the file of this process' */
+    ino_t                        ino;       /* descriptor, while "known" */
     unsigned                     used:1;    /* key and anchor are set */
+    unsigned                     known:1;
 } ngx_http_idem_audit_file_t;
 
 
@@ -309,11 +315,16 @@ typedef enum {
     NGX_HTTP_IDEM_P_CONFIRM_DECLINED       = IDEM_ANS_CONFIRM_DECLINED,
     NGX_HTTP_IDEM_P_APPROVER_MISMATCH      = IDEM_ANS_APPROVER_MISMATCH,
     NGX_HTTP_IDEM_P_AUDIT_UNAVAILABLE      = IDEM_ANS_AUDIT_UNAVAILABLE,
+    NGX_HTTP_IDEM_P_BODY_TOO_LARGE         = IDEM_ANS_BODY_TOO_LARGE,
+    NGX_HTTP_IDEM_P_INTERNAL_ERROR         = IDEM_ANS_INTERNAL_ERROR,
     NGX_HTTP_IDEM_NPROBLEMS
 } ngx_http_idem_problem_e;
 
 
 typedef struct ngx_http_idem_ctx_s  ngx_http_idem_ctx_t;
+
+/* a feature's part in a claim: its hooks, ngx_http_idempotency_claim.h */
+typedef struct ngx_http_idem_claim_part_s  ngx_http_idem_claim_part_t;
 
 /*
  * The link from a complete script in flight to the request that holds its
@@ -517,209 +528,8 @@ ngx_http_idem_log_str(ngx_pool_t *pool, ngx_str_t *v)
     ngx_http_idem_log_str((ctx)->request->pool, &(ctx)->key)
 
 
-/* ngx_http_idempotency_ctx.c: the request context */
-ngx_http_idem_ctx_t *ngx_http_idem_get_ctx(ngx_http_request_t *r);
-ngx_http_idem_ctx_t *ngx_http_idem_create_ctx(ngx_http_request_t *r);
-
-/* ngx_http_idempotency_request.c: what names the record */
-ngx_int_t ngx_http_idem_parse_key(ngx_http_request_t *r,
-    ngx_http_idem_ctx_t *ctx, ngx_str_t *name, const char **detail);
-ngx_int_t ngx_http_idem_record_key(ngx_http_request_t *r,
-    ngx_http_idem_ctx_t *ctx, ngx_str_t *scope);
-ngx_int_t ngx_http_idem_fp_headers(ngx_http_request_t *r,
-    ngx_http_idem_ctx_t *ctx, idem_fp_input_t *in);
-u_char *ngx_http_idem_operation_key(ngx_pool_t *pool, ngx_str_t *op);
-ngx_table_elt_t *ngx_http_idem_find_header(ngx_http_request_t *r,
-    ngx_str_t *name, ngx_uint_t *count);
-ngx_table_elt_t *ngx_http_idem_header_out(ngx_http_request_t *r,
-    u_char *name, size_t len);
-
-/* ngx_http_idempotency_handler.c: the phases */
-ngx_int_t ngx_http_idem_rewrite_handler(ngx_http_request_t *r);
-ngx_int_t ngx_http_idem_precontent_handler(ngx_http_request_t *r);
-ngx_int_t ngx_http_idem_log_handler(ngx_http_request_t *r);
-
-/* ngx_http_idempotency_body.c: the body's part of the fingerprint */
-ngx_int_t ngx_http_idem_body_fingerprint(ngx_http_request_t *r,
-    ngx_http_idem_ctx_t *ctx, idem_fp_input_t *in);
-
-/* ngx_http_idempotency_confirm.c: idempotency_confirm */
-char *ngx_http_idem_confirm_conf(ngx_conf_t *cf, ngx_command_t *cmd,
-    void *conf);
-char *ngx_http_idem_confirm_key_conf(ngx_conf_t *cf, ngx_command_t *cmd,
-    void *conf);
-char *ngx_http_idem_confirm_show_conf(ngx_conf_t *cf, ngx_command_t *cmd,
-    void *conf);
-char *ngx_http_idem_confirm_merge(ngx_conf_t *cf,
-    ngx_http_idem_loc_conf_t *prev, ngx_http_idem_loc_conf_t *conf);
-ngx_int_t ngx_http_idem_confirm_proposal(ngx_http_request_t *r,
-    ngx_http_idem_ctx_t *ctx);
-ngx_int_t ngx_http_idem_confirm_check(ngx_http_request_t *r,
-    ngx_http_idem_ctx_t *ctx);
-ngx_int_t ngx_http_idem_confirm_send(ngx_http_request_t *r,
-    ngx_http_idem_ctx_t *ctx);
-
-/* ngx_http_idempotency_business.c: idempotency_unique, idempotency_lock */
-char *ngx_http_idem_business_conf(ngx_conf_t *cf, ngx_command_t *cmd,
-    void *conf);
-ngx_int_t ngx_http_idem_business_keys(ngx_http_request_t *r,
-    ngx_http_idem_ctx_t *ctx);
+/* the keys a claim may take beside its record: unique, lock, the h key */
 #define NGX_HTTP_IDEM_BUSINESS_KEYS  3
-ngx_uint_t ngx_http_idem_business_args(ngx_http_idem_ctx_t *ctx,
-    u_char **keys);
 
-/* ngx_http_idempotency_json_var.c: idempotency_json_var, the parsed body */
-char *ngx_http_idem_json_var(ngx_conf_t *cf, ngx_command_t *cmd, void *conf);
-ngx_int_t ngx_http_idem_pointer_conf(ngx_conf_t *cf, ngx_str_t *directive,
-    ngx_str_t *text, ngx_http_idem_pointer_t *ptr);
-struct cJSON *ngx_http_idem_json_body(ngx_http_request_t *r,
-    ngx_http_idem_ctx_t *ctx);
-ngx_int_t ngx_http_idem_json_text(ngx_http_request_t *r,
-    const struct cJSON *node, ngx_str_t *text);
-
-/* ngx_http_idempotency_audit.c: idempotency_audit */
-char *ngx_http_idem_audit_stream_conf(ngx_conf_t *cf, ngx_command_t *cmd,
-    void *conf);
-char *ngx_http_idem_audit_key_conf(ngx_conf_t *cf, ngx_command_t *cmd,
-    void *conf);
-char *ngx_http_idem_audit_ref_conf(ngx_conf_t *cf, ngx_command_t *cmd,
-    void *conf);
-char *ngx_http_idem_audit_merge(ngx_conf_t *cf,
-    ngx_http_idem_loc_conf_t *prev, ngx_http_idem_loc_conf_t *conf);
-void ngx_http_idem_audit_init_process(void);
-idem_jws_key_t *ngx_http_idem_key_file(ngx_conf_t *cf, ngx_str_t *name,
-    idem_jws_alg_e alg, const char *kid, const char *directive);
-ngx_int_t ngx_http_idem_audit_prepare(ngx_http_request_t *r,
-    ngx_http_idem_ctx_t *ctx);
-void ngx_http_idem_audit_capture_ref(ngx_http_request_t *r,
-    ngx_http_idem_ctx_t *ctx);
-void ngx_http_idem_audit_entry(ngx_http_idem_ctx_t *ctx,
-    idem_audit_event_e event, ngx_uint_t status, idem_audit_entry_t *e);
-ngx_int_t ngx_http_idem_audit_digest(ngx_pool_t *pool, ngx_chain_t *cl,
-    ngx_str_t *body, idem_str_t *hex);
-void ngx_http_idem_audit_stored_ref(ngx_http_idem_ctx_t *ctx,
-    idem_audit_entry_t *e);
-ngx_http_idem_cmd_t *ngx_http_idem_audit_cmd(ngx_http_idem_audit_t *audit,
-    ngx_http_idem_script_e script, const u_char *key, u_char **keys,
-    ngx_uint_t n, size_t size, ngx_str_t *expect, idem_audit_entry_t *e,
-    ngx_uint_t nentries, ngx_log_t *log);
-ngx_int_t ngx_http_idem_audit_reply(ngx_http_idem_cmd_t *cmd,
-    redisReply **reply, ngx_http_idem_cmd_t **next);
-ngx_int_t ngx_http_idem_audit_ctx_reply(ngx_http_idem_cmd_t *cmd,
-    redisReply **reply, ngx_uint_t *appended);
-ngx_uint_t ngx_http_idem_audit_entries(ngx_http_idem_cmd_t *cmd,
-    idem_audit_entry_t *e, ngx_uint_t max);
-ngx_http_idem_audit_t *ngx_http_idem_audit_of(ngx_http_idem_cmd_t *cmd);
-ngx_int_t ngx_http_idem_audit_direct(ngx_http_idem_audit_t *audit,
-    idem_audit_entry_t *e, ngx_uint_t n, ngx_log_t *log);
-
-/* ngx_http_idempotency_audit_file.c: the file device */
-char *ngx_http_idem_audit_conf(ngx_conf_t *cf, ngx_command_t *cmd,
-    void *conf);
-char *ngx_http_idem_audit_file_merge(ngx_conf_t *cf,
-    ngx_http_idem_audit_file_t *file, idem_jws_key_t *key, ngx_uint_t anchor);
-ngx_int_t ngx_http_idem_audit_file_append(ngx_http_idem_audit_file_t *file,
-    idem_audit_entry_t *e, ngx_uint_t n, ngx_log_t *log);
-
-/* ngx_http_idempotency_claim.c: the claim and its answer */
-ngx_int_t ngx_http_idem_tokens(ngx_http_request_t *r,
-    ngx_http_idem_ctx_t *ctx);
-ngx_int_t ngx_http_idem_claim_send(ngx_http_request_t *r,
-    ngx_http_idem_ctx_t *ctx);
-void ngx_http_idem_resume(ngx_http_idem_ctx_t *ctx);
-ngx_int_t ngx_http_idem_claim_audit_answer(ngx_http_request_t *r,
-    ngx_http_idem_ctx_t *ctx);
-
-/* ngx_http_idempotency_wait.c: idempotency_wait */
-ngx_int_t ngx_http_idem_wait(ngx_http_request_t *r,
-    ngx_http_idem_ctx_t *ctx);
-void ngx_http_idem_wait_stop(ngx_http_idem_ctx_t *ctx);
-
-/* ngx_http_idempotency_close.c: closing the record, and its lease */
-void ngx_http_idem_start_lease(ngx_http_request_t *r,
-    ngx_http_idem_ctx_t *ctx);
-ngx_int_t ngx_http_idem_finish(ngx_http_request_t *r,
-    ngx_http_idem_ctx_t *ctx, ngx_http_idem_end_e end);
-void ngx_http_idem_abandon(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx);
-void ngx_http_idem_give_back(ngx_http_idem_cmd_t *cmd, ngx_str_t *key,
-    ngx_str_t *claim);
-
-/* ngx_http_idempotency_filter.c: capture of the upstream's response */
-ngx_int_t ngx_http_idem_filter_init(ngx_conf_t *cf);
-
-/* ngx_http_idempotency_reply.c: the module's own answers */
-ngx_int_t ngx_http_idem_send_answer(ngx_http_request_t *r,
-    ngx_http_idem_ctx_t *ctx);
-ngx_int_t ngx_http_idem_send_problem(ngx_http_request_t *r,
-    ngx_http_idem_ctx_t *ctx, ngx_http_idem_problem_e problem,
-    const char *detail);
-ngx_int_t ngx_http_idem_send_json(ngx_http_request_t *r, ngx_uint_t status,
-    u_char *body, size_t len);
-ngx_int_t ngx_http_idem_send_not_allowed(ngx_http_request_t *r,
-    const char *allow);
-u_char *ngx_http_idem_json_str(u_char *p, u_char *end, u_char *s,
-    size_t len);
-u_char *ngx_http_idem_json_time(u_char *p, u_char *end, long long ms);
-
-/* ngx_http_idempotency_ops.c: the status and admin endpoints */
-ngx_int_t ngx_http_idem_status_handler(ngx_http_request_t *r);
-ngx_int_t ngx_http_idem_admin_handler(ngx_http_request_t *r);
-ngx_int_t ngx_http_idem_metrics_handler(ngx_http_request_t *r);
-
-/* ngx_http_idempotency_approve.c: idempotency_approve */
-
-/* what a person decided, and who answers it (the JSON endpoint, the page) */
-typedef struct ngx_http_idem_approval_s  ngx_http_idem_approval_t;
-
-typedef ngx_int_t (*ngx_http_idem_decided_pt)(ngx_http_request_t *r,
-    ngx_http_idem_ctx_t *ctx, idem_approve_kind_e kind, const char *state,
-    long long at);
-
-struct ngx_http_idem_approval_s {
-    ngx_str_t                    op;
-    ngx_str_t                    fp;
-    ngx_str_t                    approver;
-    ngx_int_t                    expires_in;    /* s; approve only */
-    ngx_uint_t                   decline;
-    ngx_uint_t                   once;          /* not if approved */
-    ngx_http_idem_decided_pt     decided;
-};
-
-ngx_int_t ngx_http_idem_approve_handler(ngx_http_request_t *r);
-ngx_int_t ngx_http_idem_approve_record(ngx_http_request_t *r,
-    ngx_http_idem_ctx_t *ctx, ngx_http_idem_approval_t *a);
-ngx_int_t ngx_http_idem_approve_who(ngx_http_request_t *r,
-    ngx_http_idem_loc_conf_t *conf, ngx_str_t *who);
-ngx_int_t ngx_http_idem_same_site(ngx_http_request_t *r);
-
-/* ngx_http_idempotency_page.c: idempotency_approve_page */
-ngx_int_t ngx_http_idem_page_handler(ngx_http_request_t *r);
-char *ngx_http_idem_page_conf(ngx_conf_t *cf, ngx_http_idem_loc_conf_t *lcf);
-
-/* ngx_http_idempotency_proposal.c: a proposal by its operation id */
-typedef struct ngx_http_idem_lookup_s  ngx_http_idem_lookup_t;
-
-typedef ngx_int_t (*ngx_http_idem_lookup_pt)(ngx_http_request_t *r,
-    ngx_http_idem_ctx_t *ctx, ngx_http_idem_lookup_t *lk);
-
-struct ngx_http_idem_lookup_s {
-    ngx_str_t                    op;
-    ngx_uint_t                   found;     /* the index holds it */
-    ngx_str_t                    proposal;  /* its JSON; empty: not kept */
-    ngx_str_t                    value;     /* its record's, copied */
-    idem_value_t                 rec;       /* valid when has_rec */
-    ngx_uint_t                   has_rec;   /* a record of this op */
-    ngx_http_idem_problem_e      problem;   /* store down or error */
-    ngx_uint_t                   failed;
-    ngx_http_idem_lookup_pt      done;
-};
-
-ngx_int_t ngx_http_idem_lookup(ngx_http_request_t *r,
-    ngx_http_idem_ctx_t *ctx, ngx_http_idem_lookup_t *lk);
-ngx_int_t ngx_http_idem_op_arg(ngx_http_request_t *r, ngx_str_t *op);
-
-/* ngx_http_idempotency_variables.c */
-ngx_int_t ngx_http_idem_add_variables(ngx_conf_t *cf);
-extern ngx_str_t  ngx_http_idem_outcome_names[];   /* by outcome */
 
 #endif /* NGX_HTTP_IDEMPOTENCY_H */

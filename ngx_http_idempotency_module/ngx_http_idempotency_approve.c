@@ -24,6 +24,14 @@
 #include <cjson/cJSON.h>
 
 #include "ngx_http_idempotency.h"
+#include "ngx_http_idempotency_approve.h"
+#include "ngx_http_idempotency_audit.h"
+#include "ngx_http_idempotency_command.h"
+#include "ngx_http_idempotency_ctx.h"
+#include "ngx_http_idempotency_ops.h"
+#include "ngx_http_idempotency_redis.h"
+#include "ngx_http_idempotency_reply.h"
+#include "ngx_http_idempotency_request.h"
 
 
 #define NGX_HTTP_IDEM_APPROVE_BODY_MAX   8192
@@ -828,7 +836,7 @@ ngx_http_idem_approve_json(ngx_http_request_t *r)
 }
 
 
-ngx_int_t
+static ngx_int_t
 ngx_http_idem_approve_handler(ngx_http_request_t *r)
 {
     ngx_int_t             rc;
@@ -871,4 +879,16 @@ ngx_http_idem_approve_handler(ngx_http_request_t *r)
     }
 
     return NGX_DONE;
+}
+
+
+/* idempotency_approve: recorded approvals, protected by the operator */
+char *
+ngx_http_idem_approve_conf(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_http_idem_loc_conf_t  *lcf = conf;
+
+    lcf->ops = 1;
+
+    return ngx_http_idem_ops_location(cf, ngx_http_idem_approve_handler);
 }

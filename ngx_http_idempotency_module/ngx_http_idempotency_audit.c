@@ -18,6 +18,13 @@
 #include <openssl/evp.h>
 
 #include "ngx_http_idempotency.h"
+#include "ngx_http_idempotency_audit.h"
+#include "ngx_http_idempotency_audit_file.h"
+#include "ngx_http_idempotency_command.h"
+#include "ngx_http_idempotency_conf.h"
+#include "ngx_http_idempotency_metrics.h"
+#include "ngx_http_idempotency_redis.h"
+#include "ngx_http_idempotency_request.h"
 
 
 #define NGX_HTTP_IDEM_AUDIT_STREAM   "idem:audit"
@@ -122,55 +129,6 @@ ngx_http_idem_audit_stream_conf(ngx_conf_t *cf, ngx_command_t *cmd,
     lcf->audit_anchor = (ngx_uint_t) n;
 
     return NGX_CONF_OK;
-}
-
-
-static void
-ngx_http_idem_key_cleanup(void *data)
-{
-    idem_jws_key_free(data);
-}
-
-
-/*
- * A key file read with the configuration (idempotency_audit_key, and
- * idempotency_confirm_key's): the key, whose secret a cleanup of the
- * configuration's pool frees, or NULL once the fault is logged after the
- * directive's name.
- */
-idem_jws_key_t *
-ngx_http_idem_key_file(ngx_conf_t *cf, ngx_str_t *name, idem_jws_alg_e alg,
-    const char *kid, const char *directive)
-{
-    char                 err[512];
-    ngx_str_t            file;
-    idem_jws_key_t      *key;
-    ngx_pool_cleanup_t  *cln;
-
-    file = *name;
-
-    if (ngx_conf_full_name(cf->cycle, &file, 1) != NGX_OK) {
-        return NULL;
-    }
-
-    cln = ngx_pool_cleanup_add(cf->pool, sizeof(idem_jws_key_t));
-    if (cln == NULL) {
-        return NULL;
-    }
-
-    key = cln->data;
-    ngx_memzero(key, sizeof(idem_jws_key_t));
-    cln->handler = ngx_http_idem_key_cleanup;
-
-    if (idem_jws_key_load(key, alg, (char *) file.data, kid, 0, err,
-                          sizeof(err)) != 0)
-    {
-        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0, "\"%s\": %s", directive,
-                           err);
-        return NULL;
-    }
-
-    return key;
 }
 
 
@@ -649,19 +607,50 @@ ngx_http_idem_audit_head(ngx_http_idem_audit_t *audit)
 
 
 static size_t
-ngx_http_idem_audit_room(ngx_str_t *expect, idem_audit_entry_t *e,
-    ngx_uint_t n)
+ngx_http_idem_audit_room(ngx_http_idem_audit_t *audit, ngx_str_t *expect,
+    idem_audit_entry_t *e, ngx_uint_t n)
 {
-    size_t  size;
+    size_t      size;
+    ngx_uint_t  i;
 
     size = sizeof(ngx_http_idem_audit_meta_t) + expect->len
            + 2 * NGX_INT64_LEN + IDEM_AUDIT_PREV_MAX;
 
-    if (n) {
+    /* the stream: one entry of the events; the file alone: each packed */
+    if (audit->on_stream && n) {
         size += IDEM_AUDIT_DIGEST_LEN + idem_audit_batch_max(e, n);
     }
 
+    for (i = 0; !audit->on_stream && i < n; i++) {
+        size += IDEM_AUDIT_HASH_LEN + ngx_http_idem_audit_file_packed(&e[i]);
+    }
+
     return size;
+}
+
+
+/*
+ * The audit file alone: the events never go to Redis, each kept packed in
+ * its pair of arguments (its hash unused, zeros) for the file once the
+ * change is made.
+ */
+static void
+ngx_http_idem_audit_write_packed(ngx_http_idem_cmd_t *cmd, ngx_uint_t at,
+    idem_audit_entry_t *e, ngx_uint_t n)
+{
+    u_char      *h, *p, *end;
+    ngx_uint_t   i;
+
+    for (i = 0; i < n; i++) {
+        h = ngx_http_idem_cmd_reserve(cmd, at + NGX_HTTP_IDEM_AUDIT_ENTRIES
+                                           + 2 * i, IDEM_AUDIT_HASH_LEN);
+        p = ngx_http_idem_cmd_start(cmd, at + NGX_HTTP_IDEM_AUDIT_ENTRIES
+                                         + 2 * i + 1);
+        end = ngx_http_idem_audit_file_pack(p, &e[i]);
+        ngx_http_idem_cmd_end(cmd, at + NGX_HTTP_IDEM_AUDIT_ENTRIES
+                                   + 2 * i + 1, end);
+        ngx_memzero(h, IDEM_AUDIT_HASH_LEN);
+    }
 }
 
 
@@ -713,18 +702,21 @@ ngx_http_idem_audit_write(ngx_http_idem_cmd_t *cmd,
         e[i].prev.len = head->hash_len;
     }
 
+    if (!head->audit->on_stream) {
+        ngx_http_idem_audit_write_packed(cmd, at, e, n);
+        ngx_memzero(head->hash, IDEM_AUDIT_DIGEST_LEN);
+        head->hash_len = IDEM_AUDIT_DIGEST_LEN;
+        head->seq += n;
+        return NGX_OK;
+    }
+
     h = ngx_http_idem_cmd_reserve(cmd, at + NGX_HTTP_IDEM_AUDIT_ENTRIES,
                                   IDEM_AUDIT_DIGEST_LEN);
     p = ngx_http_idem_cmd_start(cmd, at + NGX_HTTP_IDEM_AUDIT_ENTRIES + 1);
     end = (u_char *) idem_audit_batch_encode((char *) p, e, n);
     ngx_http_idem_cmd_end(cmd, at + NGX_HTTP_IDEM_AUDIT_ENTRIES + 1, end);
 
-    /* the file alone: the stream's hash is never sent nor checked */
-    if (!head->audit->on_stream) {
-        ngx_memzero(head->hash, IDEM_AUDIT_DIGEST_LEN);
-
-    } else if (idem_audit_digest((char *) p, end - p, key, key_len,
-                                 head->hash) != 0)
+    if (idem_audit_digest((char *) p, end - p, key, key_len, head->hash) != 0)
     {
         return NGX_ERROR;
     }
@@ -783,7 +775,7 @@ ngx_http_idem_audit_cmd(ngx_http_idem_audit_t *audit,
 {
     u_char                      *start, *all[NGX_HTTP_IDEM_BUSINESS_KEYS + 1];
     u_char                       rkey[IDEM_RECORD_KEY_LEN + 1];
-    ngx_uint_t                   i, at, lean;
+    ngx_uint_t                   i, at, lean, pairs;
     ngx_http_idem_cmd_t         *cmd;
     ngx_http_idem_audit_meta_t   meta;
 
@@ -807,13 +799,16 @@ ngx_http_idem_audit_cmd(ngx_http_idem_audit_t *audit,
     ngx_memcpy(rkey, key, IDEM_RECORD_KEY_LEN);
     rkey[IDEM_RECORD_KEY_LEN] = '\0';
     all[n] = audit->on_stream ? audit->stream.data : rkey;
-    meta.room = ngx_http_idem_audit_room(expect, e, nentries);
+    meta.room = ngx_http_idem_audit_room(audit, expect, e, nentries);
     lean = ngx_http_idem_audit_lean(audit, script);
+
+    /* the stream: one entry of the events; the file alone: each packed */
+    pairs = audit->on_stream ? (nentries != 0) : nentries;
 
     cmd = ngx_http_idem_cmd_create_more(audit->redis, script, key, all,
                                         lean ? n : n + 1,
                                         NGX_HTTP_IDEM_AUDIT_ENTRIES
-                                        + (nentries ? 2 : 0),
+                                        + 2 * pairs,
                                         size + meta.room, log);
     if (cmd == NULL) {
         return NULL;
@@ -837,11 +832,11 @@ ngx_http_idem_audit_cmd(ngx_http_idem_audit_t *audit,
         at = cmd->arg0 + cmd->redis->scripts[script].nargs;
         cmd->argv[at + NGX_HTTP_IDEM_AUDIT_SEQ] = "0";
         cmd->argvlen[at + NGX_HTTP_IDEM_AUDIT_SEQ] = 1;
-        cmd->hidden = 2;
+        cmd->hidden = 2 * pairs;
     }
 
     if (lean) {
-        cmd->hidden = NGX_HTTP_IDEM_AUDIT_ENTRIES + (nentries ? 2 : 0);
+        cmd->hidden = NGX_HTTP_IDEM_AUDIT_ENTRIES + 2 * pairs;
     }
 
     if (script == NGX_HTTP_IDEM_SCRIPT_CLAIM && audit->on_stream && n == 0
@@ -910,9 +905,10 @@ ngx_uint_t
 ngx_http_idem_audit_entries(ngx_http_idem_cmd_t *cmd, idem_audit_entry_t *e,
     ngx_uint_t max)
 {
-    ngx_int_t   at;
-    ngx_str_t   enc;
-    ngx_uint_t  i;
+    ngx_int_t                   at;
+    ngx_str_t                   enc;
+    ngx_uint_t                  i, n;
+    ngx_http_idem_audit_meta_t  meta;
 
     static idem_audit_events_t  ev;
 
@@ -923,14 +919,33 @@ ngx_http_idem_audit_entries(ngx_http_idem_cmd_t *cmd, idem_audit_entry_t *e,
         return 0;
     }
 
-    enc = ngx_http_idem_cmd_get(cmd, at + NGX_HTTP_IDEM_AUDIT_ENTRIES + 1);
+    ngx_http_idem_audit_meta(cmd, at, &meta);
 
-    if (idem_audit_events_decode((char *) enc.data, enc.len, &ev) != 0) {
-        return 0;
+    if (meta.head->audit->on_stream) {
+        enc = ngx_http_idem_cmd_get(cmd, at + NGX_HTTP_IDEM_AUDIT_ENTRIES + 1);
+
+        if (idem_audit_events_decode((char *) enc.data, enc.len, &ev) != 0) {
+            return 0;
+        }
+
+        for (i = 0; i < ev.n && i < max; i++) {
+            e[i] = ev.e[i];
+        }
+
+        return i;
     }
 
-    for (i = 0; i < ev.n && i < max; i++) {
-        e[i] = ev.e[i];
+    n = (cmd->argc - cmd->arg0 - at - NGX_HTTP_IDEM_AUDIT_ENTRIES) / 2;
+
+    for (i = 0; i < n && i < max; i++) {
+        enc = ngx_http_idem_cmd_get(cmd, at + NGX_HTTP_IDEM_AUDIT_ENTRIES
+                                         + 2 * i + 1);
+
+        if (ngx_http_idem_audit_file_unpack(enc.data, enc.len, &e[i])
+            != NGX_OK)
+        {
+            return 0;
+        }
     }
 
     return i;
@@ -1209,19 +1224,23 @@ ngx_http_idem_audit_to_file(ngx_http_idem_cmd_t *cmd,
 
     n = ngx_http_idem_audit_entries(cmd, e, NGX_HTTP_IDEM_AUDIT_MAX);
 
+    for (i = 0; i < n && e[i].event != IDEM_AUDIT_SENT; i++) {
+        /* void */
+    }
+
+    /* nothing waits for entries without "sent": with the turn's others */
+    if (i == n) {
+        ngx_http_idem_audit_file_later(audit->file, e, n, cmd->redis->log);
+        return NGX_DONE;
+    }
+
     if (ngx_http_idem_audit_file_append(audit->file, e, n, cmd->redis->log)
         == NGX_OK)
     {
         return NGX_DONE;
     }
 
-    for (i = 0; i < n; i++) {
-        if (e[i].event == IDEM_AUDIT_SENT) {
-            return NGX_ABORT;
-        }
-    }
-
-    return NGX_DONE;
+    return NGX_ABORT;
 }
 
 

@@ -22,11 +22,17 @@
 #include <ngx_core.h>
 
 #include "ngx_http_idempotency.h"
+#include "ngx_http_idempotency_audit_file.h"
+#include "ngx_http_idempotency_metrics.h"
 #include "idem_audit_file.h"
 
 
 /* the most of the file's end read at start-up to learn the head */
 #define NGX_HTTP_IDEM_AUDIT_TAIL   (256 * 1024)
+
+/* the most entries one write() carries, and their strings' room */
+#define NGX_HTTP_IDEM_AUDIT_BATCH  64
+#define NGX_HTTP_IDEM_AUDIT_ARENA  (64 * 1024)
 
 
 typedef struct {
@@ -39,8 +45,29 @@ typedef struct {
 } ngx_http_idem_audit_file_sh_t;
 
 
+/*
+ * This process' entries not yet written: those after the execution (a
+ * completion's) wait for the end of the event loop's turn, so that the
+ * completions of one turn go with one write(); any write writes them
+ * first, so the file keeps the order in which they happened.
+ */
+typedef struct {
+    idem_audit_entry_t           e[NGX_HTTP_IDEM_AUDIT_BATCH];
+    ngx_uint_t                   n;
+    ngx_uint_t                   appends;   /* calls they came with */
+    size_t                       used;      /* of arena */
+    size_t                       size;      /* of buf */
+    u_char                      *buf;       /* where the lines are made */
+    ngx_event_t                  ev;
+    u_char                       arena[NGX_HTTP_IDEM_AUDIT_ARENA];
+} ngx_http_idem_audit_batch_t;
+
+
 static ngx_int_t ngx_http_idem_audit_file_init_zone(ngx_shm_zone_t *zone,
     void *data);
+static void ngx_http_idem_audit_file_flush(ngx_open_file_t *file,
+    ngx_log_t *log);
+static void ngx_http_idem_audit_file_posted(ngx_event_t *ev);
 
 
 /* ---- configuration */
@@ -222,6 +249,49 @@ ngx_http_idem_audit_conf(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 }
 
 
+static void
+ngx_http_idem_audit_file_hasher_free(void *data)
+{
+    idem_audit_file_hasher_free(data);
+}
+
+
+/*
+ * What a line's hash needs, made once (each worker gets its copy at the
+ * fork); and nginx's reopen of the file told to this device, so that a
+ * worker learns which file its descriptor is without an fstat() per write
+ * (unless something else already listens on the file's reopen).
+ */
+static char *
+ngx_http_idem_audit_file_ready(ngx_conf_t *cf, ngx_http_idem_audit_file_t *f)
+{
+    ngx_pool_cleanup_t  *cln;
+
+    cln = ngx_pool_cleanup_add(cf->pool, 0);
+    if (cln == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    f->hasher = idem_audit_file_hasher(f->key ? f->key->secret : NULL,
+                                       f->key ? f->key->secret_len : 0);
+    if (f->hasher == NULL) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0, "audit file \"%V\": the "
+                           "chain's SHA-256 cannot be set up", &f->path);
+        return NGX_CONF_ERROR;
+    }
+
+    cln->handler = ngx_http_idem_audit_file_hasher_free;
+    cln->data = f->hasher;
+
+    if (f->file->flush == NULL && f->file->data == NULL) {
+        f->file->flush = ngx_http_idem_audit_file_flush;
+        f->file->data = f;
+    }
+
+    return NGX_CONF_OK;
+}
+
+
 /* one file is one chain: one key, one anchor interval */
 char *
 ngx_http_idem_audit_file_merge(ngx_conf_t *cf, ngx_http_idem_audit_file_t *f,
@@ -233,7 +303,7 @@ ngx_http_idem_audit_file_merge(ngx_conf_t *cf, ngx_http_idem_audit_file_t *f,
         f->used = 1;
         f->key = key;
         f->anchor = anchor;
-        return NGX_CONF_OK;
+        return ngx_http_idem_audit_file_ready(cf, f);
     }
 
     same = (f->key == NULL || key == NULL)
@@ -406,6 +476,40 @@ ngx_http_idem_audit_file_init_zone(ngx_shm_zone_t *zone, void *data)
 
 /* ---- writing */
 
+/* nginx is about to reopen the file (USR1): the descriptor will change */
+static void
+ngx_http_idem_audit_file_flush(ngx_open_file_t *file, ngx_log_t *log)
+{
+    ngx_http_idem_audit_file_t  *f = file->data;
+
+    f->known = 0;
+}
+
+
+/* which file this process' descriptor is: fstat() only after a reopen */
+static ngx_int_t
+ngx_http_idem_audit_file_mine(ngx_http_idem_audit_file_t *f)
+{
+    ngx_file_info_t  fi;
+
+    if (f->known && f->file->flush == ngx_http_idem_audit_file_flush
+        && f->file->data == f)
+    {
+        return NGX_OK;
+    }
+
+    if (ngx_fd_info(f->file->fd, &fi) == NGX_FILE_ERROR) {
+        return NGX_ERROR;
+    }
+
+    f->dev = fi.st_dev;
+    f->ino = fi.st_ino;
+    f->known = 1;
+
+    return NGX_OK;
+}
+
+
 /*
  * The descriptor is the file at the path, or the one the last line went
  * to while the path's is not used yet; otherwise the path is opened here.
@@ -415,21 +519,22 @@ ngx_http_idem_audit_file_current(ngx_http_idem_audit_file_t *f,
     ngx_http_idem_audit_file_sh_t *sh, ngx_log_t *log)
 {
     ngx_fd_t          fd;
-    ngx_file_info_t   mine, there;
+    ngx_file_info_t   there;
 
-    if (ngx_fd_info(f->file->fd, &mine) == NGX_FILE_ERROR) {
+    if (ngx_http_idem_audit_file_mine(f) != NGX_OK) {
         return NGX_ERROR;
     }
 
-    if (sh->ino && (mine.st_ino != sh->ino || mine.st_dev != sh->dev)
+    if (sh->ino && (f->ino != sh->ino || f->dev != sh->dev)
         && (ngx_file_info(f->path.data, &there) == NGX_FILE_ERROR
-            || there.st_ino != mine.st_ino || there.st_dev != mine.st_dev))
+            || there.st_ino != f->ino || there.st_dev != f->dev))
     {
         fd = ngx_open_file(f->path.data, NGX_FILE_APPEND,
                            NGX_FILE_CREATE_OR_OPEN, NGX_FILE_DEFAULT_ACCESS);
+        f->known = 0;
 
         if (fd == NGX_INVALID_FILE || dup2(fd, f->file->fd) == -1
-            || ngx_fd_info(f->file->fd, &mine) == NGX_FILE_ERROR)
+            || ngx_http_idem_audit_file_mine(f) != NGX_OK)
         {
             if (fd != NGX_INVALID_FILE) {
                 ngx_close_file(fd);
@@ -441,9 +546,9 @@ ngx_http_idem_audit_file_current(ngx_http_idem_audit_file_t *f,
         ngx_close_file(fd);
     }
 
-    if (mine.st_ino != sh->ino || mine.st_dev != sh->dev) {
-        sh->dev = mine.st_dev;
-        sh->ino = mine.st_ino;
+    if (f->ino != sh->ino || f->dev != sh->dev) {
+        sh->dev = f->dev;
+        sh->ino = f->ino;
         sh->torn = 0;       /* another file: its own end */
     }
 
@@ -467,10 +572,13 @@ ngx_http_idem_audit_file_lines(ngx_http_idem_audit_file_t *f,
         e[i].prev.data = (const char *) prev;
         e[i].prev.len = IDEM_AUDIT_HASH_LEN;
 
-        p = (u_char *) idem_audit_file_line((char *) p, &e[i],
-                                            f->key ? f->key->secret : NULL,
-                                            f->key ? f->key->secret_len : 0,
-                                            (char *) hashes[i]);
+        p = (u_char *) (f->hasher
+            ? idem_audit_file_line_h((char *) p, &e[i], f->hasher,
+                                     (char *) hashes[i])
+            : idem_audit_file_line((char *) p, &e[i],
+                                   f->key ? f->key->secret : NULL,
+                                   f->key ? f->key->secret_len : 0,
+                                   (char *) hashes[i]));
         if (p == NULL) {
             return NULL;
         }
@@ -531,13 +639,20 @@ ngx_http_idem_audit_file_moved(ngx_http_idem_audit_file_t *f,
 
 /*
  * A write() cut short left part of a line: the file is cut back to its
- * size before the write, so that the batch is all or none and the next
- * line follows a complete one. NGX_OK when undone.
+ * size before the write (under the mutex, the only writer: its size now
+ * less the w bytes the write appended), so that the batch is all or none
+ * and the next line follows a complete one. NGX_OK when undone.
  */
 static ngx_int_t
-ngx_http_idem_audit_file_undo(ngx_http_idem_audit_file_t *f, off_t size,
-    ssize_t w, ngx_log_t *log)
+ngx_http_idem_audit_file_undo(ngx_http_idem_audit_file_t *f, ssize_t w,
+    ngx_log_t *log)
 {
+    off_t            size;
+    ngx_file_info_t  fi;
+
+    size = ngx_fd_info(f->file->fd, &fi) == NGX_FILE_ERROR
+           ? -1 : fi.st_size - w;
+
     if (size < 0 || ftruncate(f->file->fd, size) == -1) {
         ngx_log_error(NGX_LOG_ALERT, log, size < 0 ? 0 : ngx_errno,
                       "idempotency: the %z bytes of a cut write to audit "
@@ -555,11 +670,10 @@ ngx_http_idem_audit_file_put(ngx_http_idem_audit_file_t *f,
     ngx_http_idem_audit_file_sh_t *sh, idem_audit_entry_t *e, ngx_uint_t n,
     u_char *buf, ngx_log_t *log)
 {
-    u_char           *p, *start, *ends[4], hashes[4][IDEM_AUDIT_HASH_LEN + 1];
-    off_t             size;
+    u_char           *p, *start, *ends[NGX_HTTP_IDEM_AUDIT_BATCH];
+    u_char            hashes[NGX_HTTP_IDEM_AUDIT_BATCH][IDEM_AUDIT_HASH_LEN + 1];
     ssize_t           w;
     ngx_uint_t        i, done;
-    ngx_file_info_t   fi;
 
     if (ngx_http_idem_audit_file_current(f, sh, log) != NGX_OK) {
         ngx_log_error(NGX_LOG_ALERT, log, ngx_errno,
@@ -567,9 +681,6 @@ ngx_http_idem_audit_file_put(ngx_http_idem_audit_file_t *f,
                       &f->path);
         return NGX_ERROR;
     }
-
-    /* under the mutex, the only writer: the end the write will start at */
-    size = ngx_fd_info(f->file->fd, &fi) == NGX_FILE_ERROR ? -1 : fi.st_size;
 
     start = buf;
     p = buf;
@@ -586,7 +697,7 @@ ngx_http_idem_audit_file_put(ngx_http_idem_audit_file_t *f,
     w = write(f->file->fd, start, p - start);
 
     if (w > 0 && w != p - start
-        && ngx_http_idem_audit_file_undo(f, size, w, log) == NGX_OK)
+        && ngx_http_idem_audit_file_undo(f, w, log) == NGX_OK)
     {
         /* nothing of it stays: the head and "torn" are as they were */
         ngx_log_error(NGX_LOG_ALERT, log, 0,
@@ -622,48 +733,317 @@ ngx_http_idem_audit_file_put(ngx_http_idem_audit_file_t *f,
 }
 
 
-/*
- * The entries (at most 4) go into the file, or none: NGX_ERROR (logged,
- * counted) when they are not all there.
- */
-ngx_int_t
-ngx_http_idem_audit_file_append(ngx_http_idem_audit_file_t *f,
-    idem_audit_entry_t *e, ngx_uint_t n, ngx_log_t *log)
+static ngx_http_idem_audit_batch_t *
+ngx_http_idem_audit_file_batch(ngx_http_idem_audit_file_t *f, ngx_log_t *log)
 {
-    u_char                         *buf;
-    size_t                          size;
-    ngx_int_t                       rc;
-    ngx_uint_t                      i;
-    ngx_http_idem_audit_file_sh_t  *sh;
+    ngx_http_idem_audit_batch_t  *b;
 
-    if (n == 0) {
+    if (f->batch) {
+        return f->batch;
+    }
+
+    b = ngx_pcalloc(ngx_cycle->pool, sizeof(ngx_http_idem_audit_batch_t));
+    if (b == NULL) {
+        return NULL;
+    }
+
+    b->ev.handler = ngx_http_idem_audit_file_posted;
+    b->ev.data = f;
+    b->ev.log = ngx_cycle->log;
+    f->batch = b;
+
+    return b;
+}
+
+
+/* s copied into the batch's arena (room checked by the caller) */
+static void
+ngx_http_idem_audit_file_keep(ngx_http_idem_audit_batch_t *b, idem_str_t *s)
+{
+    u_char  *p;
+
+    p = b->arena + b->used;
+
+    if (s->len) {
+        ngx_memcpy(p, s->data, s->len);
+    }
+
+    s->data = (const char *) p;
+    b->used += s->len;
+}
+
+
+static size_t
+ngx_http_idem_audit_file_strings(idem_audit_entry_t *e)
+{
+    return e->op.len + e->key.len + e->fp.len + e->route.len
+           + e->identity.len + e->approver.len + e->response.len
+           + e->ref.len + e->request.len;
+}
+
+
+/* the entries added to the batch, which has room for them */
+static void
+ngx_http_idem_audit_file_add(ngx_http_idem_audit_batch_t *b,
+    idem_audit_entry_t *e, ngx_uint_t n)
+{
+    ngx_uint_t           i;
+    idem_audit_entry_t  *k;
+
+    for (i = 0; i < n; i++) {
+        k = &b->e[b->n++];
+        *k = e[i];
+
+        ngx_http_idem_audit_file_keep(b, &k->op);
+        ngx_http_idem_audit_file_keep(b, &k->key);
+        ngx_http_idem_audit_file_keep(b, &k->fp);
+        ngx_http_idem_audit_file_keep(b, &k->route);
+        ngx_http_idem_audit_file_keep(b, &k->identity);
+        ngx_http_idem_audit_file_keep(b, &k->approver);
+        ngx_http_idem_audit_file_keep(b, &k->response);
+        ngx_http_idem_audit_file_keep(b, &k->ref);
+        ngx_http_idem_audit_file_keep(b, &k->request);
+    }
+
+    b->appends++;
+}
+
+
+/*
+ * An entry kept in a command for the file alone (its strings never go to
+ * Redis): the entry's fields as they are, then its strings one after the
+ * other, so that reading it back is no parse; offsets, not pointers, for
+ * a command may be copied.
+ */
+size_t
+ngx_http_idem_audit_file_packed(idem_audit_entry_t *e)
+{
+    return sizeof(idem_audit_entry_t) + ngx_http_idem_audit_file_strings(e);
+}
+
+
+static u_char *
+ngx_http_idem_audit_file_pack_str(u_char *p, idem_str_t *s)
+{
+    return s->len ? ngx_cpymem(p, s->data, s->len) : p;
+}
+
+
+u_char *
+ngx_http_idem_audit_file_pack(u_char *p, idem_audit_entry_t *e)
+{
+    p = ngx_cpymem(p, e, sizeof(idem_audit_entry_t));
+    p = ngx_http_idem_audit_file_pack_str(p, &e->op);
+    p = ngx_http_idem_audit_file_pack_str(p, &e->key);
+    p = ngx_http_idem_audit_file_pack_str(p, &e->fp);
+    p = ngx_http_idem_audit_file_pack_str(p, &e->route);
+    p = ngx_http_idem_audit_file_pack_str(p, &e->identity);
+    p = ngx_http_idem_audit_file_pack_str(p, &e->approver);
+    p = ngx_http_idem_audit_file_pack_str(p, &e->response);
+    p = ngx_http_idem_audit_file_pack_str(p, &e->ref);
+    p = ngx_http_idem_audit_file_pack_str(p, &e->request);
+
+    return p;
+}
+
+
+/* s's bytes at *p, which moves past them; NGX_ERROR past the end */
+static ngx_int_t
+ngx_http_idem_audit_file_unpack_str(u_char **p, u_char *end, idem_str_t *s)
+{
+    if ((size_t) (end - *p) < s->len) {
+        return NGX_ERROR;
+    }
+
+    s->data = (const char *) *p;
+    *p += s->len;
+
+    return NGX_OK;
+}
+
+
+ngx_int_t
+ngx_http_idem_audit_file_unpack(u_char *p, size_t len, idem_audit_entry_t *e)
+{
+    u_char  *end;
+
+    if (len < sizeof(idem_audit_entry_t)) {
+        return NGX_ERROR;
+    }
+
+    end = p + len;
+    ngx_memcpy(e, p, sizeof(idem_audit_entry_t));
+    p += sizeof(idem_audit_entry_t);
+
+    e->prev.data = NULL;        /* the head's, when it is written */
+    e->prev.len = 0;
+
+    if (ngx_http_idem_audit_file_unpack_str(&p, end, &e->op) != NGX_OK
+        || ngx_http_idem_audit_file_unpack_str(&p, end, &e->key) != NGX_OK
+        || ngx_http_idem_audit_file_unpack_str(&p, end, &e->fp) != NGX_OK
+        || ngx_http_idem_audit_file_unpack_str(&p, end, &e->route) != NGX_OK
+        || ngx_http_idem_audit_file_unpack_str(&p, end, &e->identity)
+           != NGX_OK
+        || ngx_http_idem_audit_file_unpack_str(&p, end, &e->approver)
+           != NGX_OK
+        || ngx_http_idem_audit_file_unpack_str(&p, end, &e->response)
+           != NGX_OK
+        || ngx_http_idem_audit_file_unpack_str(&p, end, &e->ref) != NGX_OK
+        || ngx_http_idem_audit_file_unpack_str(&p, end, &e->request)
+           != NGX_OK)
+    {
+        return NGX_ERROR;
+    }
+
+    return p == end ? NGX_OK : NGX_ERROR;
+}
+
+
+/*
+ * The batch into the file, or none of it: NGX_ERROR (logged, counted once
+ * per call that gave entries) when its lines are not all there.
+ */
+static ngx_int_t
+ngx_http_idem_audit_file_flush_batch(ngx_http_idem_audit_file_t *f,
+    ngx_http_idem_audit_batch_t *b, ngx_log_t *log)
+{
+    u_char      *buf;
+    size_t       size;
+    ngx_int_t    rc;
+    ngx_uint_t   i;
+
+    if (b->ev.posted) {
+        ngx_delete_posted_event(&b->ev);
+    }
+
+    if (b->n == 0) {
         return NGX_OK;
     }
 
     size = 1;
 
-    for (i = 0; i < n && i < 4; i++) {
-        size += idem_audit_file_line_max(&e[i]);
+    for (i = 0; i < b->n; i++) {
+        size += idem_audit_file_line_max(&b->e[i]);
     }
 
-    buf = ngx_alloc(size, log);
-    if (buf == NULL || n > 4) {
-        ngx_free(buf);
+    /* one buffer per process, grown when needed: no allocation per line */
+    if (size > b->size) {
+        buf = ngx_alloc(ngx_max(size, 16384), log);
+        if (buf != NULL) {
+            ngx_free(b->buf);
+            b->buf = buf;
+            b->size = ngx_max(size, 16384);
+        }
+    }
+
+    rc = NGX_ERROR;
+
+    if (size <= b->size) {
+        ngx_shmtx_lock(&f->shpool->mutex);
+        rc = ngx_http_idem_audit_file_put(f, f->sh, b->e, b->n, b->buf, log);
+        ngx_shmtx_unlock(&f->shpool->mutex);
+    }
+
+    for (i = 0; rc != NGX_OK && i < b->appends; i++) {
+        ngx_http_idem_metrics_audit_error();
+    }
+
+    b->n = 0;
+    b->appends = 0;
+    b->used = 0;
+
+    return rc;
+}
+
+
+/* the end of the event loop's turn: the entries left for it */
+static void
+ngx_http_idem_audit_file_posted(ngx_event_t *ev)
+{
+    ngx_http_idem_audit_file_t  *f = ev->data;
+
+    (void) ngx_http_idem_audit_file_flush_batch(f, f->batch, ev->log);
+}
+
+
+/* the batch can take n more entries like e, once what it holds is out */
+static ngx_http_idem_audit_batch_t *
+ngx_http_idem_audit_file_room(ngx_http_idem_audit_file_t *f,
+    idem_audit_entry_t *e, ngx_uint_t n, ngx_log_t *log)
+{
+    size_t                        need;
+    ngx_uint_t                    i;
+    ngx_http_idem_audit_batch_t  *b;
+
+    b = ngx_http_idem_audit_file_batch(f, log);
+    if (b == NULL || n > 4) {
+        return NULL;
+    }
+
+    for (need = 0, i = 0; i < n; i++) {
+        need += ngx_http_idem_audit_file_strings(&e[i]);
+    }
+
+    if (b->n + n > NGX_HTTP_IDEM_AUDIT_BATCH
+        || b->used + need > NGX_HTTP_IDEM_AUDIT_ARENA)
+    {
+        (void) ngx_http_idem_audit_file_flush_batch(f, b, log);
+    }
+
+    return need <= NGX_HTTP_IDEM_AUDIT_ARENA ? b : NULL;
+}
+
+
+/*
+ * The entries (at most 4) go into the file now, after those left for
+ * later, or none: NGX_ERROR (logged, counted) when they are not all there.
+ */
+ngx_int_t
+ngx_http_idem_audit_file_append(ngx_http_idem_audit_file_t *f,
+    idem_audit_entry_t *e, ngx_uint_t n, ngx_log_t *log)
+{
+    ngx_http_idem_audit_batch_t  *b;
+
+    if (n == 0) {
+        return NGX_OK;
+    }
+
+    b = ngx_http_idem_audit_file_room(f, e, n, log);
+    if (b == NULL) {
         ngx_http_idem_metrics_audit_error();
         return NGX_ERROR;
     }
 
-    sh = f->sh;
+    ngx_http_idem_audit_file_add(b, e, n);
 
-    ngx_shmtx_lock(&f->shpool->mutex);
-    rc = ngx_http_idem_audit_file_put(f, sh, e, n, buf, log);
-    ngx_shmtx_unlock(&f->shpool->mutex);
+    return ngx_http_idem_audit_file_flush_batch(f, b, log);
+}
 
-    ngx_free(buf);
 
-    if (rc != NGX_OK) {
-        ngx_http_idem_metrics_audit_error();
+/*
+ * Entries nothing waits for (after the execution): written at the end of
+ * this turn of the event loop with the others of the turn, or before the
+ * next entries written now.  A failure is logged and counted then.
+ */
+void
+ngx_http_idem_audit_file_later(ngx_http_idem_audit_file_t *f,
+    idem_audit_entry_t *e, ngx_uint_t n, ngx_log_t *log)
+{
+    ngx_http_idem_audit_batch_t  *b;
+
+    if (n == 0) {
+        return;
     }
 
-    return rc;
+    b = ngx_http_idem_audit_file_room(f, e, n, log);
+    if (b == NULL) {
+        ngx_http_idem_metrics_audit_error();
+        return;
+    }
+
+    ngx_http_idem_audit_file_add(b, e, n);
+
+    if (!b->ev.posted) {
+        ngx_post_event(&b->ev, &ngx_posted_events);
+    }
 }

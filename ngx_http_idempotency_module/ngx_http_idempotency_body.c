@@ -10,6 +10,8 @@
 #include <openssl/evp.h>
 
 #include "ngx_http_idempotency.h"
+#include "ngx_http_idempotency_body.h"
+#include "ngx_http_idempotency_ctx.h"
 
 
 #define NGX_HTTP_IDEM_READ_CHUNK  65536
@@ -496,4 +498,158 @@ ngx_http_idem_body_fingerprint(ngx_http_request_t *r,
     ngx_http_idem_body_done(r, ctx, &res);
 
     return NGX_OK;
+}
+
+
+static void
+ngx_http_idem_fp_exclude_free(void *data)
+{
+    idem_ptr_set_free(data);
+}
+
+
+/*
+ * idempotency_fingerprint_exclude off | pointer ...: the pointers are
+ * parsed here, once, into the set the canonicalizer matches names
+ * against; workers and threads only read it.
+ */
+char *
+ngx_http_idem_fp_exclude(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_http_idem_loc_conf_t  *lcf = conf;
+
+    ngx_str_t           *value;
+    ngx_uint_t           i;
+    idem_ptr_rc_t        rc;
+    ngx_pool_cleanup_t  *cln;
+
+    if (lcf->fp_exclude != NGX_CONF_UNSET_PTR) {
+        return "is duplicate";
+    }
+
+    value = cf->args->elts;
+
+    if (cf->args->nelts == 2 && ngx_strcmp(value[1].data, "off") == 0) {
+        lcf->fp_exclude = NULL;
+        return NGX_CONF_OK;
+    }
+
+    cln = ngx_pool_cleanup_add(cf->pool, 0);
+    if (cln == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    lcf->fp_exclude = idem_ptr_set_create();
+    if (lcf->fp_exclude == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    cln->handler = ngx_http_idem_fp_exclude_free;
+    cln->data = lcf->fp_exclude;
+
+    for (i = 1; i < cf->args->nelts; i++) {
+        rc = idem_ptr_set_add(lcf->fp_exclude, (const char *) value[i].data,
+                              value[i].len);
+
+        if (rc == IDEM_PTR_ENOMEM) {
+            return NGX_CONF_ERROR;
+        }
+
+        if (rc != IDEM_PTR_OK) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "invalid JSON pointer \"%V\" in \"%V\": %s",
+                               &value[i], &cmd->name, idem_ptr_strerror(rc));
+            return NGX_CONF_ERROR;
+        }
+    }
+
+    return NGX_CONF_OK;
+}
+
+
+/* idempotency_thread_pool off | name [min_size=size] */
+char *
+ngx_http_idem_thread_pool(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_http_idem_loc_conf_t  *lcf = conf;
+
+    ssize_t     size;
+    ngx_str_t  *value, s;
+
+    if (lcf->thread_pool != NGX_CONF_UNSET_PTR) {
+        return "is duplicate";
+    }
+
+    value = cf->args->elts;
+
+    if (ngx_strcmp(value[1].data, "off") == 0) {
+        if (cf->args->nelts != 2) {
+            return "takes no size with \"off\"";
+        }
+
+        lcf->thread_pool = NULL;
+        return NGX_CONF_OK;
+    }
+
+    size = NGX_HTTP_IDEM_THREAD_MIN;
+
+    if (cf->args->nelts == 3) {
+        if (ngx_strncmp(value[2].data, "min_size=", 9) != 0) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "invalid parameter \"%V\" in \"%V\" "
+                               "directive, it must be \"min_size=size\"",
+                               &value[2], &cmd->name);
+            return NGX_CONF_ERROR;
+        }
+
+        s.data = value[2].data + 9;
+        s.len = value[2].len - 9;
+
+        size = ngx_parse_size(&s);
+        if (size == NGX_ERROR) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "invalid size \"%V\" in \"%V\" directive",
+                               &s, &cmd->name);
+            return NGX_CONF_ERROR;
+        }
+    }
+
+#if (NGX_THREADS)
+
+    /* an undefined pool other than "default" fails later, with its line */
+    lcf->thread_pool = ngx_thread_pool_add(cf, &value[1]);
+    if (lcf->thread_pool == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    lcf->thread_min = (size_t) size;
+
+    return NGX_CONF_OK;
+
+#else
+
+    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                       "\"%V\" needs nginx built with threads "
+                       "(--with-threads)", &cmd->name);
+    return NGX_CONF_ERROR;
+
+#endif
+}
+
+
+/* the pool and its threshold are one directive, inherited together */
+char *
+ngx_http_idem_thread_pool_merge(ngx_conf_t *cf,
+    ngx_http_idem_loc_conf_t *prev, ngx_http_idem_loc_conf_t *conf)
+{
+    if (conf->thread_pool == NGX_CONF_UNSET_PTR) {
+        conf->thread_pool = prev->thread_pool;
+        conf->thread_min = prev->thread_min;
+    }
+
+    ngx_conf_merge_ptr_value(conf->thread_pool, NGX_CONF_UNSET_PTR, NULL);
+    ngx_conf_merge_size_value(conf->thread_min, NGX_CONF_UNSET_SIZE,
+                              NGX_HTTP_IDEM_THREAD_MIN);
+
+    return NGX_CONF_OK;
 }

@@ -10,6 +10,7 @@
 #include <ngx_http.h>
 
 #include "ngx_http_idempotency.h"
+#include "ngx_http_idempotency_business.h"
 
 
 static char *
@@ -359,4 +360,124 @@ ngx_http_idem_business_args(ngx_http_idem_ctx_t *ctx, u_char **keys)
     keys[2] = ctx->lkey[0] ? ctx->hkey : ctx->rkey;
 
     return (ctx->ukey[0] || ctx->lkey[0]) ? NGX_HTTP_IDEM_BUSINESS_KEYS : 0;
+}
+
+
+/*
+ * Two locations whose default namespace is the same (servers without a
+ * server_name, or with the same first one, and the same location name; or
+ * "location = /x" beside "location /x" in one server) would answer one's event with the other's stored body.  An address in
+ * the name would tell them apart but differ between the hosts of a cluster
+ * sharing one Redis, so the configuration is refused instead.  An "if" or
+ * "limit_except" block is its location's own (noname), never a second one.
+ */
+static char *
+ngx_http_idem_unique_ns_check(ngx_conf_t *cf, ngx_http_idem_loc_conf_t *conf,
+    ngx_http_core_srv_conf_t *cscf, ngx_http_core_loc_conf_t *clcf)
+{
+    ngx_str_t                  *ns;
+    ngx_uint_t                  i;
+    ngx_http_idem_main_conf_t  *mcf;
+
+    if (conf->unique == NULL || conf->unique->shared.len || clcf->noname) {
+        return NGX_CONF_OK;
+    }
+
+    mcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_idempotency_module);
+
+    if (mcf->unique_nss == NULL) {
+        mcf->unique_nss = ngx_array_create(cf->pool, 4, sizeof(ngx_str_t));
+        if (mcf->unique_nss == NULL) {
+            return NGX_CONF_ERROR;
+        }
+    }
+
+    ns = mcf->unique_nss->elts;
+
+    for (i = 0; i < mcf->unique_nss->nelts; i++) {
+        if (ns[i].len == conf->unique_ns.len
+            && ngx_strncmp(ns[i].data, conf->unique_ns.data, ns[i].len) == 0)
+        {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "\"idempotency_unique\" of location \"%V\" "
+                               "shares its identities with another location "
+                               "of the same name (in a server with the same "
+                               "server_name \"%V\", or \"=\", \"^~\" or a "
+                               "regular expression beside a prefix): one's "
+                               "event would be answered with the other's "
+                               "body; give the servers distinct server_name "
+                               "values, or name the identity with "
+                               "shared=NAME",
+                               &clcf->name, &cscf->server_name);
+            return NGX_CONF_ERROR;
+        }
+    }
+
+    ns = ngx_array_push(mcf->unique_nss);
+    if (ns == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    *ns = conf->unique_ns;
+
+    return NGX_CONF_OK;
+}
+
+
+/*
+ * A location's name for its identities and their holders: the same on
+ * every host with this configuration and across reloads (the server's
+ * first server_name and the location's name, never an address or a
+ * position in the file), or the shared=NAME its locations agree on.
+ */
+char *
+ngx_http_idem_guard_names(ngx_conf_t *cf, ngx_http_idem_loc_conf_t *conf)
+{
+    u_char                    *p;
+    size_t                     len;
+    ngx_http_core_srv_conf_t  *cscf;
+    ngx_http_core_loc_conf_t  *clcf;
+
+    cscf = ngx_http_conf_get_module_srv_conf(cf, ngx_http_core_module);
+    clcf = ngx_http_conf_get_module_loc_conf(cf, ngx_http_core_module);
+
+    /* a server_name has no space: "location:<server> <location>" is one */
+    len = sizeof("location:") + cscf->server_name.len + clcf->name.len;
+
+    p = ngx_pnalloc(cf->pool, len);
+    if (p == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    conf->unique_ns.data = p;
+    p = ngx_sprintf(p, "location:%V %V", &cscf->server_name, &clcf->name);
+    conf->unique_ns.len = p - conf->unique_ns.data;
+
+    if (idem_derived_key("idem-location-v1", "", 0,
+                         (const char *) conf->unique_ns.data,
+                         conf->unique_ns.len, IDEM_SCOPE_SUFFIX,
+                         (char *) conf->loc_tag)
+        != 0)
+    {
+        return NGX_CONF_ERROR;
+    }
+
+    if (ngx_http_idem_unique_ns_check(cf, conf, cscf, clcf) != NGX_CONF_OK) {
+        return NGX_CONF_ERROR;
+    }
+
+    if (conf->unique && conf->unique->shared.len) {
+        len = sizeof("shared:") - 1 + conf->unique->shared.len;
+
+        p = ngx_pnalloc(cf->pool, len);
+        if (p == NULL) {
+            return NGX_CONF_ERROR;
+        }
+
+        conf->unique_ns.data = p;
+        conf->unique_ns.len = ngx_sprintf(p, "shared:%V",
+                                          &conf->unique->shared) - p;
+    }
+
+    return NGX_CONF_OK;
 }

@@ -12,13 +12,11 @@
  * A claim whose answer never came, or came for a request that has gone,
  * is given back so that the key is not blocked.
  *
- * With idempotency_audit every change of the record is made by claim.lua
- * together with its entries (redis-scripts/audit.lua), so the first look
- * is a plain GET: a free key is then claimed by claim.lua with the
- * entries of this attempt's claim; a record that answers by itself (a
- * replay, a conflict) is answered, after its entries are appended
- * (append.lua); anything else goes to claim.lua, which says what it would
- * do, and is called again with the entries of that.
+ * The features that take part in a claim (business keys, confirmation,
+ * the audit) do so through their parts (ngx_http_idem_claim_part_t,
+ * ngx_http_idempotency_claim.h): their keys and arguments of claim.lua,
+ * the record written instead of a claim, their reading of the reply.
+ * This file names none of them.
  */
 
 #include <ngx_config.h>
@@ -26,6 +24,11 @@
 #include <openssl/rand.h>
 
 #include "ngx_http_idempotency.h"
+#include "ngx_http_idempotency_claim.h"
+#include "ngx_http_idempotency_close.h"
+#include "ngx_http_idempotency_command.h"
+#include "ngx_http_idempotency_redis.h"
+#include "ngx_http_idempotency_replicas.h"
 
 
 static void ngx_http_idem_claim_done(ngx_http_idem_cmd_t *cmd,
@@ -43,7 +46,39 @@ enum {
 };
 
 static ngx_str_t  ngx_http_idem_set = ngx_string("SET");
-static ngx_str_t  ngx_http_idem_get = ngx_string("GET");
+
+
+/* the parts, in the order they were added (once: a reload adds them again) */
+#define NGX_HTTP_IDEM_CLAIM_PARTS  8
+
+static ngx_http_idem_claim_part_t  *ngx_http_idem_claim_parts[
+                                        NGX_HTTP_IDEM_CLAIM_PARTS];
+static ngx_uint_t                   ngx_http_idem_claim_nparts;
+
+#define ngx_http_idem_each_part(p, i)                                        \
+    for (i = 0; i < ngx_http_idem_claim_nparts                               \
+                && (p = ngx_http_idem_claim_parts[i]) != NULL; i++)
+
+
+ngx_int_t
+ngx_http_idem_claim_add_part(ngx_http_idem_claim_part_t *part)
+{
+    ngx_uint_t  i;
+
+    for (i = 0; i < ngx_http_idem_claim_nparts; i++) {
+        if (ngx_http_idem_claim_parts[i] == part) {
+            return NGX_OK;
+        }
+    }
+
+    if (ngx_http_idem_claim_nparts == NGX_HTTP_IDEM_CLAIM_PARTS) {
+        return NGX_ERROR;
+    }
+
+    ngx_http_idem_claim_parts[ngx_http_idem_claim_nparts++] = part;
+
+    return NGX_OK;
+}
 
 
 /*
@@ -104,44 +139,52 @@ ngx_http_idem_tokens(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
 }
 
 
-static void ngx_http_idem_claim_index(ngx_http_request_t *r,
-    ngx_http_idem_ctx_t *ctx, int64_t ttl);
-
-
-/* the record's TTL: a proposal lives for idempotency_confirm_ttl */
-static int64_t
-ngx_http_idem_claim_ttl(ngx_http_idem_ctx_t *ctx)
+/*
+ * The in_progress record of this attempt; or, as a part would have it,
+ * what it writes instead (a proposal, which has no owner: nothing runs).
+ */
+static void
+ngx_http_idem_claim_fill(ngx_http_idem_ctx_t *ctx, idem_value_t *v)
 {
-    return (int64_t) (ctx->confirm == NGX_HTTP_IDEM_CONFIRM_PROPOSE
-                      ? ctx->conf->confirm_ttl : ctx->conf->ttl) * 1000;
+    ngx_uint_t                   i;
+    ngx_http_idem_claim_part_t  *part;
+
+    ngx_memzero(v, sizeof(idem_value_t));
+
+    v->state = 'i';
+    v->op = (const char *) ctx->op_id.data;
+    v->fp = (const char *) ctx->fingerprint;
+    v->owner = (const char *) ctx->owner;
+    v->created = ctx->created;
+    v->lease_ms = ctx->conf->lease;
+    v->ttl_ms = (int64_t) ctx->conf->ttl * 1000;
+
+    ngx_http_idem_each_part(part, i) {
+        if (part->value) {
+            part->value(ctx, v);
+        }
+    }
 }
 
 
-/*
- * The in_progress record of this attempt, written at p; or, when the
- * request needs an approval it does not carry, its proposal: a record
- * awaiting confirmation, which has no owner since nothing runs.
- */
+static int64_t
+ngx_http_idem_claim_ttl(ngx_http_idem_ctx_t *ctx)
+{
+    idem_value_t  v;
+
+    ngx_http_idem_claim_fill(ctx, &v);
+
+    return v.ttl_ms;
+}
+
+
+/* the record this attempt writes, at p */
 static u_char *
 ngx_http_idem_claim_value(u_char *p, ngx_http_idem_ctx_t *ctx)
 {
     idem_value_t  v;
 
-    ngx_memzero(&v, sizeof(idem_value_t));
-
-    v.state = 'i';
-    v.op = (const char *) ctx->op_id.data;
-    v.fp = (const char *) ctx->fingerprint;
-    v.owner = (const char *) ctx->owner;
-    v.created = ctx->created;
-    v.lease_ms = ctx->conf->lease;
-    v.ttl_ms = ngx_http_idem_claim_ttl(ctx);
-
-    if (ctx->confirm == NGX_HTTP_IDEM_CONFIRM_PROPOSE) {
-        v.state = 'a';
-        v.owner = NULL;
-        v.expires = ctx->created + v.ttl_ms;
-    }
+    ngx_http_idem_claim_fill(ctx, &v);
 
     return (u_char *) idem_value_encode((char *) p, &v);
 }
@@ -179,183 +222,36 @@ ngx_http_idem_claim_set_cmd(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
 }
 
 
-/*
- * idempotency_audit: the entry of the answer the request gets (its
- * event and status, the digest of a replayed response and the upstream's
- * reference kept with it); 0 when the answer has no event (Redis trouble:
- * nothing is known, nothing was done).
- */
-static ngx_uint_t
-ngx_http_idem_claim_answer_entry(ngx_http_request_t *r,
-    ngx_http_idem_ctx_t *ctx, ngx_http_idem_answer_e answer,
-    idem_audit_entry_t *e)
-{
-    ngx_uint_t          status;
-    idem_audit_event_e  event;
-
-    switch (answer) {
-
-    case NGX_HTTP_IDEM_ANS_COMPLETED:
-    case NGX_HTTP_IDEM_ANS_REUSED:
-        event = IDEM_AUDIT_REPLAYED;
-        status = ctx->body_stored ? ctx->stored_status : NGX_HTTP_CONFLICT;
-        break;
-
-    case NGX_HTTP_IDEM_ANS_MISMATCH:
-        event = IDEM_AUDIT_CONFLICT;
-        status = ctx->conf->conflict_status;
-        break;
-
-    case NGX_HTTP_IDEM_ANS_DECLINED:
-        event = IDEM_AUDIT_CONFLICT;
-        status = NGX_HTTP_FORBIDDEN;
-        break;
-
-    case NGX_HTTP_IDEM_ANS_ELSEWHERE:
-        event = IDEM_AUDIT_CONFLICT;
-        status = NGX_HTTP_CONFLICT;
-        break;
-
-    case NGX_HTTP_IDEM_ANS_IN_PROGRESS:
-    case NGX_HTTP_IDEM_ANS_LOCKED:
-        event = IDEM_AUDIT_IN_PROGRESS;
-        status = NGX_HTTP_CONFLICT;
-        break;
-
-    case NGX_HTTP_IDEM_ANS_UNKNOWN:
-        event = IDEM_AUDIT_UNKNOWN;
-        status = NGX_HTTP_CONFLICT;
-        break;
-
-    case NGX_HTTP_IDEM_ANS_RELEASED:
-        event = IDEM_AUDIT_RELEASED;
-        status = ctx->stored_status;
-        break;
-
-    case NGX_HTTP_IDEM_ANS_CONFIRM:
-    case NGX_HTTP_IDEM_ANS_APPROVAL_EXPIRED:
-        event = IDEM_AUDIT_CONFIRMATION_REQUIRED;
-        status = 428;      /* Precondition Required */
-        break;
-
-    default:
-        return 0;
-    }
-
-    ngx_http_idem_audit_entry(ctx, ctx->reused ? IDEM_AUDIT_REUSED : event,
-                              status, e);
-
-    if (answer == NGX_HTTP_IDEM_ANS_LOCKED
-        || answer == NGX_HTTP_IDEM_ANS_ELSEWHERE)
-    {
-        /* the operation holding the lock or identity is not this request's */
-        e->op.len = 0;
-    }
-
-    if (event == IDEM_AUDIT_REPLAYED && ctx->body_stored
-        && ngx_http_idem_audit_digest(r->pool, NULL, &ctx->stored_body,
-                                      &e->response)
-           == NGX_OK)
-    {
-        ngx_http_idem_audit_stored_ref(ctx, e);
-    }
-
-    return 1;
-}
-
-
-/* the answer of the operation whose identity a reuse took, by its state */
-static ngx_http_idem_answer_e
-ngx_http_idem_claim_reuse_answer(ngx_http_idem_ctx_t *ctx)
-{
-    switch (ctx->state.len ? ctx->state.data[0] : 'u') {
-
-    case 'c':
-        return NGX_HTTP_IDEM_ANS_REUSED;
-
-    case 'i':
-        return NGX_HTTP_IDEM_ANS_IN_PROGRESS;
-
-    default:
-        return NGX_HTTP_IDEM_ANS_UNKNOWN;
-    }
-}
-
-
-/*
- * The entries a claim script appends with the change it makes, as
- * ctx->audit_kind says: "attempted" first (once per request), then this
- * attempt's claim ("sent", after "approved" for a signed approval; or the
- * proposal's "confirmation_required"), a reuse or a lapsed lease.
- */
-static ngx_uint_t
-ngx_http_idem_claim_entries(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
-    idem_audit_entry_t *e)
-{
-    ngx_uint_t  n;
-
-    if (ctx->audit_kind == NGX_HTTP_IDEM_AUDIT_DECIDE) {
-        return 0;
-    }
-
-    n = 0;
-
-    if (!ctx->audit_attempted) {
-        ngx_http_idem_audit_entry(ctx, IDEM_AUDIT_ATTEMPTED, 0, &e[n++]);
-    }
-
-    switch (ctx->audit_kind) {
-
-    case NGX_HTTP_IDEM_AUDIT_REUSE:
-        return n + ngx_http_idem_claim_answer_entry(r, ctx,
-                       ngx_http_idem_claim_reuse_answer(ctx), &e[n]);
-
-    case NGX_HTTP_IDEM_AUDIT_UNKNOWN:
-        return n + ngx_http_idem_claim_answer_entry(r, ctx,
-                       NGX_HTTP_IDEM_ANS_UNKNOWN, &e[n]);
-
-    default:
-        break;
-    }
-
-    if (ctx->confirm == NGX_HTTP_IDEM_CONFIRM_PROPOSE) {
-        return n + ngx_http_idem_claim_answer_entry(r, ctx,
-                       NGX_HTTP_IDEM_ANS_CONFIRM, &e[n]);
-    }
-
-    if (ctx->confirm == NGX_HTTP_IDEM_CONFIRM_APPROVED) {
-        ngx_http_idem_audit_entry(ctx, IDEM_AUDIT_APPROVED, 0, &e[n++]);
-    }
-
-    ngx_http_idem_audit_entry(ctx, IDEM_AUDIT_SENT, 0, &e[n++]);
-
-    return n;
-}
-
-
-/* with idempotency_audit: the command carries the entries of ctx->audit_kind */
+/* claim.lua with the parts' keys; a part may build the command itself */
 static ngx_http_idem_cmd_t *
 ngx_http_idem_claim_create(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
     size_t size)
 {
-    u_char               *keys[NGX_HTTP_IDEM_BUSINESS_KEYS];
-    ngx_uint_t            n;
-    idem_audit_entry_t    e[4];
+    u_char                      *keys[NGX_HTTP_IDEM_CLAIM_KEYS];
+    ngx_uint_t                   i, n;
+    ngx_http_idem_cmd_t         *cmd;
+    ngx_http_idem_claim_part_t  *part;
 
-    n = ngx_http_idem_business_args(ctx, keys);
+    n = 0;
 
-    if (ctx->conf->audit == NULL) {
-        return ngx_http_idem_cmd_create_keys(ctx->conf->redis,
-                                             NGX_HTTP_IDEM_SCRIPT_CLAIM,
-                                             ctx->rkey, keys, n, size,
-                                             r->connection->log);
+    ngx_http_idem_each_part(part, i) {
+        if (part->keys) {
+            n += part->keys(ctx, &keys[n]);
+        }
     }
 
-    return ngx_http_idem_audit_cmd(ctx->conf->audit,
-                                   NGX_HTTP_IDEM_SCRIPT_CLAIM, ctx->rkey,
-                                   keys, n, size, &ctx->audit_expect, e,
-                                   ngx_http_idem_claim_entries(r, ctx, e),
-                                   r->connection->log);
+    ngx_http_idem_each_part(part, i) {
+        if (part->create
+            && part->create(r, ctx, keys, n, size, &cmd) != NGX_DECLINED)
+        {
+            return cmd;
+        }
+    }
+
+    return ngx_http_idem_cmd_create_keys(ctx->conf->redis,
+                                         NGX_HTTP_IDEM_SCRIPT_CLAIM,
+                                         ctx->rkey, keys, n, size,
+                                         r->connection->log);
 }
 
 
@@ -363,9 +259,11 @@ static ngx_http_idem_cmd_t *
 ngx_http_idem_claim_script_cmd(ngx_http_request_t *r,
     ngx_http_idem_ctx_t *ctx)
 {
-    u_char                    *p;
-    ngx_http_idem_cmd_t       *cmd;
-    ngx_http_idem_loc_conf_t  *lcf;
+    u_char                      *p;
+    ngx_uint_t                   i;
+    ngx_http_idem_cmd_t         *cmd;
+    ngx_http_idem_loc_conf_t    *lcf;
+    ngx_http_idem_claim_part_t  *part;
 
     lcf = ctx->conf;
 
@@ -391,29 +289,45 @@ ngx_http_idem_claim_script_cmd(ngx_http_request_t *r,
                           lcf->wait ? "1" : "0", 1);
     ngx_http_idem_cmd_set(cmd, NGX_HTTP_IDEM_CLAIM_WAITED, ctx->waited_op,
                           ctx->waited ? NGX_HTTP_IDEM_TOKEN_HEX : 0);
-    ngx_http_idem_cmd_set(cmd, NGX_HTTP_IDEM_CLAIM_APPROVED,
-                          ctx->confirm == NGX_HTTP_IDEM_CONFIRM_APPROVED
-                          ? "1" : "0", 1);
     ngx_http_idem_cmd_set(cmd, NGX_HTTP_IDEM_CLAIM_SCOPE, ctx->stag,
                           ngx_strlen(ctx->stag));
-    ngx_http_idem_cmd_set(cmd, NGX_HTTP_IDEM_CLAIM_LOC, lcf->loc_tag,
-                          ctx->ukey[0] ? ngx_strlen(lcf->loc_tag) : 0);
+
+    ngx_http_idem_each_part(part, i) {
+        if (part->args) {
+            part->args(ctx, cmd);
+        }
+    }
 
     return cmd;
 }
 
 
 /*
- * The audit file alone, on a location without a guard or a wait: the
- * native claim, as without the audit; the claim's entries are written
- * once it is made (a record it meets is read as the audit's GET reads it).
+ * The first look: a part's (the audit's GET), else SET NX GET, or
+ * claim.lua when SET NX cannot look at all it must (a duplicate that
+ * waits, a part's keys)
  */
-static ngx_uint_t
-ngx_http_idem_claim_native_file(ngx_http_idem_ctx_t *ctx)
+static ngx_http_idem_cmd_t *
+ngx_http_idem_claim_look(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
 {
-    return ctx->conf->audit && !ctx->conf->audit->on_stream
-           && ctx->confirm == NGX_HTTP_IDEM_CONFIRM_NONE && !ctx->waiting
-           && ctx->ukey[0] == '\0' && ctx->lkey[0] == '\0';
+    ngx_uint_t                   i;
+    ngx_http_idem_cmd_t         *cmd;
+    ngx_http_idem_claim_part_t  *part;
+
+    ngx_http_idem_each_part(part, i) {
+        if (part->look && part->look(r, ctx, &cmd) != NGX_DECLINED) {
+            return cmd;
+        }
+    }
+
+    ngx_http_idem_each_part(part, i) {
+        if (part->scripted && part->scripted(ctx)) {
+            return ngx_http_idem_claim_script_cmd(r, ctx);
+        }
+    }
+
+    return ctx->waiting ? ngx_http_idem_claim_script_cmd(r, ctx)
+                        : ngx_http_idem_claim_set_cmd(r, ctx);
 }
 
 
@@ -423,17 +337,8 @@ ngx_http_idem_claim_go(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
 {
     ngx_http_idem_cmd_t  *cmd;
 
-    if (script) {
-        cmd = ngx_http_idem_claim_script_cmd(r, ctx);
-
-    } else if (ctx->conf->audit && !ngx_http_idem_claim_native_file(ctx)) {
-        /* the first look changes nothing: claim.lua does, with entries */
-        cmd = ngx_http_idem_cmd_native(ctx->conf->redis, &ngx_http_idem_get,
-                                       0, ctx->rkey, 0, r->connection->log);
-
-    } else {
-        cmd = ngx_http_idem_claim_set_cmd(r, ctx);
-    }
+    cmd = script ? ngx_http_idem_claim_script_cmd(r, ctx)
+                 : ngx_http_idem_claim_look(r, ctx);
 
     if (cmd == NULL
         || ngx_http_idem_cmd_send(cmd, ngx_http_idem_claim_done, ctx)
@@ -457,28 +362,28 @@ ngx_http_idem_claim_go(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
 ngx_int_t
 ngx_http_idem_claim_send(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
 {
+    ngx_uint_t                   i;
+    ngx_http_idem_claim_part_t  *part;
+
     ctx->phase = NGX_HTTP_IDEM_CLAIMING;
 
-    if (ngx_http_idem_tokens(r, ctx) == NGX_OK
-        && ngx_http_idem_business_keys(r, ctx) == NGX_OK
-        && (ctx->conf->audit == NULL
-            || ngx_http_idem_audit_prepare(r, ctx) == NGX_OK))
-    {
-        ctx->created = ngx_http_idem_now_ms();
+    if (ngx_http_idem_tokens(r, ctx) != NGX_OK) {
+        goto down;
+    }
 
-        /*
-         * SET NX cannot look at a business identity or a lock: with one
-         * of them the first look is claim.lua's (with the audit it is a
-         * GET, which looks at nothing else)
-         */
-        if (ngx_http_idem_claim_go(r, ctx, ctx->conf->audit == NULL
-                                           && (ctx->waiting || ctx->ukey[0]
-                                               || ctx->lkey[0]))
-            == NGX_OK)
-        {
-            return NGX_OK;
+    ngx_http_idem_each_part(part, i) {
+        if (part->prepare && part->prepare(r, ctx) != NGX_OK) {
+            goto down;
         }
     }
+
+    ctx->created = ngx_http_idem_now_ms();
+
+    if (ngx_http_idem_claim_go(r, ctx, 0) == NGX_OK) {
+        return NGX_OK;
+    }
+
+down:
 
     ctx->answer = NGX_HTTP_IDEM_ANS_STORE_DOWN;
     ctx->phase = NGX_HTTP_IDEM_ANSWERED;
@@ -487,7 +392,7 @@ ngx_http_idem_claim_send(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
 }
 
 
-static void
+void
 ngx_http_idem_set_state(ngx_http_idem_ctx_t *ctx, char state)
 {
     const char  *name;
@@ -499,7 +404,7 @@ ngx_http_idem_set_state(ngx_http_idem_ctx_t *ctx, char state)
 
 
 /* the operation the request met, copied out of the reply */
-static ngx_int_t
+ngx_int_t
 ngx_http_idem_claim_op(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
     const char *id)
 {
@@ -519,7 +424,7 @@ ngx_http_idem_claim_op(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
 
 
 /* the record that holds the key, copied out of the reply */
-static ngx_int_t
+ngx_int_t
 ngx_http_idem_claim_record(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
     idem_value_t *v)
 {
@@ -553,137 +458,46 @@ ngx_http_idem_claim_record(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
 }
 
 
-/* a recorded approval: the request is claimed as its approver's */
-static ngx_int_t
-ngx_http_idem_claim_approver(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
-    const char *approver, size_t len)
-{
-    ctx->approver.data = ngx_pnalloc(r->pool, len);
-    if (ctx->approver.data == NULL) {
-        return NGX_ERROR;
-    }
-
-    ngx_memcpy(ctx->approver.data, approver, len);
-    ctx->approver.len = len;
-    ctx->confirm = NGX_HTTP_IDEM_CONFIRM_RECORDED;
-
-    return NGX_OK;
-}
-
-
-/*
- * claim.lua claimed a proposal of this request without the module's
- * first look (a waiter, a business value): the operation is the
- * proposal's, as the person approved it, and its approver the recorded
- * one when it was claimed with that
- */
-static ngx_int_t
-ngx_http_idem_claim_took(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
-    idem_claim_t *c)
-{
-    if (ngx_http_idem_claim_op(r, ctx, c->op) != NGX_OK) {
-        return NGX_ERROR;
-    }
-
-    return c->approver
-           ? ngx_http_idem_claim_approver(r, ctx, c->approver,
-                                          c->approver_len)
-           : NGX_OK;
-}
-
-
-/*
- * A proposal of this request's fingerprint, or its recorded approval:
- * only claim.lua may turn it into a claim, with the approval the request
- * carries or the one the record holds (ctx->op_id, the proposal's, is then
- * the operation's).
- */
-static ngx_http_idem_answer_e
-ngx_http_idem_claim_proposal(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
-    idem_value_t *v)
-{
-    int64_t  left;
-
-    ctx->proposal_expires = v->expires;
-
-    if (ctx->confirm == NGX_HTTP_IDEM_CONFIRM_APPROVED) {
-        return NGX_HTTP_IDEM_ANS_NONE;
-    }
-
-    if (v->state == 'a') {
-        /*
-         * The proposal sent again: its operation-id index may have been
-         * evicted, and without it the approval endpoint cannot find the
-         * operation until the proposal expires.  Written again, for the
-         * proposal's life left.
-         */
-        left = v->expires - ngx_http_idem_now_ms();
-
-        if (left > 0) {
-            ngx_http_idem_claim_index(r, ctx, left);
-        }
-
-        return NGX_HTTP_IDEM_ANS_CONFIRM;
-    }
-
-    /* RECORDED: claim.lua has refused it already, by Redis's clock */
-    if (ctx->confirm == NGX_HTTP_IDEM_CONFIRM_RECORDED
-        || v->approved_until <= ngx_http_idem_now_ms())
-    {
-        return NGX_HTTP_IDEM_ANS_APPROVAL_EXPIRED;
-    }
-
-    return ngx_http_idem_claim_approver(r, ctx, v->approver, v->approver_len)
-           == NGX_OK
-           ? NGX_HTTP_IDEM_ANS_NONE : NGX_HTTP_IDEM_ANS_STORE_ERROR;
-}
-
-
 /*
  * What a record that holds the key means for this request: NONE when only
- * claim.lua can tell (a claim in flight, a marker, an approved proposal).
- * A claim seen by the first look ("look") may have its completion beside
- * it (idempotency_complete_beside), which only claim.lua reads: a changed
- * request is then told the state the key is really in.
+ * claim.lua can tell (a claim in flight, a marker), which claim.lua itself
+ * never answers ("look": the first look's record, not claim.lua's).  A
+ * claim seen by the first look may have its completion beside it
+ * (idempotency_complete_beside), which only claim.lua reads: a changed
+ * request is then told the state the key is really in.  A part may know
+ * the record's state better (a proposal, a declined one).
  */
-static ngx_http_idem_answer_e
+ngx_http_idem_answer_e
 ngx_http_idem_claim_held(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
     idem_value_t *v, ngx_uint_t look)
 {
-    ngx_uint_t  same;
-
-    if (v->state == 'r') {
-        return NGX_HTTP_IDEM_ANS_NONE;
-    }
-
-    /* an alias (idempotency_unique) answers what the operation it names does */
-    if (v->state == 's'
-        && ngx_memcmp(v->fp, ctx->fingerprint, IDEM_FP_HEX_LEN) == 0)
-    {
-        return NGX_HTTP_IDEM_ANS_NONE;
-    }
+    ngx_uint_t                   i, same;
+    ngx_http_idem_answer_e       answer;
+    ngx_http_idem_claim_part_t  *part;
 
     same = ngx_memcmp(v->fp, ctx->fingerprint, IDEM_FP_HEX_LEN) == 0;
 
-    if (v->state == 'i' && (same || look)) {
-        return NGX_HTTP_IDEM_ANS_NONE;
+    /* an alias (idempotency_unique) answers what the operation it names does */
+    if (v->state == 'r' || (v->state == 's' && same)
+        || (v->state == 'i' && (same || look)))
+    {
+        return look ? NGX_HTTP_IDEM_ANS_NONE : NGX_HTTP_IDEM_ANS_STORE_ERROR;
     }
 
     if (ngx_http_idem_claim_record(r, ctx, v) != NGX_OK) {
         return NGX_HTTP_IDEM_ANS_STORE_ERROR;
     }
 
-    /* a person said no to what this key proposed: no request of it runs */
-    if (v->state == 'd') {
-        return NGX_HTTP_IDEM_ANS_DECLINED;
+    ngx_http_idem_each_part(part, i) {
+        if (part->held
+            && part->held(r, ctx, v, same, look, &answer) != NGX_DECLINED)
+        {
+            return answer;
+        }
     }
 
     if (!same) {
         return NGX_HTTP_IDEM_ANS_MISMATCH;
-    }
-
-    if (v->state == 'a' || v->state == 'p') {
-        return ngx_http_idem_claim_proposal(r, ctx, v);
     }
 
     return v->state == 'c' ? NGX_HTTP_IDEM_ANS_COMPLETED
@@ -691,228 +505,31 @@ ngx_http_idem_claim_held(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
 }
 
 
-/*
- * The operation id of a new proposal names its record for the approval
- * endpoint (idempotency_approve), which is given the id and not the key:
- * SET <IDEM_OPERATION_PREFIX><op id>} <record key><proposal> PX <proposal
- * TTL>, the proposal as the 428 shows it (JSON, at most
- * NGX_HTTP_IDEM_PROPOSAL_MAX bytes; a larger one is not kept, and the
- * approval page and idempotency-approve then refuse to show it).  It is
- * sent before the 428 leaves, so Redis has it before anybody can read the
- * id; if it fails, the approval endpoint answers 404 and a signed
- * approval still works.
- */
-#define NGX_HTTP_IDEM_PROPOSAL_MAX  (64 * 1024)
-
-typedef char  ngx_http_idem_index_len_check[
-    IDEM_OPERATION_KEY_LEN == IDEM_RECORD_KEY_LEN ? 1 : -1];
-
-enum {
-    NGX_HTTP_IDEM_INDEX_VALUE = 0,
-    NGX_HTTP_IDEM_INDEX_PX,
-    NGX_HTTP_IDEM_INDEX_TTL,
-    NGX_HTTP_IDEM_INDEX_NARGS
-};
-
-static ngx_str_t  ngx_http_idem_zadd = ngx_string("ZADD");
-static ngx_str_t  ngx_http_idem_zrem_score = ngx_string("ZREMRANGEBYSCORE");
-static ngx_str_t  ngx_http_idem_zrem_rank = ngx_string("ZREMRANGEBYRANK");
-
-typedef char  ngx_http_idem_pending_len_check[
-    sizeof(IDEM_PENDING_KEY) - 1 == IDEM_RECORD_KEY_LEN ? 1 : -1];
-
-
-/*
- * The approval page's list of pending operations (IDEM_PENDING_KEY):
- * this one added with its end, the ended ones and those beyond
- * IDEM_PENDING_MAX removed.  Three commands of O(log N) (plus what they
- * remove); nobody waits for them, and a lost one only shortens the list.
- */
-static void
-ngx_http_idem_claim_pending(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
-{
-    ngx_uint_t            i;
-    ngx_http_idem_cmd_t  *cmd[3];
-    ngx_http_idem_redis_t  *rd;
-
-    rd = ctx->conf->redis;
-
-    cmd[0] = ngx_http_idem_cmd_native(rd, &ngx_http_idem_zadd, 2,
-                                      (u_char *) IDEM_PENDING_KEY,
-                                      ctx->op_id.len + NGX_INT64_LEN,
-                                      r->connection->log);
-    cmd[1] = ngx_http_idem_cmd_native(rd, &ngx_http_idem_zrem_score, 2,
-                                      (u_char *) IDEM_PENDING_KEY,
-                                      NGX_INT64_LEN + 8, r->connection->log);
-    cmd[2] = ngx_http_idem_cmd_native(rd, &ngx_http_idem_zrem_rank, 2,
-                                      (u_char *) IDEM_PENDING_KEY,
-                                      NGX_INT64_LEN + 8, r->connection->log);
-
-    if (cmd[0] == NULL || cmd[1] == NULL || cmd[2] == NULL) {
-        return;
-    }
-
-    ngx_http_idem_cmd_set_num(cmd[0], 0, ctx->proposal_expires);
-    ngx_http_idem_cmd_set(cmd[0], 1, ctx->op_id.data, ctx->op_id.len);
-    ngx_http_idem_cmd_set(cmd[1], 0, "-inf", 4);
-    ngx_http_idem_cmd_set_num(cmd[1], 1, ngx_http_idem_now_ms());
-    ngx_http_idem_cmd_set_num(cmd[2], 0, 0);
-    ngx_http_idem_cmd_set_num(cmd[2], 1, -(IDEM_PENDING_MAX + 1));
-
-    for (i = 0; i < 3; i++) {
-        (void) ngx_http_idem_cmd_send(cmd[i], NULL, NULL);
-    }
-}
-
-
-static void
-ngx_http_idem_claim_index(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
-    int64_t ttl)
-{
-    u_char               *key, *p;
-    size_t                len;
-    ngx_http_idem_cmd_t  *cmd;
-
-    key = ngx_http_idem_operation_key(r->pool, &ctx->op_id);
-    if (key == NULL) {
-        return;
-    }
-
-    len = ngx_strlen(ctx->rkey);
-
-    /* made by idempotency_confirm's code, which the claim does not call */
-    if (ctx->propose == NULL || ctx->propose(r, ctx) != NGX_OK
-        || ctx->proposal.len > NGX_HTTP_IDEM_PROPOSAL_MAX)
-    {
-        ngx_str_null(&ctx->proposal);
-    }
-
-    cmd = ngx_http_idem_cmd_native(ctx->conf->redis, &ngx_http_idem_set,
-                                   NGX_HTTP_IDEM_INDEX_NARGS, key,
-                                   len + ctx->proposal.len + NGX_INT64_LEN
-                                   + 2, r->connection->log);
-    if (cmd == NULL) {
-        return;
-    }
-
-    p = ngx_http_idem_cmd_start(cmd, NGX_HTTP_IDEM_INDEX_VALUE);
-    p = ngx_cpymem(p, ctx->rkey, len);
-
-    if (ctx->proposal.len) {
-        p = ngx_cpymem(p, ctx->proposal.data, ctx->proposal.len);
-    }
-
-    ngx_http_idem_cmd_end(cmd, NGX_HTTP_IDEM_INDEX_VALUE, p);
-    ngx_http_idem_cmd_set(cmd, NGX_HTTP_IDEM_INDEX_PX, "PX", 2);
-    ngx_http_idem_cmd_set_num(cmd, NGX_HTTP_IDEM_INDEX_TTL, ttl);
-
-    (void) ngx_http_idem_cmd_send(cmd, NULL, NULL);
-}
-
-
-/*
- * idempotency_unique: the operation of another key holds the request's
- * business identity; its answer is this request's, under its id.
- */
-static ngx_http_idem_answer_e
-ngx_http_idem_claim_reused(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
-    idem_claim_t *c)
-{
-    if (ngx_http_idem_claim_record(r, ctx, &c->rec) != NGX_OK) {
-        return NGX_HTTP_IDEM_ANS_STORE_ERROR;
-    }
-
-    ctx->reused = 1;
-    ngx_str_set(&ctx->problem_extra, ",\"reused\":true");
-
-    switch (c->rec.state) {
-
-    case 'c':
-        return NGX_HTTP_IDEM_ANS_REUSED;
-
-    case 'i':
-        ctx->lease_left = (ngx_msec_t) c->lease_left;
-        return NGX_HTTP_IDEM_ANS_IN_PROGRESS;
-
-    default: /* 'u' */
-        return NGX_HTTP_IDEM_ANS_UNKNOWN;
-    }
-}
-
-
-/*
- * idempotency_lock: another operation holds the lock; nothing was
- * written.  Its id is told only to a request of its own scope.
- */
-static ngx_http_idem_answer_e
-ngx_http_idem_claim_locked(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
-    idem_claim_t *c)
-{
-    ngx_str_null(&ctx->op_id);
-
-    /* in flight: as soon as it may end; unknown: an operator resolves it */
-    ctx->retry_after = c->lease_left ? 1 : 60;
-
-    if (c->op && ngx_http_idem_claim_op(r, ctx, c->op) != NGX_OK) {
-        return NGX_HTTP_IDEM_ANS_STORE_ERROR;
-    }
-
-    return NGX_HTTP_IDEM_ANS_LOCKED;
-}
-
-
-/* the key was free: this request's claim, or its proposal's record */
-static ngx_http_idem_answer_e
-ngx_http_idem_claim_claimed(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
-    idem_claim_t *c)
-{
-    if (ctx->confirm == NGX_HTTP_IDEM_CONFIRM_PROPOSE) {
-        /* what was written is the proposal: nothing may run */
-        ngx_http_idem_set_state(ctx, 'a');
-        ctx->proposal_expires = ctx->created + ngx_http_idem_claim_ttl(ctx);
-        ngx_http_idem_claim_index(r, ctx, ngx_http_idem_claim_ttl(ctx));
-        ngx_http_idem_claim_pending(r, ctx);
-        return NGX_HTTP_IDEM_ANS_CONFIRM;
-    }
-
-    /* a proposal claimed by claim.lua first: its operation now */
-    if (c->op && ngx_http_idem_claim_took(r, ctx, c) != NGX_OK) {
-        return NGX_HTTP_IDEM_ANS_STORE_ERROR;
-    }
-
-    ngx_http_idem_set_state(ctx, 'i');
-    return NGX_HTTP_IDEM_ANS_CLAIMED;
-}
-
-
+/* what claim.lua said, when no part reads it */
 static ngx_http_idem_answer_e
 ngx_http_idem_claim_decoded(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
     idem_claim_t *c, ngx_uint_t script)
 {
-    ngx_http_idem_answer_e  answer;
+    ngx_uint_t                   i;
+    ngx_http_idem_answer_e       answer;
+    ngx_http_idem_claim_part_t  *part;
+
+    ngx_http_idem_each_part(part, i) {
+        if (part->decoded
+            && part->decoded(r, ctx, c, &answer) != NGX_DECLINED)
+        {
+            return answer;
+        }
+    }
 
     switch (c->kind) {
 
     case IDEM_CLAIM_CLAIMED:
-        return ngx_http_idem_claim_claimed(r, ctx, c);
+        ngx_http_idem_set_state(ctx, 'i');
+        return NGX_HTTP_IDEM_ANS_CLAIMED;
 
     case IDEM_CLAIM_RECORD:
-        answer = ngx_http_idem_claim_held(r, ctx, &c->rec, !script);
-
-        /*
-         * claim.lua decides in flight claims and markers itself; only a
-         * recorded approval it found for a caller that sent a proposal
-         * (a duplicate that waited) is claimed once more, with a claim.
-         */
-        if (answer == NGX_HTTP_IDEM_ANS_NONE && script) {
-            if (c->rec.state != 'p' || ctx->reclaimed) {
-                return NGX_HTTP_IDEM_ANS_STORE_ERROR;
-            }
-
-            ctx->reclaimed = 1;
-        }
-
-        return answer;
+        return ngx_http_idem_claim_held(r, ctx, &c->rec, !script);
 
     case IDEM_CLAIM_IN_PROGRESS:
         if (ngx_http_idem_claim_record(r, ctx, &c->rec) != NGX_OK) {
@@ -923,17 +540,6 @@ ngx_http_idem_claim_decoded(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
         ctx->waited = 1;
         ctx->lease_left = (ngx_msec_t) c->lease_left;
         return NGX_HTTP_IDEM_ANS_IN_PROGRESS;
-
-    case IDEM_CLAIM_REUSED:
-        return ngx_http_idem_claim_reused(r, ctx, c);
-
-    case IDEM_CLAIM_LOCKED:
-        return ngx_http_idem_claim_locked(r, ctx, c);
-
-    case IDEM_CLAIM_ELSEWHERE:
-        /* the holder is another location's: its id is not this request's */
-        ngx_str_null(&ctx->op_id);
-        return NGX_HTTP_IDEM_ANS_ELSEWHERE;
 
     case IDEM_CLAIM_RELEASED:
         if (ngx_http_idem_claim_record(r, ctx, &c->rec) != NGX_OK) {
@@ -954,151 +560,26 @@ ngx_http_idem_claim_decoded(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
 }
 
 
-/*
- * idempotency_audit: claim.lua said what it would do, and did nothing:
- * {"audit-decide", want, kind, basis, reply}.  The request learns what it
- * needs of the record decided on; the next claim.lua carries the entries
- * of that decision, made for "want".
- */
-static ngx_http_idem_answer_e
-ngx_http_idem_claim_decide(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
-    redisReply *reply)
+/* the first look's SET NX GET, not a part's look nor claim.lua */
+ngx_uint_t
+ngx_http_idem_claim_native(ngx_http_idem_cmd_t *cmd)
+{
+    return cmd->script != NGX_HTTP_IDEM_SCRIPT_CLAIM
+           && cmd->argc == cmd->arg0 + NGX_HTTP_IDEM_SET_NARGS;
+}
+
+
+/* the reply of SET NX GET or of claim.lua: NONE when claim.lua must look */
+ngx_http_idem_answer_e
+ngx_http_idem_claim_decode(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
+    ngx_http_idem_cmd_t *cmd, redisReply *reply)
 {
     size_t        n;
-    ngx_str_t     want, kind, basis;
+    ngx_uint_t    script;
     idem_rv_t     el[IDEM_CLAIM_ELEMS];
     idem_claim_t  c;
 
-    if (reply->elements != 5
-        || ngx_http_idem_reply_str(reply->element[1], &want) != NGX_OK
-        || ngx_http_idem_reply_str(reply->element[2], &kind) != NGX_OK
-        || ngx_http_idem_reply_str(reply->element[3], &basis) != NGX_OK
-        || reply->element[4]->type != REDIS_REPLY_ARRAY)
-    {
-        return NGX_HTTP_IDEM_ANS_STORE_ERROR;
-    }
-
-    ctx->audit_expect.data = ngx_pstrdup(r->pool, &want);
-    ctx->audit_expect.len = want.len;
-
-    n = ngx_http_idem_reply_elements(reply->element[4], el, IDEM_CLAIM_ELEMS);
-    idem_claim_decode(el, n, &c);
-
-    if (ctx->audit_expect.data == NULL) {
-        return NGX_HTTP_IDEM_ANS_STORE_ERROR;
-    }
-
-    if (kind.len == 5 && ngx_strncmp(kind.data, "claim", 5) == 0) {
-        ctx->audit_kind = NGX_HTTP_IDEM_AUDIT_CLAIM;
-        return NGX_HTTP_IDEM_ANS_NONE;
-    }
-
-    if (kind.len == 7 && ngx_strncmp(kind.data, "approve", 7) == 0
-        && idem_value_decode((char *) basis.data, basis.len, &c.rec) == 0
-        && ngx_http_idem_claim_record(r, ctx, &c.rec) == NGX_OK
-        && (c.rec.state != 'p'
-            || ngx_http_idem_claim_approver(r, ctx, c.rec.approver,
-                                            c.rec.approver_len) == NGX_OK))
-    {
-        ctx->audit_kind = NGX_HTTP_IDEM_AUDIT_APPROVE;
-        return NGX_HTTP_IDEM_ANS_NONE;
-    }
-
-    if (kind.len == 5 && ngx_strncmp(kind.data, "reuse", 5) == 0
-        && c.kind == IDEM_CLAIM_REUSED
-        && ngx_http_idem_claim_reused(r, ctx, &c)
-           != NGX_HTTP_IDEM_ANS_STORE_ERROR)
-    {
-        ctx->audit_kind = NGX_HTTP_IDEM_AUDIT_REUSE;
-        return NGX_HTTP_IDEM_ANS_NONE;
-    }
-
-    if (kind.len == 7 && ngx_strncmp(kind.data, "unknown", 7) == 0
-        && c.kind == IDEM_CLAIM_RECORD && c.rec.state == 'u'
-        && ngx_http_idem_claim_record(r, ctx, &c.rec) == NGX_OK)
-    {
-        ctx->audit_kind = NGX_HTTP_IDEM_AUDIT_UNKNOWN;
-        return NGX_HTTP_IDEM_ANS_NONE;
-    }
-
-    return NGX_HTTP_IDEM_ANS_STORE_ERROR;
-}
-
-
-/*
- * idempotency_audit: the first look is a GET.  A free key is claimed by
- * claim.lua with this attempt's entries; a record is read as SET NX GET's
- * would be, and what only claim.lua can tell it decides first (a marker
- * is most likely taken over: claimed at once).
- */
-static ngx_http_idem_answer_e
-ngx_http_idem_claim_looked(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
-    redisReply *reply)
-{
-    idem_claim_t            c;
-    ngx_http_idem_answer_e  answer;
-
-    ngx_str_set(&ctx->audit_expect, "claim");
-    ctx->audit_kind = NGX_HTTP_IDEM_AUDIT_CLAIM;
-
-    if (reply->type == REDIS_REPLY_NIL) {
-        return NGX_HTTP_IDEM_ANS_NONE;
-    }
-
-    if (reply->type != REDIS_REPLY_STRING
-        || idem_claim_set_decode(reply->str, reply->len, &c)
-           != IDEM_CLAIM_RECORD)
-    {
-        /* layout 1, or a value claim.lua refuses in its own words */
-        ngx_str_set(&ctx->audit_expect, "-");
-        ctx->audit_kind = NGX_HTTP_IDEM_AUDIT_DECIDE;
-        return NGX_HTTP_IDEM_ANS_NONE;
-    }
-
-    answer = ngx_http_idem_claim_held(r, ctx, &c.rec, 1);
-
-    if (answer == NGX_HTTP_IDEM_ANS_NONE && c.rec.state != 'r') {
-        ngx_str_set(&ctx->audit_expect, "-");
-        ctx->audit_kind = NGX_HTTP_IDEM_AUDIT_DECIDE;
-    }
-
-    return answer;
-}
-
-
-/* the claim's reply: NONE when claim.lua must look next */
-static ngx_http_idem_answer_e
-ngx_http_idem_claim_parse(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
-    ngx_http_idem_cmd_t *cmd, redisReply *reply)
-{
-    size_t                  n;
-    ngx_uint_t              script;
-    idem_rv_t               el[IDEM_CLAIM_ELEMS];
-    idem_claim_t            c;
-    ngx_http_idem_answer_e  answer;
-
     script = (cmd->script == NGX_HTTP_IDEM_SCRIPT_CLAIM);
-
-    if (reply == NULL) {
-        return NGX_HTTP_IDEM_ANS_STORE_DOWN;
-    }
-
-    /* a native claim made (the audit file alone) is decoded as without */
-    if (ctx->conf->audit && !script
-        && !(reply->type == REDIS_REPLY_NIL
-             && cmd->argc == cmd->arg0 + NGX_HTTP_IDEM_SET_NARGS))
-    {
-        return ngx_http_idem_claim_looked(r, ctx, reply);
-    }
-
-    if (ctx->conf->audit && reply->type == REDIS_REPLY_ARRAY
-        && reply->elements > 0
-        && reply->element[0]->type == REDIS_REPLY_STRING
-        && reply->element[0]->len == 12
-        && ngx_strncmp(reply->element[0]->str, "audit-decide", 12) == 0)
-    {
-        return ngx_http_idem_claim_decide(r, ctx, reply);
-    }
 
     if (reply->type == REDIS_REPLY_ERROR) {
         if (!script) {
@@ -1128,15 +609,32 @@ ngx_http_idem_claim_parse(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
         c.kind = IDEM_CLAIM_INVALID;
     }
 
-    answer = ngx_http_idem_claim_decoded(r, ctx, &c, script);
+    return ngx_http_idem_claim_decoded(r, ctx, &c, script);
+}
 
-    if (answer == NGX_HTTP_IDEM_ANS_NONE && ctx->conf->audit) {
-        /* a recorded approval to claim again: claim.lua decides first */
-        ngx_str_set(&ctx->audit_expect, "-");
-        ctx->audit_kind = NGX_HTTP_IDEM_AUDIT_DECIDE;
+
+/* the claim's reply, read by a part or as it is */
+static ngx_http_idem_answer_e
+ngx_http_idem_claim_parse(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
+    ngx_http_idem_cmd_t *cmd, redisReply *reply)
+{
+    ngx_uint_t                   i;
+    ngx_http_idem_answer_e       answer;
+    ngx_http_idem_claim_part_t  *part;
+
+    if (reply == NULL) {
+        return NGX_HTTP_IDEM_ANS_STORE_DOWN;
     }
 
-    return answer;
+    ngx_http_idem_each_part(part, i) {
+        if (part->parse
+            && part->parse(r, ctx, cmd, reply, &answer) != NGX_DECLINED)
+        {
+            return answer;
+        }
+    }
+
+    return ngx_http_idem_claim_decode(r, ctx, cmd, reply);
 }
 
 
@@ -1149,9 +647,9 @@ ngx_http_idem_claim_made(ngx_http_idem_cmd_t *cmd, redisReply *reply)
     idem_claim_t  c;
 
     if (cmd->script != NGX_HTTP_IDEM_SCRIPT_CLAIM
-        && cmd->argc != cmd->arg0 + NGX_HTTP_IDEM_SET_NARGS)
+        && !ngx_http_idem_claim_native(cmd))
     {
-        return 0;   /* idempotency_audit's first look: a GET */
+        return 0;   /* a part's first look (the audit's GET) */
     }
 
     if (reply == NULL) {
@@ -1220,7 +718,7 @@ ngx_http_idem_resume(ngx_http_idem_ctx_t *ctx)
 
 
 /* the request goes on with the claim's answer */
-static void
+void
 ngx_http_idem_claim_answered(ngx_http_idem_ctx_t *ctx)
 {
     ctx->phase = NGX_HTTP_IDEM_ANSWERED;
@@ -1252,47 +750,6 @@ ngx_http_idem_claim_unreplicated(ngx_http_request_t *r,
     }
 
     ctx->answer = NGX_HTTP_IDEM_ANS_NOT_REPLICATED;
-    (void) ngx_http_idem_finish(r, ctx, NGX_HTTP_IDEM_END_RELEASE);
-}
-
-
-/* a native claim made with the audit file alone: its entries, now */
-static void
-ngx_http_idem_claim_native_entries(ngx_http_request_t *r,
-    ngx_http_idem_ctx_t *ctx)
-{
-    ngx_uint_t          n;
-    idem_audit_entry_t  e[4];
-
-    ctx->audit_kind = NGX_HTTP_IDEM_AUDIT_CLAIM;
-    n = ngx_http_idem_claim_entries(r, ctx, e);
-
-    if (ngx_http_idem_audit_direct(ctx->conf->audit, e, n,
-                                   r->connection->log)
-        == NGX_ERROR)
-    {
-        ctx->audit_unrecorded = 1;
-    }
-
-    ctx->audit_attempted = 1;
-}
-
-
-/*
- * idempotency_audit file=: the audit file could not record the claim, so
- * the upstream must not see the request (as Vault refuses a request no
- * audit device records); given back, the key is free for the retry.
- */
-static void
-ngx_http_idem_claim_unrecorded(ngx_http_request_t *r,
-    ngx_http_idem_ctx_t *ctx)
-{
-    ngx_log_error(NGX_LOG_ALERT, r->connection->log, 0,
-                  "idempotency: the audit file could not record the claim "
-                  "of key \"%V\"; it is released and answered 503",
-                  &ctx->key);
-
-    ctx->answer = NGX_HTTP_IDEM_ANS_AUDIT_DOWN;
     (void) ngx_http_idem_finish(r, ctx, NGX_HTTP_IDEM_END_RELEASE);
 }
 
@@ -1337,59 +794,37 @@ ngx_http_idem_claim_replicate(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
 }
 
 
-/*
- * idempotency_audit's part of a claim's reply (ngx_http_idem_audit_reply):
- * NGX_OK to go on with *reply, NGX_DONE when the reply is dealt with.
- */
+/* NGX_DONE: a part has dealt with the reply, or the answer, itself */
 static ngx_int_t
-ngx_http_idem_claim_audited(ngx_http_idem_cmd_t *cmd, redisReply **reply)
+ngx_http_idem_claim_parts_reply(ngx_http_idem_cmd_t *cmd, redisReply **reply)
 {
-    ngx_http_idem_cmd_t  *next;
-    ngx_http_idem_ctx_t  *ctx;
+    ngx_uint_t                   i;
+    ngx_http_idem_claim_part_t  *part;
 
-    ctx = cmd->data;
-
-    switch (ngx_http_idem_audit_reply(cmd, reply, &next)) {
-
-    case NGX_AGAIN:
-        ctx->cmd = next;    /* one nobody waits for is not sent again */
-        return NGX_DONE;
-
-    case NGX_DECLINED:
-        return NGX_DONE;
-
-    case NGX_ERROR:
-        if (ctx) {
-            /* nothing was written: the request is answered 503 */
-            ctx->cmd = NULL;
-            ctx->answer = NGX_HTTP_IDEM_ANS_STORE_DOWN;
-            ngx_http_idem_claim_answered(ctx);
+    ngx_http_idem_each_part(part, i) {
+        if (part->reply && part->reply(cmd, reply) == NGX_DONE) {
+            return NGX_DONE;
         }
-
-        return NGX_DONE;
-
-    case NGX_ABORT:
-        if (ctx) {
-            ctx->audit_unrecorded = 1;
-        }
-
-        /* fall through */
-
-    case NGX_DONE:
-        if (ctx) {
-            ctx->audit_attempted = 1;
-            ctx->audit_answered = ctx->audit_kind == NGX_HTTP_IDEM_AUDIT_REUSE
-                                  || ctx->audit_kind
-                                     == NGX_HTTP_IDEM_AUDIT_UNKNOWN
-                                  || ctx->confirm
-                                     == NGX_HTTP_IDEM_CONFIRM_PROPOSE;
-        }
-
-        return NGX_OK;
-
-    default:
-        return NGX_OK;
     }
+
+    return NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_http_idem_claim_parts_answered(ngx_http_request_t *r,
+    ngx_http_idem_ctx_t *ctx, ngx_http_idem_cmd_t *cmd)
+{
+    ngx_uint_t                   i;
+    ngx_http_idem_claim_part_t  *part;
+
+    ngx_http_idem_each_part(part, i) {
+        if (part->answered && part->answered(r, ctx, cmd) == NGX_DONE) {
+            return NGX_DONE;
+        }
+    }
+
+    return NGX_OK;
 }
 
 
@@ -1399,7 +834,7 @@ ngx_http_idem_claim_done(ngx_http_idem_cmd_t *cmd, redisReply *reply)
     ngx_http_request_t   *r;
     ngx_http_idem_ctx_t  *ctx;
 
-    if (ngx_http_idem_claim_audited(cmd, &reply) == NGX_DONE) {
+    if (ngx_http_idem_claim_parts_reply(cmd, &reply) == NGX_DONE) {
         return;
     }
 
@@ -1420,16 +855,7 @@ ngx_http_idem_claim_done(ngx_http_idem_cmd_t *cmd, redisReply *reply)
 
     ctx->answer = ngx_http_idem_claim_parse(r, ctx, cmd, reply);
 
-    if (ctx->answer == NGX_HTTP_IDEM_ANS_CLAIMED && ctx->conf->audit
-        && !ctx->conf->audit->on_stream
-        && cmd->script != NGX_HTTP_IDEM_SCRIPT_CLAIM)
-    {
-        ngx_http_idem_claim_native_entries(r, ctx);
-    }
-
-    if (ctx->answer == NGX_HTTP_IDEM_ANS_CLAIMED && ctx->audit_unrecorded) {
-        ngx_http_idem_claim_unrecorded(r, ctx);
-        ngx_http_idem_claim_answered(ctx);
+    if (ngx_http_idem_claim_parts_answered(r, ctx, cmd) == NGX_DONE) {
         return;
     }
 
@@ -1446,93 +872,4 @@ ngx_http_idem_claim_done(ngx_http_idem_cmd_t *cmd, redisReply *reply)
     }
 
     ngx_http_idem_claim_answered(ctx);
-}
-
-
-static void
-ngx_http_idem_claim_audit_done(ngx_http_idem_cmd_t *cmd, redisReply *reply)
-{
-    ngx_uint_t            appended;
-    ngx_http_idem_ctx_t  *ctx;
-
-    ctx = cmd->data;
-
-    if (ngx_http_idem_audit_ctx_reply(cmd, &reply, &appended) == NGX_DONE) {
-        return;
-    }
-
-    ctx->audit_answered = 1;
-
-    if (appended) {
-        ctx->audit_attempted = 1;
-
-    } else {
-        /* not in the stream, so not given: nothing was done, retry */
-        ctx->answer = NGX_HTTP_IDEM_ANS_STORE_DOWN;
-    }
-
-    ngx_http_idem_claim_answered(ctx);
-}
-
-
-/*
- * idempotency_audit: an answer that changed no record (a replay, a
- * conflict, "in progress"...) goes into the stream (append.lua) before it
- * leaves.  NGX_DONE while that is on its way (its reply resumes the
- * request), NGX_DECLINED to answer now.
- */
-ngx_int_t
-ngx_http_idem_claim_audit_answer(ngx_http_request_t *r,
-    ngx_http_idem_ctx_t *ctx)
-{
-    ngx_str_t             none = ngx_null_string;
-    ngx_uint_t            n;
-    ngx_http_idem_cmd_t  *cmd;
-    idem_audit_entry_t    e[2];
-
-    if (ctx->conf->audit == NULL || ctx->audit_answered) {
-        return NGX_DECLINED;
-    }
-
-    n = 0;
-
-    if (!ctx->audit_attempted) {
-        ngx_http_idem_audit_entry(ctx, IDEM_AUDIT_ATTEMPTED, 0, &e[n++]);
-    }
-
-    if (ngx_http_idem_claim_answer_entry(r, ctx, ctx->answer, &e[n]) == 0) {
-        return NGX_DECLINED;
-    }
-
-    /* a request refused by a lock has no operation (the holder's is not it) */
-    e[0].op.len = e[n].op.len;
-
-    /* the audit file alone: written here (or counted), no script to run */
-    if (ngx_http_idem_audit_direct(ctx->conf->audit, e, n + 1,
-                                   r->connection->log)
-        != NGX_DECLINED)
-    {
-        ctx->audit_attempted = 1;
-        ctx->audit_answered = 1;
-        return NGX_DECLINED;
-    }
-
-    cmd = ngx_http_idem_audit_cmd(ctx->conf->audit,
-                                  NGX_HTTP_IDEM_SCRIPT_APPEND, ctx->rkey,
-                                  NULL, 0, 0, &none, e, n + 1,
-                                  r->connection->log);
-
-    if (cmd == NULL
-        || ngx_http_idem_cmd_send(cmd, ngx_http_idem_claim_audit_done, ctx)
-           != NGX_OK)
-    {
-        ctx->answer = NGX_HTTP_IDEM_ANS_STORE_DOWN;
-        ctx->audit_answered = 1;
-        return NGX_DECLINED;
-    }
-
-    ctx->cmd = cmd;
-    ctx->phase = NGX_HTTP_IDEM_CLAIMING;
-
-    return NGX_DONE;
 }

@@ -15,6 +15,14 @@
 #include <ngx_config.h>
 #include <ngx_core.h>
 #include "ngx_http_idempotency.h"
+#include "ngx_http_idempotency_close.h"
+#include "ngx_http_idempotency_audit.h"
+#include "ngx_http_idempotency_business.h"
+#include "ngx_http_idempotency_command.h"
+#include "ngx_http_idempotency_metrics.h"
+#include "ngx_http_idempotency_redis.h"
+#include "ngx_http_idempotency_replicas.h"
+#include "ngx_http_idempotency_request.h"
 
 
 static ngx_str_t  ngx_http_idem_set = ngx_string("SET");

@@ -17,6 +17,9 @@
 #include <ngx_event.h>
 
 #include "ngx_http_idempotency_cluster.h"
+#include "ngx_http_idempotency_command.h"
+#include "ngx_http_idempotency_io.h"
+#include "ngx_http_idempotency_redis.h"
 
 
 /*

@@ -9,7 +9,7 @@
 #include <ngx_core.h>
 #include <ngx_event.h>
 
-#include "ngx_http_idempotency_redis.h"
+#include "ngx_http_idempotency_command.h"
 
 
 /*

@@ -12,6 +12,11 @@
 #include <cjson/cJSON.h>
 
 #include "ngx_http_idempotency.h"
+#include "ngx_http_idempotency_confirm.h"
+#include "ngx_http_idempotency_conf.h"
+#include "ngx_http_idempotency_json_var.h"
+#include "ngx_http_idempotency_reply.h"
+#include "ngx_http_idempotency_request.h"
 
 
 #define NGX_HTTP_IDEM_CONFIRM_HEADER  "Idempotency-Confirmation"

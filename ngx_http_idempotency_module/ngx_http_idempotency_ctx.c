@@ -7,6 +7,10 @@
 #include <ngx_config.h>
 #include <ngx_core.h>
 #include "ngx_http_idempotency.h"
+#include "ngx_http_idempotency_ctx.h"
+#include "ngx_http_idempotency_close.h"
+#include "ngx_http_idempotency_replicas.h"
+#include "ngx_http_idempotency_wait.h"
 
 
 static void

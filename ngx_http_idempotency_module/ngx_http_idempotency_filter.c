@@ -7,6 +7,11 @@
 #include <ngx_config.h>
 #include <ngx_core.h>
 #include "ngx_http_idempotency.h"
+#include "ngx_http_idempotency_filter.h"
+#include "ngx_http_idempotency_audit.h"
+#include "ngx_http_idempotency_close.h"
+#include "ngx_http_idempotency_ctx.h"
+#include "ngx_http_idempotency_replicas.h"
 
 
 static ngx_http_output_header_filter_pt  ngx_http_next_header_filter;
@@ -557,4 +562,98 @@ ngx_http_idem_filter_init(ngx_conf_t *cf)
     ngx_http_top_body_filter = ngx_http_idem_body_filter;
 
     return NGX_OK;
+}
+
+
+/* 429 and 503 mean "not done, try later": the key is given back */
+static ngx_array_t *
+ngx_http_idem_default_releases(ngx_conf_t *cf)
+{
+    ngx_uint_t   *s;
+    ngx_array_t  *a;
+
+    a = ngx_array_create(cf->pool, 2, sizeof(ngx_uint_t));
+    if (a == NULL) {
+        return NULL;
+    }
+
+    s = ngx_array_push_n(a, 2);
+    if (s == NULL) {
+        return NULL;
+    }
+
+    s[0] = NGX_HTTP_TOO_MANY_REQUESTS;
+    s[1] = NGX_HTTP_SERVICE_UNAVAILABLE;
+
+    return a;
+}
+
+
+char *
+ngx_http_idem_release_statuses(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf)
+{
+    ngx_http_idem_loc_conf_t  *lcf = conf;
+
+    ngx_int_t    n;
+    ngx_str_t   *value;
+    ngx_uint_t   i, *s;
+
+    if (lcf->release_statuses != NGX_CONF_UNSET_PTR) {
+        return "is duplicate";
+    }
+
+    value = cf->args->elts;
+
+    if (cf->args->nelts == 2 && ngx_strcmp(value[1].data, "off") == 0) {
+        lcf->release_statuses = NULL;
+        return NGX_CONF_OK;
+    }
+
+    lcf->release_statuses = ngx_array_create(cf->pool, cf->args->nelts - 1,
+                                             sizeof(ngx_uint_t));
+    if (lcf->release_statuses == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    for (i = 1; i < cf->args->nelts; i++) {
+        n = ngx_atoi(value[i].data, value[i].len);
+
+        if (n < 200 || n > 599) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "invalid status \"%V\" in \"%V\" directive, "
+                               "it must be from 200 to 599 or \"off\"",
+                               &value[i], &cmd->name);
+            return NGX_CONF_ERROR;
+        }
+
+        s = ngx_array_push(lcf->release_statuses);
+        if (s == NULL) {
+            return NGX_CONF_ERROR;
+        }
+
+        *s = (ngx_uint_t) n;
+    }
+
+    return NGX_CONF_OK;
+}
+
+
+/* the release statuses are inherited as a whole, 429 and 503 by default */
+char *
+ngx_http_idem_release_merge(ngx_conf_t *cf, ngx_http_idem_loc_conf_t *prev,
+    ngx_http_idem_loc_conf_t *conf)
+{
+    if (conf->release_statuses == NGX_CONF_UNSET_PTR) {
+        if (prev->release_statuses == NGX_CONF_UNSET_PTR) {
+            prev->release_statuses = ngx_http_idem_default_releases(cf);
+            if (prev->release_statuses == NULL) {
+                return NGX_CONF_ERROR;
+            }
+        }
+
+        conf->release_statuses = prev->release_statuses;
+    }
+
+    return NGX_CONF_OK;
 }

@@ -8,6 +8,18 @@
 #include <ngx_config.h>
 #include <ngx_core.h>
 #include "ngx_http_idempotency.h"
+#include "ngx_http_idempotency_handler.h"
+#include "ngx_http_idempotency_body.h"
+#include "ngx_http_idempotency_business.h"
+#include "ngx_http_idempotency_claim.h"
+#include "ngx_http_idempotency_close.h"
+#include "ngx_http_idempotency_confirm.h"
+#include "ngx_http_idempotency_ctx.h"
+#include "ngx_http_idempotency_metrics.h"
+#include "ngx_http_idempotency_reply.h"
+#include "ngx_http_idempotency_request.h"
+#include "ngx_http_idempotency_wait.h"
+#include "ngx_http_idempotency_claim_audit.h"
 
 
 /* bodies above this may take long enough to hash that time must be read */
@@ -602,4 +614,175 @@ ngx_http_idem_log_handler(ngx_http_request_t *r)
     ngx_http_idem_metrics_request(conf->metrics_label, ctx->outcome);
 
     return NGX_OK;
+}
+
+
+char *
+ngx_http_idem_methods(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_http_idem_loc_conf_t  *lcf = conf;
+
+    ngx_str_t   *value;
+    ngx_uint_t   i, m;
+
+    static ngx_conf_bitmask_t  methods[] = {
+        { ngx_string("POST"), NGX_HTTP_POST },
+        { ngx_string("PUT"), NGX_HTTP_PUT },
+        { ngx_string("PATCH"), NGX_HTTP_PATCH },
+        { ngx_string("DELETE"), NGX_HTTP_DELETE },
+        { ngx_null_string, 0 }
+    };
+
+    if (lcf->methods) {
+        return "is duplicate";
+    }
+
+    value = cf->args->elts;
+
+    for (i = 1; i < cf->args->nelts; i++) {
+        for (m = 0; methods[m].name.len; m++) {
+            if (value[i].len == methods[m].name.len
+                && ngx_strcmp(value[i].data, methods[m].name.data) == 0)
+            {
+                break;
+            }
+        }
+
+        if (methods[m].name.len == 0) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "invalid method \"%V\" in \"%V\" directive, "
+                               "it must be POST, PUT, PATCH or DELETE",
+                               &value[i], &cmd->name);
+            return NGX_CONF_ERROR;
+        }
+
+        lcf->methods |= methods[m].mask;
+    }
+
+    lcf->methods |= NGX_CONF_BITMASK_SET;
+
+    return NGX_CONF_OK;
+}
+
+
+/* the Allow of a guarded location's 405: what it answers, and handles */
+static char *
+ngx_http_idem_guard_allow(ngx_conf_t *cf, ngx_http_idem_loc_conf_t *conf)
+{
+    u_char      *p;
+    ngx_uint_t   i;
+
+    static struct {
+        ngx_uint_t   mask;
+        const char  *name;
+    }  handled[] = {
+        { NGX_HTTP_POST, ", POST" }, { NGX_HTTP_PUT, ", PUT" },
+        { NGX_HTTP_PATCH, ", PATCH" }, { NGX_HTTP_DELETE, ", DELETE" }
+    };
+
+    p = ngx_pnalloc(cf->pool, sizeof("GET, HEAD, OPTIONS, POST, PUT, PATCH, "
+                                     "DELETE"));
+    if (p == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    conf->allow.data = p;
+    p = ngx_cpymem(p, "GET, HEAD, OPTIONS", sizeof("GET, HEAD, OPTIONS") - 1);
+
+    for (i = 0; i < sizeof(handled) / sizeof(handled[0]); i++) {
+        if (conf->methods & handled[i].mask) {
+            p = ngx_cpymem(p, handled[i].name, ngx_strlen(handled[i].name));
+        }
+    }
+
+    conf->allow.len = p - conf->allow.data;
+
+    return NGX_CONF_OK;
+}
+
+
+/* idempotency_json_types: "type/subtype", no parameter */
+static char *
+ngx_http_idem_check_json_types(ngx_conf_t *cf, ngx_http_idem_loc_conf_t *conf)
+{
+    u_char      *slash;
+    ngx_str_t   *t;
+    ngx_uint_t   i;
+
+    t = conf->json_types ? conf->json_types->elts : NULL;
+
+    for (i = 0; t && i < conf->json_types->nelts; i++) {
+        slash = ngx_strlchr(t[i].data, t[i].data + t[i].len, '/');
+
+        if (slash == NULL || slash == t[i].data
+            || slash == t[i].data + t[i].len - 1
+            || ngx_strlchr(t[i].data, t[i].data + t[i].len, ';')
+            || ngx_strlchr(t[i].data, t[i].data + t[i].len, '*')
+            || ngx_strlchr(slash + 1, t[i].data + t[i].len, '/'))
+        {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "\"idempotency_json_types\": \"%V\" is not "
+                               "a media type (type/subtype, without "
+                               "parameters or wildcards)", &t[i]);
+            return NGX_CONF_ERROR;
+        }
+    }
+
+    return NGX_CONF_OK;
+}
+
+
+/*
+ * A location with idempotency_confirm, _unique or _lock is guarded
+ * (docs/directives.md, "Guarded locations"): it refuses a request without
+ * a key, so an explicit "idempotency_required off" there says the
+ * opposite of what it does; and store_failure open does not apply to it.
+ */
+char *
+ngx_http_idem_guard_merge(ngx_conf_t *cf, ngx_http_idem_loc_conf_t *prev,
+    ngx_http_idem_loc_conf_t *conf)
+{
+    ngx_http_core_loc_conf_t  *clcf;
+
+    if (ngx_http_idem_check_json_types(cf, conf) != NGX_CONF_OK) {
+        return NGX_CONF_ERROR;
+    }
+
+    clcf = ngx_http_conf_get_module_loc_conf(cf, ngx_http_core_module);
+    conf->loc_name = clcf->name;
+
+    conf->guarded = conf->enable && !conf->ops
+                    && (conf->confirm || conf->unique || conf->lock);
+
+    if (!conf->guarded) {
+        return NGX_CONF_OK;
+    }
+
+    if (conf->required == 0) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"idempotency_required off\" cannot be used "
+                           "where \"%s\" is in effect: a guarded location "
+                           "refuses a request without a key",
+                           conf->confirm ? "idempotency_confirm"
+                           : conf->unique ? "idempotency_unique"
+                                          : "idempotency_lock");
+        return NGX_CONF_ERROR;
+    }
+
+    if (conf->store_failure == NGX_HTTP_IDEM_FAILURE_OPEN) {
+        ngx_conf_log_error(NGX_LOG_WARN, cf, 0,
+                           "\"idempotency_store_failure open\" does not "
+                           "apply where \"%s\" is in effect: a guarded "
+                           "request is answered 503 while the store is "
+                           "unreachable",
+                           conf->confirm ? "idempotency_confirm"
+                           : conf->unique ? "idempotency_unique"
+                                          : "idempotency_lock");
+    }
+
+    if (ngx_http_idem_guard_allow(cf, conf) != NGX_CONF_OK) {
+        return NGX_CONF_ERROR;
+    }
+
+    return ngx_http_idem_guard_names(cf, conf);
 }

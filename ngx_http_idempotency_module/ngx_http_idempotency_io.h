@@ -9,30 +9,7 @@
 #include <ngx_config.h>
 #include <ngx_core.h>
 
-#include <hiredis/hiredis.h>
-#include <hiredis/async.h>
-
-
-/*
- * A hiredis context inside nginx's event loop, as every connection of the
- * module has it (the transport's links, the sentinel connections): its fd
- * wrapped in an nginx connection, level-triggered events so that replies
- * over 16 KiB keep flowing, and one close of the fd, hiredis's own.  The
- * owner keeps ac->data for itself; "freed" is told when hiredis frees the
- * context (its cleanup hook, before the disconnect callback), "failed"
- * when an event could not be added.
- */
-typedef struct ngx_http_idem_io_s  ngx_http_idem_io_t;
-
-typedef void (*ngx_http_idem_io_pt)(ngx_http_idem_io_t *io);
-
-struct ngx_http_idem_io_s {
-    redisAsyncContext           *ac;
-    ngx_connection_t            *conn;
-    ngx_http_idem_io_pt          failed;        /* may be NULL */
-    ngx_http_idem_io_pt          freed;         /* may be NULL */
-    void                        *data;
-};
+#include "ngx_http_idempotency_transport.h"
 
 
 /*

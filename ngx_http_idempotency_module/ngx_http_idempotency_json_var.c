@@ -9,6 +9,8 @@
 #include <ngx_config.h>
 #include <ngx_core.h>
 #include "ngx_http_idempotency.h"
+#include "ngx_http_idempotency_json_var.h"
+#include "ngx_http_idempotency_ctx.h"
 
 #include <cjson/cJSON.h>
 

@@ -17,6 +17,19 @@
 #include <ngx_core.h>
 #include "ngx_http_idempotency.h"
 #include "ngx_http_idempotency_ops.h"
+#include "ngx_http_idempotency_audit.h"
+#include "ngx_http_idempotency_command.h"
+#include "ngx_http_idempotency_ctx.h"
+#include "ngx_http_idempotency_metrics.h"
+#include "ngx_http_idempotency_proposal.h"
+#include "ngx_http_idempotency_redis.h"
+#include "ngx_http_idempotency_reply.h"
+#include "ngx_http_idempotency_request.h"
+#include "ngx_http_idempotency_variables.h"
+
+
+static ngx_http_output_header_filter_pt  ngx_http_idem_ops_next_header;
+static ngx_http_output_body_filter_pt    ngx_http_idem_ops_next_body;
 
 
 /* what a reply says, before anything is sent */
@@ -882,4 +895,146 @@ ngx_http_idem_metrics_label(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     }
 
     return NGX_CONF_OK;
+}
+
+
+/* a later directive took the location from the module's content handler */
+char *
+ngx_http_idem_check_content(ngx_conf_t *cf, ngx_http_idem_loc_conf_t *conf)
+{
+    ngx_http_core_loc_conf_t  *clcf;
+
+    if (conf->content == NULL) {
+        return NGX_CONF_OK;
+    }
+
+    clcf = ngx_http_conf_get_module_loc_conf(cf, ngx_http_core_module);
+
+    if (clcf->handler == conf->content) {
+        return NGX_CONF_OK;
+    }
+
+    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                       "location \"%V\" has \"idempotency_status\", "
+                       "\"idempotency_admin\", \"idempotency_approve\" or "
+                       "\"idempotency_metrics\" and another content "
+                       "handler (proxy_pass, return...)",
+                       &clcf->name);
+
+    return NGX_CONF_ERROR;
+}
+
+
+/*
+ * nginx answers some requests to an endpoint itself: a body over
+ * client_max_body_size (413, before the endpoint runs when Content-Length
+ * tells, or while it reads a chunked body), a 500.  Its special response
+ * sets err_status and an HTML page; the endpoint's answers are problems,
+ * so these are too.  The page's headers are replaced here, its body below.
+ */
+static ngx_int_t
+ngx_http_idem_ops_page(ngx_http_request_t *r, ngx_http_idem_problem_e *p)
+{
+    ngx_http_idem_loc_conf_t  *lcf;
+
+    lcf = ngx_http_get_module_loc_conf(r, ngx_http_idempotency_module);
+
+    if (lcf == NULL || lcf->content == NULL || r != r->main) {
+        return 0;
+    }
+
+    switch (r->err_status) {
+
+    case NGX_HTTP_REQUEST_ENTITY_TOO_LARGE:
+        *p = NGX_HTTP_IDEM_P_BODY_TOO_LARGE;
+        return 1;
+
+    case NGX_HTTP_INTERNAL_SERVER_ERROR:
+        *p = NGX_HTTP_IDEM_P_INTERNAL_ERROR;
+        return 1;
+
+    default:
+        return 0;
+    }
+}
+
+
+static ngx_int_t
+ngx_http_idem_ops_header_filter(ngx_http_request_t *r)
+{
+    ngx_str_t                 text;
+    ngx_http_idem_problem_e   problem;
+
+    if (!ngx_http_idem_ops_page(r, &problem)
+        || r->headers_out.status != r->err_status)
+    {
+        return ngx_http_idem_ops_next_header(r);
+    }
+
+    if (ngx_http_idem_problem_page(r, problem, 1, &text) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
+    return ngx_http_idem_ops_next_header(r);
+}
+
+
+/* the page's buffers are dropped; the problem goes with the last one */
+static ngx_int_t
+ngx_http_idem_ops_body_filter(ngx_http_request_t *r, ngx_chain_t *in)
+{
+    ngx_buf_t                *b;
+    ngx_str_t                 text;
+    ngx_uint_t                last;
+    ngx_chain_t               out, *cl;
+    ngx_http_idem_problem_e   problem;
+
+    if (in == NULL || !ngx_http_idem_ops_page(r, &problem)) {
+        return ngx_http_idem_ops_next_body(r, in);
+    }
+
+    last = 0;
+
+    for (cl = in; cl; cl = cl->next) {
+        cl->buf->pos = cl->buf->last;
+        cl->buf->file_pos = cl->buf->file_last;
+        last |= cl->buf->last_buf;
+    }
+
+    if (!last) {
+        return NGX_OK;
+    }
+
+    if (ngx_http_idem_problem_page(r, problem, 0, &text) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
+    b = ngx_calloc_buf(r->pool);
+    if (b == NULL) {
+        return NGX_ERROR;
+    }
+
+    b->pos = text.data;
+    b->last = text.data + text.len;
+    b->memory = 1;
+    b->last_buf = 1;
+    b->last_in_chain = 1;
+
+    out.buf = b;
+    out.next = NULL;
+
+    return ngx_http_idem_ops_next_body(r, &out);
+}
+
+
+ngx_int_t
+ngx_http_idem_ops_filter_init(ngx_conf_t *cf)
+{
+    ngx_http_idem_ops_next_header = ngx_http_top_header_filter;
+    ngx_http_top_header_filter = ngx_http_idem_ops_header_filter;
+
+    ngx_http_idem_ops_next_body = ngx_http_top_body_filter;
+    ngx_http_top_body_filter = ngx_http_idem_ops_body_filter;
+
+    return NGX_OK;
 }

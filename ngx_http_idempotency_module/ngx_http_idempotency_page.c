@@ -28,6 +28,15 @@
 #include <cjson/cJSON.h>
 
 #include "ngx_http_idempotency.h"
+#include "ngx_http_idempotency_page.h"
+#include "ngx_http_idempotency_approve.h"
+#include "ngx_http_idempotency_command.h"
+#include "ngx_http_idempotency_conf.h"
+#include "ngx_http_idempotency_ctx.h"
+#include "ngx_http_idempotency_ops.h"
+#include "ngx_http_idempotency_proposal.h"
+#include "ngx_http_idempotency_redis.h"
+#include "ngx_http_idempotency_reply.h"
 #include "idem_html.h"
 
 
@@ -1226,7 +1235,7 @@ ngx_http_idem_page_post_start(ngx_http_request_t *r)
 }
 
 
-ngx_int_t
+static ngx_int_t
 ngx_http_idem_page_handler(ngx_http_request_t *r)
 {
     ngx_int_t                rc;
@@ -1313,7 +1322,7 @@ ngx_http_idem_page_random_secret(ngx_conf_t *cf, ngx_http_idem_loc_conf_t *lcf)
 
 
 /* idempotency_approve_page [secret=FILE] [max_ttl=time] */
-char *
+static char *
 ngx_http_idem_page_conf(ngx_conf_t *cf, ngx_http_idem_loc_conf_t *lcf)
 {
     ngx_str_t   *value, file, v;
@@ -1353,4 +1362,25 @@ ngx_http_idem_page_conf(ngx_conf_t *cf, ngx_http_idem_loc_conf_t *lcf)
                                               "idempotency_approve_page");
 
     return lcf->page_secret ? NGX_CONF_OK : NGX_CONF_ERROR;
+}
+
+
+/* idempotency_approve_page: the approvers' page (_page.c) */
+char *
+ngx_http_idem_approve_page_conf(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf)
+{
+    ngx_http_idem_loc_conf_t  *lcf = conf;
+
+    if (lcf->page_secret) {
+        return "is duplicate";
+    }
+
+    lcf->ops = 1;
+
+    if (ngx_http_idem_page_conf(cf, lcf) != NGX_CONF_OK) {
+        return NGX_CONF_ERROR;
+    }
+
+    return ngx_http_idem_ops_location(cf, ngx_http_idem_page_handler);
 }

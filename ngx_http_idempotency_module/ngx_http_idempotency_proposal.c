@@ -12,6 +12,11 @@
 #include <ngx_core.h>
 
 #include "ngx_http_idempotency.h"
+#include "ngx_http_idempotency_proposal.h"
+#include "ngx_http_idempotency_command.h"
+#include "ngx_http_idempotency_redis.h"
+#include "ngx_http_idempotency_reply.h"
+#include "ngx_http_idempotency_request.h"
 
 
 static ngx_str_t  ngx_http_idem_lookup_get = ngx_string("GET");

@@ -12,8 +12,10 @@
 #include <ngx_event.h>
 
 #include "ngx_http_idempotency_redis.h"
+#include "ngx_http_idempotency_command.h"
 #include "ngx_http_idempotency_io.h"
 #include "ngx_http_idempotency_metrics.h"
+#include "ngx_http_idempotency_waiters.h"
 
 
 static void ngx_http_idem_link_schedule(ngx_http_idem_link_t *lk);

@@ -9,9 +9,9 @@
 #include <ngx_config.h>
 #include <ngx_core.h>
 #include "ngx_http_idempotency.h"
-#include "ngx_http_idempotency_sentinel.h"
-#include "ngx_http_idempotency_cluster.h"
 #include "ngx_http_idempotency_redis_conf.h"
+#include "ngx_http_idempotency_cluster.h"
+#include "ngx_http_idempotency_sentinel.h"
 
 
 static char *
@@ -580,4 +580,134 @@ ngx_http_idem_redis_cluster(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     }
 
     return ngx_http_idem_server_add(cf, lcf, rd);
+}
+
+
+/*
+ * Redis answers WAIT when its timeout is up, and every command queued
+ * behind it on the connection waits that long.  Writes of one setting
+ * share a WAIT, so with the replicas gone each distinct setting may hold
+ * the connection once: together they must stay below the command timeout.
+ */
+static char *
+ngx_http_idem_check_redis_wait(ngx_conf_t *cf, ngx_http_idem_redis_t *rd,
+    ngx_uint_t replicas, ngx_msec_t timeout)
+{
+    ngx_uint_t   i;
+    ngx_msec_t  *w;
+
+    if (rd->waits == NULL) {
+        rd->waits = ngx_array_create(cf->pool, 2, 2 * sizeof(ngx_msec_t));
+        if (rd->waits == NULL) {
+            return NGX_CONF_ERROR;
+        }
+    }
+
+    w = rd->waits->elts;
+
+    for (i = 0; i < rd->waits->nelts; i++) {
+        if (w[2 * i] == replicas && w[2 * i + 1] == timeout) {
+            return NGX_CONF_OK;
+        }
+    }
+
+    w = ngx_array_push(rd->waits);
+    if (w == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    w[0] = replicas;
+    w[1] = timeout;
+    rd->waits_sum += timeout;
+
+    if (rd->waits_sum >= rd->timeout) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"idempotency_redis_wait\": the WAIT timeouts "
+                           "of the distinct settings on redis %V add up to "
+                           "%Mms, which must be shorter than its timeout= "
+                           "(%Mms)", &rd->name, rd->waits_sum, rd->timeout);
+        return NGX_CONF_ERROR;
+    }
+
+    return NGX_CONF_OK;
+}
+
+
+/* the replica count and its timeout are one directive, inherited together */
+char *
+ngx_http_idem_merge_redis_wait(ngx_conf_t *cf, ngx_http_idem_loc_conf_t *prev,
+    ngx_http_idem_loc_conf_t *conf)
+{
+    if (conf->wait_replicas == NGX_CONF_UNSET_UINT) {
+        conf->wait_replicas = prev->wait_replicas;
+        conf->wait_replicas_timeout = prev->wait_replicas_timeout;
+    }
+
+    ngx_conf_merge_uint_value(conf->wait_replicas, NGX_CONF_UNSET_UINT, 0);
+    ngx_conf_merge_msec_value(conf->wait_replicas_timeout,
+                              NGX_CONF_UNSET_MSEC,
+                              NGX_HTTP_IDEM_WAIT_REPLICAS_TIMEOUT);
+
+    if (!conf->enable || !conf->wait_replicas || conf->redis == NULL) {
+        return NGX_CONF_OK;
+    }
+
+    return ngx_http_idem_check_redis_wait(cf, conf->redis,
+                                          conf->wait_replicas,
+                                          conf->wait_replicas_timeout);
+}
+
+
+/* idempotency_redis_wait off | replicas [timeout] */
+char *
+ngx_http_idem_redis_wait(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_http_idem_loc_conf_t *lcf = conf;
+
+    ngx_int_t   n;
+    ngx_msec_t  t;
+    ngx_str_t  *value;
+
+    if (lcf->wait_replicas != NGX_CONF_UNSET_UINT) {
+        return "is duplicate";
+    }
+
+    value = cf->args->elts;
+
+    if (ngx_strcmp(value[1].data, "off") == 0) {
+        if (cf->args->nelts != 2) {
+            return "takes no timeout with \"off\"";
+        }
+
+        lcf->wait_replicas = 0;
+        lcf->wait_replicas_timeout = NGX_HTTP_IDEM_WAIT_REPLICAS_TIMEOUT;
+        return NGX_CONF_OK;
+    }
+
+    n = ngx_atoi(value[1].data, value[1].len);
+    if (n < 1 || n > NGX_HTTP_IDEM_WAIT_REPLICAS_MAX) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"%V\": invalid replica count \"%V\": "
+                           "\"off\" or 1 to %d", &cmd->name, &value[1],
+                           NGX_HTTP_IDEM_WAIT_REPLICAS_MAX);
+        return NGX_CONF_ERROR;
+    }
+
+    t = NGX_HTTP_IDEM_WAIT_REPLICAS_TIMEOUT;
+
+    if (cf->args->nelts == 3) {
+        /* WAIT 0 would block the connection until the replicas answer */
+        t = ngx_parse_time(&value[2], 0);
+        if (t == (ngx_msec_t) NGX_ERROR || t == 0) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "\"%V\": invalid timeout \"%V\": a time "
+                               "above 0, e.g. 100ms", &cmd->name, &value[2]);
+            return NGX_CONF_ERROR;
+        }
+    }
+
+    lcf->wait_replicas = (ngx_uint_t) n;
+    lcf->wait_replicas_timeout = t;
+
+    return NGX_CONF_OK;
 }

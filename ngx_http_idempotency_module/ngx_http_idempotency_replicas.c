@@ -7,6 +7,8 @@
 #include <ngx_core.h>
 #include <ngx_event.h>
 
+#include "ngx_http_idempotency_replicas.h"
+#include "ngx_http_idempotency_command.h"
 #include "ngx_http_idempotency_redis.h"
 
 

@@ -6,6 +6,7 @@
 #include <ngx_config.h>
 #include <ngx_core.h>
 #include "ngx_http_idempotency.h"
+#include "ngx_http_idempotency_reply.h"
 
 
 /*
@@ -232,30 +233,21 @@ ngx_http_idem_problem_members(u_char *p, u_char *end,
 }
 
 
-/* detail NULL: the table's */
-ngx_int_t
-ngx_http_idem_send_problem(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
-    ngx_http_idem_problem_e problem, const char *detail)
+/* the problem's JSON text, in the request's pool */
+static ngx_int_t
+ngx_http_idem_problem_text(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
+    const idem_answer_t *pt, ngx_uint_t status, const char *detail,
+    ngx_str_t *location, ngx_str_t *text)
 {
-    size_t                    len;
-    u_char                   *body, *p, *end;
-    ngx_str_t                *location;
-    ngx_uint_t                status;
-    const idem_answer_t      *pt;
-
-    pt = &idem_answers[problem];
-    status = pt->upstream ? ctx->stored_status
-             : pt->status ? (ngx_uint_t) pt->status
-             : ctx->conf->conflict_status;
-    detail = detail ? detail : pt->detail;
-    location = pt->stored ? ngx_http_idem_stored_location(r, ctx) : NULL;
+    size_t   len;
+    u_char  *body, *p, *end;
 
     len = 512 + ngx_strlen(detail) * 6 + ctx->key.len * 6
           + (location ? location->len * 6 : 0) + ctx->problem_extra.len;
 
     body = ngx_pnalloc(r->pool, len);
     if (body == NULL) {
-        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+        return NGX_ERROR;
     }
 
     end = body + len;
@@ -266,6 +258,36 @@ ngx_http_idem_send_problem(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
                      pt->slug, pt->title, status);
     p = ngx_http_idem_json_str(p, end, (u_char *) detail, ngx_strlen(detail));
     p = ngx_http_idem_problem_members(p, end, ctx, pt, location);
+
+    text->data = body;
+    text->len = p - body;
+
+    return NGX_OK;
+}
+
+
+/* detail NULL: the table's */
+ngx_int_t
+ngx_http_idem_send_problem(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
+    ngx_http_idem_problem_e problem, const char *detail)
+{
+    ngx_str_t                *location, text;
+    ngx_uint_t                status;
+    const idem_answer_t      *pt;
+
+    pt = &idem_answers[problem];
+    status = pt->upstream ? ctx->stored_status
+             : pt->status ? (ngx_uint_t) pt->status
+             : ctx->conf->conflict_status;
+    detail = detail ? detail : pt->detail;
+    location = pt->stored ? ngx_http_idem_stored_location(r, ctx) : NULL;
+
+    if (ngx_http_idem_problem_text(r, ctx, pt, status, detail, location,
+                                   &text)
+        != NGX_OK)
+    {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
 
     if (pt->retry_after
         && ngx_http_idem_retry_header(r, pt->upstream
@@ -278,7 +300,55 @@ ngx_http_idem_send_problem(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
 
     ngx_str_set(&r->headers_out.content_type, "application/problem+json");
 
-    return ngx_http_idem_send_json(r, status, body, p - body);
+    return ngx_http_idem_send_json(r, status, text.data, text.len);
+}
+
+
+/*
+ * nginx's own answer in an endpoint's location (its 413 for a body over
+ * client_max_body_size, a 500) as the problem the endpoint's other answers
+ * are, for the filters of _ops.c that replace nginx's HTML page: the text
+ * (of no key and no record: a zeroed context, as for the 405) and, with
+ * "headers", the answer's headers in place of the page's.
+ */
+ngx_int_t
+ngx_http_idem_problem_page(ngx_http_request_t *r,
+    ngx_http_idem_problem_e problem, ngx_uint_t headers, ngx_str_t *text)
+{
+    ngx_http_idem_ctx_t   ctx;
+    const idem_answer_t  *pt;
+
+    ngx_memzero(&ctx, sizeof(ngx_http_idem_ctx_t));
+    pt = &idem_answers[problem];
+
+    if (ngx_http_idem_problem_text(r, &ctx, pt, (ngx_uint_t) pt->status,
+                                   pt->detail, NULL, text)
+        != NGX_OK)
+    {
+        return NGX_ERROR;
+    }
+
+    if (!headers) {
+        return NGX_OK;
+    }
+
+    ngx_str_set(&r->headers_out.content_type, "application/problem+json");
+    r->headers_out.content_type_len = r->headers_out.content_type.len;
+    r->headers_out.content_type_lowcase = NULL;
+    r->headers_out.content_length_n = text->len;
+
+    if (r->headers_out.content_length) {
+        r->headers_out.content_length->hash = 0;
+        r->headers_out.content_length = NULL;
+    }
+
+    if (ngx_http_idem_add_header(r, "Cache-Control", 13,
+                                 (u_char *) "no-store", 8) == NULL)
+    {
+        return NGX_ERROR;
+    }
+
+    return NGX_OK;
 }
 
 
@@ -594,4 +664,34 @@ ngx_http_idem_send_answer(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
     }
 
     return ngx_http_idem_send_problem(r, ctx, problem, NULL);
+}
+
+
+char *
+ngx_http_idem_conflict_status(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_http_idem_loc_conf_t  *lcf = conf;
+
+    ngx_str_t  *value;
+
+    if (lcf->conflict_status != NGX_CONF_UNSET_UINT) {
+        return "is duplicate";
+    }
+
+    value = cf->args->elts;
+
+    if (ngx_strcmp(value[1].data, "409") == 0) {
+        lcf->conflict_status = NGX_HTTP_CONFLICT;
+
+    } else if (ngx_strcmp(value[1].data, "422") == 0) {
+        lcf->conflict_status = 422;
+
+    } else {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "invalid value \"%V\" in \"%V\" directive, "
+                           "it must be 409 or 422", &value[1], &cmd->name);
+        return NGX_CONF_ERROR;
+    }
+
+    return NGX_CONF_OK;
 }

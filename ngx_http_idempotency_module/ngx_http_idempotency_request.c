@@ -8,6 +8,7 @@
 #include <ngx_config.h>
 #include <ngx_core.h>
 #include "ngx_http_idempotency.h"
+#include "ngx_http_idempotency_request.h"
 
 
 /*
@@ -301,4 +302,79 @@ ngx_http_idem_header_out(ngx_http_request_t *r, u_char *name, size_t len)
             return &h[i];
         }
     }
+}
+
+
+/*
+ * Tracing, connection and the key header itself never count toward the
+ * fingerprint (docs/fingerprint.md), and a name listed twice would make
+ * the headers object ambiguous.
+ */
+char *
+ngx_http_idem_check_fp_headers(ngx_conf_t *cf, ngx_http_idem_loc_conf_t *conf)
+{
+    ngx_str_t   *names;
+    ngx_uint_t   i, j;
+
+    static ngx_str_t  never[] = {
+        ngx_string("connection"), ngx_string("keep-alive"),
+        ngx_string("te"), ngx_string("trailer"),
+        ngx_string("transfer-encoding"), ngx_string("upgrade"),
+        ngx_string("proxy-connection"), ngx_string("content-length"),
+        ngx_string("traceparent"), ngx_string("tracestate"),
+        ngx_string("baggage"), ngx_string("x-request-id"),
+        ngx_string("x-b3-traceid"), ngx_string("x-b3-spanid"),
+        ngx_string("x-b3-parentspanid"), ngx_string("x-b3-sampled"),
+        ngx_string("b3"), ngx_string("uber-trace-id"),
+        ngx_string("x-amzn-trace-id"), ngx_string("x-cloud-trace-context"),
+        ngx_null_string
+    };
+
+    if (conf->fp_headers == NULL) {
+        return NGX_CONF_OK;
+    }
+
+    names = conf->fp_headers->elts;
+
+    for (i = 0; i < conf->fp_headers->nelts; i++) {
+
+        for (j = 0; never[j].len; j++) {
+            if (names[i].len == never[j].len
+                && ngx_strncmp(names[i].data, never[j].data, never[j].len)
+                   == 0)
+            {
+                goto excluded;
+            }
+        }
+
+        if (names[i].len == conf->key_header.len
+            && ngx_strncasecmp(names[i].data, conf->key_header.data,
+                               names[i].len) == 0)
+        {
+            goto excluded;
+        }
+
+        for (j = 0; j < i; j++) {
+            if (names[i].len == names[j].len
+                && ngx_strncmp(names[i].data, names[j].data, names[i].len)
+                   == 0)
+            {
+                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                                   "header \"%V\" is listed twice in "
+                                   "\"idempotency_fingerprint_headers\"",
+                                   &names[i]);
+                return NGX_CONF_ERROR;
+            }
+        }
+    }
+
+    return NGX_CONF_OK;
+
+excluded:
+
+    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                       "header \"%V\" in \"idempotency_fingerprint_headers\" "
+                       "never counts toward the fingerprint (connection, "
+                       "tracing or the key header itself)", &names[i]);
+    return NGX_CONF_ERROR;
 }

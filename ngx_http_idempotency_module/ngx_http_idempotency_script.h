@@ -10,18 +10,7 @@
 #include <ngx_config.h>
 #include <ngx_core.h>
 
-#include "ngx_http_idempotency_script_args.h"
-
-
-#define NGX_HTTP_IDEM_SHA1_HEX  40
-
-
-typedef struct {
-    const char                  *name;      /* for logs */
-    ngx_str_t                    text;
-    ngx_uint_t                   nargs;     /* ARGV, KEYS[1] not counted */
-    u_char                       sha1[NGX_HTTP_IDEM_SHA1_HEX];
-} ngx_http_idem_script_t;
+#include "ngx_http_idempotency_transport.h"
 
 
 /* the scripts and their SHA-1 digests (what EVALSHA names them by) */

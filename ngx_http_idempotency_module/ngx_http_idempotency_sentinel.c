@@ -13,7 +13,9 @@
 #include <ngx_event.h>
 
 #include "ngx_http_idempotency_sentinel.h"
+#include "ngx_http_idempotency_command.h"
 #include "ngx_http_idempotency_io.h"
+#include "ngx_http_idempotency_redis.h"
 
 
 struct ngx_http_idem_sn_conn_s {

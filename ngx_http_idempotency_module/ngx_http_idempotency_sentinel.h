@@ -12,7 +12,7 @@
 #include <ngx_core.h>
 #include <ngx_event.h>
 
-#include "ngx_http_idempotency_redis.h"
+#include "ngx_http_idempotency_transport.h"
 
 
 typedef struct ngx_http_idem_sentinel_s  ngx_http_idem_sentinel_t;

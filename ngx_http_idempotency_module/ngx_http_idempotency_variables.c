@@ -6,6 +6,9 @@
 #include <ngx_config.h>
 #include <ngx_core.h>
 #include "ngx_http_idempotency.h"
+#include "ngx_http_idempotency_variables.h"
+#include "ngx_http_idempotency_ctx.h"
+#include "ngx_http_idempotency_metrics.h"   /* the outcomes it counts */
 
 
 ngx_str_t  ngx_http_idem_outcome_names[] = {

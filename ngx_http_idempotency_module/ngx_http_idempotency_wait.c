@@ -7,6 +7,9 @@
 #include <ngx_config.h>
 #include <ngx_core.h>
 #include "ngx_http_idempotency.h"
+#include "ngx_http_idempotency_wait.h"
+#include "ngx_http_idempotency_claim.h"
+#include "ngx_http_idempotency_waiters.h"
 
 
 /* how often a waiter looks again while Redis cannot be reached */

@@ -8,7 +8,7 @@
 #include <ngx_core.h>
 #include <ngx_event.h>
 
-#include "ngx_http_idempotency_redis.h"
+#include "ngx_http_idempotency_waiters.h"
 
 
 ngx_int_t

@@ -4,6 +4,7 @@
 -- marker of a released attempt, a record of layout 1, or the first look
 -- failed.  One script, so the check and the claim are one atomic step.
 --
+--: first claimfresh
 --: needs fields layout1 audit
 --: args fp owner value ttl wait waited approved scope loc
 --

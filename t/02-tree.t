@@ -6,7 +6,12 @@
 #     them otherwise, and nginx 1.25+ then stops at ngx_event_udp.h);
 #   - the Redis transport (_redis.c and the files split from it) includes
 #     no request-flow header and names no HTTP request type;
-#   - the calls between the nginx glue files form no cycle;
+#   - each glue file that exports functions declares exactly those in its
+#     own header, ngx_http_idempotency_X.h; no header includes another glue
+#     file's header; the umbrella ngx_http_idempotency.h declares none;
+#   - the #include lines between the glue files (X.c including Y's header
+#     calls into Y.c) form no cycle;
+#   - line targets of the files every feature used to grow;
 #   - no C function outside fuzz/ is longer than 80 lines;
 #   - no Lua script reads the record head at bare offsets (head.lua does);
 #   - nothing in the tree points to a file outside the repository;
@@ -40,8 +45,9 @@ sub external_functions {
 sub c_files { map { glob("$root/$_/*.c") } @_ }
 
 # the transport: _redis.c and the files split from it (the hiredis adapter,
-# WAIT, the waiters, building commands and reading replies)
-my @transport = qw(redis io replicas waiters command);
+# WAIT, the waiters, building commands and reading replies), and the header
+# of their types
+my @transport = qw(redis io replicas waiters command transport);
 my $transport = join '|', @transport;
 
 subtest 'nginx headers first in every glue file' => sub {
@@ -60,31 +66,49 @@ subtest 'the transport knows nothing of requests' => sub {
         my $text = slurp($f);
         my $name = basename($f);
         my @inc = $text =~ /^#include\s+"([^"]+)"/mg;
-        my @up  = grep { !/^(idem_[a-z_]+|ngx_http_idempotency_($transport|script|metrics))\.h$/ } @inc;
+        my @up  = grep { !/^(idem_[a-z_]+|ngx_http_idempotency_($transport|script|script_args|metrics))\.h$/ } @inc;
         is("@up", '', "$name includes no request-flow header");
         unlike($text, qr/\bngx_http_request_t\b|\bngx_http_idem_ctx_t\b/,
                "$name names no request or request context");
     }
 };
 
-subtest 'no call cycle between the glue files' => sub {
-    my @files = sort glob("$mod/ngx_http_idempotency_*.c");
-    my (%text, %owner, %edges);
-    for my $f (@files) {
-        my $n = basename($f, '.c');
-        $text{$n} = slurp($f);
-        $owner{$_} = $n for external_functions($text{$n});
-    }
-    ok(keys %owner > 20, 'found the glue files\' functions');
-
-    for my $n (keys %text) {
-        for my $fn (keys %owner) {
-            next if $owner{$fn} eq $n;
-            $edges{$n}{$owner{$fn}} = 1 if $text{$n} =~ /\b\Q$fn\E\b/;
+# the names a header declares: each statement at column 0 that is not a
+# type, a macro or a static inline (a prototype, an extern variable)
+sub declared_names {
+    my $text = shift;
+    $text =~ s{/\*.*?\*/}{}gs;
+    my @names;
+    while ($text =~ /^((?!typedef\b|static\b|#|struct \w+ \{)[a-z_][^;{}#]*?);/mg) {
+        my $stmt = $1;
+        if ($stmt =~ /^extern\b/) {
+            push @names, $1 if $stmt =~ /([a-z_][a-z0-9_]*)\s*(?:\[[^\]]*\])?\s*$/;
+        } elsif ($stmt =~ /([a-z_][a-z0-9_]*)\s*\(/) {
+            push @names, $1;
         }
     }
+    return @names;
+}
 
-    # depth-first search; a grey node reached again closes a cycle
+# A glue file's header, ngx_http_idempotency_X.h, declares what X.c exports.
+# The edges of the graph are then the #include lines: a glue .c including
+# the header of another glue .c calls into it.  The umbrella header
+# (shared types) and the transport's types header have no .c: no edge.
+sub include_graph {
+    my %edges;
+    for my $f (glob("$mod/ngx_http_idempotency_*.c")) {
+        my $n = basename($f, '.c');
+        $edges{$n} ||= {};
+        for my $h (slurp($f) =~ /^\s*#\s*include\s+"(ngx_http_idempotency_[a-z_]+)\.h"/mg) {
+            $edges{$n}{$h} = 1 if $h ne $n && -f "$mod/$h.c";
+        }
+    }
+    return %edges;
+}
+
+# depth-first search; a grey node reached again closes a cycle
+sub find_cycle {
+    my %edges = @_;
     my (%colour, @cycle);
     my $visit;
     $visit = sub {
@@ -99,16 +123,73 @@ subtest 'no call cycle between the glue files' => sub {
         }
         $colour{$n} = 2;
     };
-    $visit->($_) for grep { !$colour{$_} } sort keys %text;
-    is(join(' -> ', @cycle), '', 'the calls between glue files are acyclic');
+    $visit->($_) for grep { !$colour{$_} } sort keys %edges;
+    return @cycle;
+}
+
+subtest 'each glue file declares its exports in its own header' => sub {
+    my @files = sort glob("$mod/ngx_http_idempotency_*.c");
+    for my $f (@files) {
+        my $n = basename($f, '.c');
+        my $text = slurp($f);
+        # the functions, and the variables defined at column 0 without static
+        my %defined = map { $_ => 1 } external_functions($text),
+            $text =~ /^(?!static\b|return\b)[a-z_][a-z0-9_ ]*[ *](ngx_http_idem[a-z0-9_]*)(?:\[\])?\s*[=;]/mg;
+        next if $n eq 'ngx_http_idempotency_module';   # registers, exports none
+        my $h = "$mod/$n.h";
+        if (!-f $h) {
+            is(join(' ', sort keys %defined), '', "$n.c exports nothing, having no header");
+            next;
+        }
+        my %declared = map { $_ => 1 } declared_names(slurp($h));
+        is(join(' ', sort grep { !$declared{$_} } keys %defined), '',
+           "$n.h declares every function $n.c exports");
+        is(join(' ', sort grep { !$defined{$_} } keys %declared), '',
+           "$n.h declares only what $n.c defines");
+    }
+
+    # a header that included another glue file's header would give its
+    # prototypes to every includer without an #include line saying so
+    for my $h (sort glob("$mod/ngx_http_idempotency*.h")) {
+        my @up = grep { -f "$mod/$_.c" }
+                 slurp($h) =~ /^\s*#\s*include\s+"(ngx_http_idempotency_[a-z_]+)\.h"/mg;
+        is("@up", '', basename($h) . ' includes no other glue file\'s header');
+    }
+    my @protos = declared_names(slurp("$mod/ngx_http_idempotency.h"));
+    is("@protos", 'ngx_http_idempotency_module',
+       'the umbrella header declares no function (shared types only)');
+};
+
+subtest 'no call cycle between the glue files' => sub {
+    my %edges = include_graph();
+    ok(keys %edges > 20, 'found the glue files');
+    is(join(' -> ', find_cycle(%edges)), '', 'the #include graph between glue files is acyclic');
 
     # the counters of idempotency_metrics are below the transport: a leaf
     my @up = grep { !/^ngx_http_idempotency_($transport|metrics)$/ }
              sort map { keys %{ $edges{"ngx_http_idempotency_$_"} || {} } } @transport;
     is("@up", '', 'the transport calls no other glue file than the metrics counters');
-    ok(!$edges{ngx_http_idempotency_metrics}, 'the metrics counters call no other glue file');
+    ok(!%{ $edges{ngx_http_idempotency_metrics} }, 'the metrics counters call no other glue file');
     my @into = grep { $_ ne "ngx_http_idempotency_module" && $edges{$_}{ngx_http_idempotency_handler} } keys %edges;
     is("@into", "", "only the registration (_module.c) calls into the request flow (_handler.c)");
+
+    # the check itself: an edge back from the bottom of the spine is found
+    my %bent = map { $_ => { %{ $edges{$_} } } } keys %edges;
+    $bent{ngx_http_idempotency_metrics}{ngx_http_idempotency_module} = 1;
+    isnt(join(' -> ', find_cycle(%bent)), '', 'a cycle added to the graph is found');
+};
+
+# one room per concern: the files that grew with every feature stay small
+my %line_limit = (
+    'ngx_http_idempotency_module.c' => 1000,
+    'ngx_http_idempotency_claim.c'  => 900,
+);
+
+subtest 'line targets' => sub {
+    for my $f (sort keys %line_limit) {
+        my $n = () = slurp("$mod/$f") =~ /\n/g;
+        cmp_ok($n, '<', $line_limit{$f}, "$f has fewer than $line_limit{$f} lines");
+    }
 };
 
 subtest 'config builds every glue file' => sub {

@@ -139,6 +139,20 @@ sub show { my $c = shift; "rc=$c->{rc} sig=$c->{sig}\nstdout: $c->{stdout}\nstde
     isnt($c3->{json}{key}, $j->{key}, '--new: a new key');
     is($t->effects(key => $c3->{json}{key}), 1, '--new: its own effect');
     is($t->effects(key => $j->{key}), 1, 'the old action still has one');
+
+    # --replaces: a new action only while the state holds the key it names, so a job
+    # runner that reruns the step resumes the replacement instead of a third action
+    my $c4 = call('basic', extra => ['--replaces', $c3->{json}{key}]);
+    is($c4->{json}{outcome}, 'created', '--replaces KEY: a new action executes') or diag(show($c4));
+    isnt($c4->{json}{key}, $c3->{json}{key}, '--replaces KEY: under a new key');
+    my $c5 = call('basic', extra => ['--replaces', $c3->{json}{key}]);
+    is($c5->{rc}, 10, '--replaces KEY again: exit 10') or diag(show($c5));
+    is($c5->{json}{outcome}, 'replayed', '--replaces KEY again: the replacement replays');
+    is($c5->{json}{key}, $c4->{json}{key}, '--replaces KEY again: no third key');
+    is($t->effects(key => $c4->{json}{key}), 1, '--replaces: one effect');
+    my $c6 = call('basic', extra => ['--replaces', 'NOT-A-KEY']);
+    is($c6->{rc}, 64, '--replaces with a malformed key: usage error, exit 64') or diag(show($c6));
+    like($c6->{err}, qr/--replaces wants a key/, '... naming the option');
 }
 
 # ---- a proxy that cuts the first connection once nginx starts answering:

@@ -43,6 +43,12 @@ server {
         idempotency_lock deploy:\$environment:\$region;
         proxy_pass http://%%UPSTREAM%%;
     }
+    location /both {
+        idempotency on;
+        idempotency_unique both:\$region;
+        idempotency_lock deploy:\$environment;
+        proxy_pass http://%%UPSTREAM%%;
+    }
     location /open {
         idempotency on;
         idempotency_redis 127.0.0.1:$DEAD timeout=300ms;
@@ -324,6 +330,38 @@ is($t->effects(key => $k118), 1, 'dep-118: 1 effect');
     $x = $t->http(POST => '/open', key => $k, json => '{"id":"no environment"}', headers => [ Authorization => $AUTH ]);
     $t->is_problem($x, 400, 'lock-value-missing', name => 'no lock value: 400 lock-value-missing, never passed through');
     is($t->effects(key => $k), 0, '... 0 effects');
+}
+
+# ---- with idempotency_unique too: a request refused, or a retry with
+# another body, leaves no unique or lock key of its own (a first claim
+# takes them one by one, and gives back what it took when the next one is
+# present: redis-scripts/claimfresh.lua)
+{
+    my $both = sub {
+        my ($key, $env, $region, %o) = @_;
+        my @a = (POST => '/both', key => $key,
+                 json => JSON::PP->new->canonical->encode({ environment => $env, region => $region }),
+                 headers => [ Authorization => $AUTH, 'X-Delay' => $o{delay} // 0 ]);
+        return $o{bg} ? $t->http_bg(@a, timeout => 10) : $t->http(@a);
+    };
+    my ($a, $b, $c) = map { $t->key("both-$_") } 0 .. 2;
+    my $bg = $both->($a, 'qa', 'r1', delay => 1.5, bg => 1);
+    ok($t->wait_for(sub { $t->effects(key => $a) == 1 }, 5), 'unique + lock: the first runs');
+    my @held = grep { /:u$/ } $t->redis_keys('*');
+    is(scalar @held, 1, '... it took its unique key');
+    my $x = $both->($b, 'qa', 'r2');
+    $t->is_problem($x, 409, 'lock-held', name => 'unique + lock: another identity, the same lock: lock-held');
+    is($t->effects(key => $b), 0, '... 0 effects');
+    is_deeply([ grep { /:u$/ } $t->redis_keys('*') ], \@held,
+              '... and its own unique key was given back: only the holder\'s is there');
+    is($bg->result(10)->{status}, 201, 'the first completes');
+    my $y = $both->($a, 'qa-changed', 'r3');
+    $t->is_problem($y, 409, 'fingerprint-mismatch', name => 'a retry of the first with another body: fingerprint-mismatch');
+    is($t->effects(key => $a), 1, '... 1 effect');
+    is($t->redis('EXISTS', lock_name('deploy:qa-changed')), 0, '... its lock key was given back');
+    is_deeply([ grep { /:u$/ } $t->redis_keys('*') ], \@held, '... and its unique key');
+    my $z = $both->($c, 'qa', 'r2');
+    is($z->{status}, 201, 'then the refused identity runs with a key of its own') or diag($t->show($z));
 }
 
 # ---- $idempotency_outcome locked; lock keys hold no value in clear

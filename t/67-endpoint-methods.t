@@ -2,7 +2,8 @@
 # The module's own endpoints (status, admin, approve, the approval page,
 # metrics) answer a
 # method they do not take with a 405 problem+json (method-not-allowed) and
-# the Allow header, never nginx's HTML page; a body sent with it is
+# the Allow header, never nginx's HTML page, and nginx's own 413 (a body
+# over client_max_body_size) and 500 as problems too; a body sent with it is
 # discarded (the connection serves the next request), nothing is done (no
 # release, no approval, no Redis write), and the methods they do take still
 # get their usual answers.
@@ -25,12 +26,22 @@ server {
         proxy_pass http://%%UPSTREAM%%;
     }
     location = /status {
+        client_max_body_size 1k;
         idempotency_status;
+    }
+    location = /status-broken {
+        idempotency_status;
+        return 500;
+    }
+    location = /approve-broken {
+        idempotency_approve;
+        return 500;
     }
     location = /admin {
         idempotency_admin on;
     }
     location = /approve {
+        client_max_body_size 1k;
         idempotency_approve;
     }
     location = /metrics {
@@ -85,6 +96,44 @@ for my $path (sort keys %REFUSED) {
         'HEAD /approve: application/problem+json');
     is($r->{headers}{allow}, 'POST', 'HEAD /approve: Allow: POST');
     is($r->{content}, '', 'HEAD /approve: no body');
+}
+
+# nginx's own answers in these locations are problems too, not its HTML
+# pages: a body over client_max_body_size (413, told by Content-Length
+# before the endpoint runs, or found while the endpoint reads a chunked
+# body), and a 500
+{
+    my $big = '{"operation_id":"' . ('a' x 32) . '","pad":"' . ('x' x 2048) . '"}';
+    my $r = $t->http(POST => '/approve', body => $big,
+                     headers => [ 'Content-Type' => 'application/json' ]);
+    $t->is_problem($r, 413, 'body-too-large', name => 'POST /approve, 2 KiB over 1k: 413 problem',
+        key => undef, retry_after => 0);
+    unlike($r->{content}, qr/<html/i, 'POST /approve, too large: not nginx\'s HTML page');
+
+    $r = $t->http(GET => '/status', key => $KEY, body => $big);
+    $t->is_problem($r, 413, 'body-too-large', name => 'GET /status with a 2 KiB body: 413 problem',
+        key => undef, retry_after => 0);
+
+    my $chunk = sprintf("%x\r\n%s\r\n0\r\n\r\n", length $big, $big);
+    my $raw = $t->raw("POST /approve HTTP/1.1\r\nHost: localhost\r\n"
+                      . "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n"
+                      . "Connection: close\r\n\r\n$chunk");
+    ($r) = $t->parse_responses($raw);
+    $t->is_problem($r, 413, 'body-too-large', name => 'POST /approve, chunked 2 KiB: 413 problem',
+        key => undef, retry_after => 0);
+
+    for my $path ('/status-broken', '/approve-broken') {
+        $r = $t->http(GET => $path, key => $KEY);
+        $t->is_problem($r, 500, 'internal-error', name => "GET $path: 500 problem",
+            key => undef, retry_after => 0);
+        unlike($r->{content}, qr/<html/i, "GET $path: not nginx's HTML page");
+    }
+
+    $r = $t->http(HEAD => '/status-broken');
+    is($r->{status}, 500, 'HEAD /status-broken: 500');
+    like($r->{headers}{'content-type'} // '', qr{^application/problem\+json\b},
+        'HEAD /status-broken: application/problem+json');
+    is($r->{content}, '', 'HEAD /status-broken: no body');
 }
 
 # the refused request's body is read and dropped: the next request on the

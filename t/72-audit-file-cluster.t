@@ -86,6 +86,10 @@ for my $m (@masters) {
     my $kd = key_on('d', $m);
     $r = post($kd, { d => 1 }, 'X-Status' => 503);
     is($r->{status}, 503, "master $m: D: the upstream's 503");
+    # the 503 reaches the client before its own worker writes `accepted released`; a
+    # retry another worker executes at once would interleave its lines with those
+    ok($t->wait_for(sub { "@{ shown($kd) }" eq 'attempted sent accepted released' }, 5),
+       "master $m: D: the 503 released, in the file") or diag("@{ shown($kd) }");
     # the retry rule: the release may still be on its way (409 in-progress)
     ok($t->wait_for(sub { post($kd, { d => 1 })->{status} == 201 }, 5), "master $m: D: the retry executes");
     # (a retry told in-progress while the release was on its way is its own pair)

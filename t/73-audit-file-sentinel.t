@@ -58,6 +58,10 @@ is($r->{status}, 409, 'A: another body: 409');
 is(shown($ka), 'attempted sent accepted completed attempted replayed attempted conflict', 'A: the story in the file');
 my $kd = $t->key('d');
 $r = $t->http(POST => '/pay', key => $kd, json => { d => 1 }, headers => [ 'X-Status' => 503 ]);
+# the 503 reaches the client before its own worker writes `accepted released`; a retry
+# that another worker executes at once would interleave its lines with those
+ok($t->wait_for(sub { shown($kd) eq 'attempted sent accepted released' }, 5), 'D: the 503 released, in the file')
+    or diag(shown($kd));
 # the retry rule: the release may still be on its way (409 in-progress)
 ok($t->wait_for(sub { $t->http(POST => '/pay', key => $kd, json => { d => 1 })->{status} == 201 }, 5),
    'D: the retry after a 503 executes');

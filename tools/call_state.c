@@ -362,8 +362,8 @@ state_save(call_state_t *st)
 }
 
 
-static int
-key_valid(const char *k)
+int
+call_key_valid(const char *k)
 {
     size_t  i;
 
@@ -405,7 +405,7 @@ state_load(call_state_t *st, const char *op)
     key = call_json_str(st->doc, "key");
     name = call_json_str(st->doc, "op");
 
-    if (!cJSON_IsObject(st->doc) || !key_valid(key) || name == NULL
+    if (!cJSON_IsObject(st->doc) || !call_key_valid(key) || name == NULL
         || strcmp(name, op) != 0 || call_json_str(st->doc, "method") == NULL
         || call_json_str(st->doc, "url") == NULL
         || call_json_str(st->doc, "body_sha256") == NULL)
@@ -479,7 +479,8 @@ state_differs(call_state_t *st, const call_action_t *a)
 
 /* the key of this action, read or created and persisted, under lock */
 int
-call_state_prepare(call_state_t *st, const call_action_t *a, int new_op)
+call_state_prepare(call_state_t *st, const call_action_t *a,
+    const char *replaces)
 {
     const char  *what;
     int          rc;
@@ -488,7 +489,11 @@ call_state_prepare(call_state_t *st, const call_action_t *a, int new_op)
         return CALL_STATE_UNUSABLE;
     }
 
-    rc = new_op ? 1 : state_load(st, a->op);
+    rc = (replaces != NULL && replaces[0] == '\0') ? 1 : state_load(st, a->op);
+
+    if (rc == 0 && replaces != NULL && strcmp(st->key, replaces) == 0) {
+        rc = 1;
+    }
 
     if (rc == 1) {
         rc = state_create(st, a);

@@ -48,7 +48,13 @@ void call_state_free(call_state_t *st);
 /* dir: the chosen one, or NULL for the environment's default */
 int call_state_dir(call_state_t *st, const char *dir, const char *op);
 
-int call_state_prepare(call_state_t *st, const call_action_t *a, int new_op);
+/*
+ * replaces: NULL resumes the recorded action; "" starts a new one (--new);
+ * a key starts a new one only while the state still holds that key, so the
+ * retry of a call that already replaced it resumes the replacement
+ */
+int call_state_prepare(call_state_t *st, const call_action_t *a,
+    const char *replaces);
 void call_state_record(call_state_t *st, const char *op, const char *outcome,
     long status);
 
@@ -56,6 +62,7 @@ int call_state_write(call_state_t *st, const char *path, const char *data,
     size_t n);
 
 int call_op_name_valid(const char *op);
+int call_key_valid(const char *k);     /* the shape of the keys minted here */
 void call_body_sha(const char *body, size_t len, char out[65]);
 char *call_read_file(const char *path, size_t *len, char *err, size_t errlen);
 const char *call_json_str(cJSON *obj, const char *name);

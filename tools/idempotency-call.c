@@ -62,7 +62,7 @@ typedef struct {
     char                body_sha[65];
     long                max_time_ms;
     long                deadline_ms;
-    int                 new_op;
+    const char         *replaces;
 } call_opts_t;
 
 
@@ -98,7 +98,8 @@ test_pause(const char *point)
 static void
 usage(FILE *f)
 {
-    fputs("usage: idempotency-call --op NAME [--state-dir DIR] [--new]\n"
+    fputs("usage: idempotency-call --op NAME [--state-dir DIR]\n"
+          "         [--replaces KEY | --new]\n"
           "         [--status-url URL] [--max-time S] [--deadline S]\n"
           "         -X METHOD URL [-H 'Name: value']... [-d @file | -d data]\n"
           "\n"
@@ -107,7 +108,9 @@ usage(FILE *f)
           "  --state-dir DIR   default $IDEMPOTENCY_STATE_DIR, else\n"
           "                    $XDG_STATE_HOME/idempotency-call, else\n"
           "                    ~/.local/state/idempotency-call\n"
-          "  --new             a new action under this name: a new key\n"
+          "  --replaces KEY    a new action under this name, replacing the one\n"
+          "                    with KEY; run again, it resumes the new one\n"
+          "  --new             a new action under this name, whatever it holds\n"
           "  --status-url URL  the module's idempotency_status location, asked\n"
           "                    after a timeout or a lost connection\n"
           "  --max-time S      bound of one attempt (default 30)\n"
@@ -218,7 +221,16 @@ parse_option(call_opts_t *o, int c)
     switch (c) {
     case 'o': o->op = optarg; return 0;
     case 's': o->state_dir = optarg; return 0;
-    case 'n': o->new_op = 1; return 0;
+    case 'n': o->replaces = ""; return 0;
+
+    case 'r':
+        if (!call_key_valid(optarg)) {
+            fail_msg("--replaces wants a key this tool printed (32 lowercase"
+                     " hex digits), got \"%s\"", optarg);
+            return -1;
+        }
+        o->replaces = optarg;
+        return 0;
     case 'u': o->status_url = optarg; return 0;
     case 'X': o->method = optarg; return 0;
     case 'H': return header_add(o, optarg);
@@ -293,6 +305,7 @@ parse_args(int argc, char **argv, call_opts_t *o)
         { "op",         required_argument, NULL, 'o' },
         { "state-dir",  required_argument, NULL, 's' },
         { "new",        no_argument,       NULL, 'n' },
+        { "replaces",   required_argument, NULL, 'r' },
         { "status-url", required_argument, NULL, 'u' },
         { "max-time",   required_argument, NULL, 'm' },
         { "deadline",   required_argument, NULL, 'D' },
@@ -572,7 +585,7 @@ state_prepare(call_ctx_t *cx)
         return EX_BAD_INPUT;
     }
 
-    rc = call_state_prepare(cx->st, &a, o->new_op);
+    rc = call_state_prepare(cx->st, &a, o->replaces);
 
     if (rc == CALL_STATE_CONFLICT) {
         return local_conflict(cx);

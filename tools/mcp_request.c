@@ -31,7 +31,7 @@ typedef struct {
     char                 body_sha[65];
     char                *url;
     struct curl_slist   *headers;   /* the target's, the agent's, the type */
-    int                  new_op;
+    const char          *replaces;
     char                 why[512];
 } req_t;
 
@@ -384,10 +384,15 @@ req_parse(req_t *rq, const mcp_config_t *cf, cJSON *args)
     no = cJSON_GetObjectItemCaseSensitive(args, "new_operation");
     rq->method = m ? (cJSON_IsString(m) ? m->valuestring : "") : "POST";
 
-    if (no != NULL && !cJSON_IsBool(no)) {
-        return req_refuse(rq, "%s", "new_operation: a boolean");
+    if (no != NULL && !cJSON_IsFalse(no)
+        && !(cJSON_IsString(no) && call_key_valid(no->valuestring)))
+    {
+        return req_refuse(rq, "%s", "new_operation: the idempotency_key of"
+                          " the action it replaces (from that call's result or"
+                          " operation_status), so that a retry of this call"
+                          " resumes the new action instead of starting a third");
     }
-    rq->new_op = cJSON_IsTrue(no);
+    rq->replaces = cJSON_IsString(no) ? no->valuestring : NULL;
 
     if (req_path(rq) != 0 || req_method(rq) != 0
         || req_body(rq, args, &ctype) != 0
@@ -488,7 +493,7 @@ res_next_step(cJSON *o, call_run_t *run, req_t *rq)
     case CALL_OUT_CONFLICT:
         snprintf(s, sizeof(s), "Stop: operation %s was used for a different"
                  " request. Resend exactly the original request, or use a new"
-                 " operation name (or new_operation: true) only if this is"
+                 " operation name (or new_operation: this key) only if this is"
                  " deliberately a new action.", rq->op); break;
     case CALL_OUT_UNKNOWN:
         snprintf(s, sizeof(s), "Stop: the outcome is unknown (it may or may"
@@ -619,7 +624,8 @@ req_conflict(req_t *rq, call_state_t *st)
     cJSON_AddStringToObject(o, "detail", st->err);
     snprintf(s, sizeof(s), "Stop: operation %s was used for a different"
              " request (nothing was sent). Resend exactly the original"
-             " request, or use a new operation name (or new_operation: true)"
+             " request, or use a new operation name (or new_operation: the"
+             " idempotency_key above)"
              " only if this is deliberately a new action.", rq->op);
     cJSON_AddStringToObject(o, "next_step", s);
     mcp_log("call operation=%s outcome=conflict (state file)", rq->op);
@@ -691,7 +697,7 @@ mcp_idempotent_request(const mcp_config_t *cf, cJSON *args,
         a.method = rq.method;
         a.url = rq.url;
         a.body_sha = rq.body_sha;
-        rc = call_state_prepare(&st, &a, rq.new_op);
+        rc = call_state_prepare(&st, &a, rq.replaces);
 
         res = (rc == CALL_STATE_CONFLICT) ? req_conflict(&rq, &st)
               : (rc != 0) ? mcp_refused(rq.op, st.err)

@@ -157,7 +157,11 @@ async function concurrency(c) {
 async function conflicts(c) {
     report.conf1 = await req(c, { operation: 't-conf', path: '/tickets', body: { v: 1 } });
     report.conf2 = await req(c, { operation: 't-conf', path: '/tickets', body: { v: 2 } });
-    report.conf3 = await req(c, { operation: 't-conf', path: '/tickets', body: { v: 2 }, new_operation: true });
+    const k1 = report.conf1.structuredContent && report.conf1.structuredContent.idempotency_key;
+    report.confTrue = await req(c, { operation: 't-conf', path: '/tickets', body: { v: 2 }, new_operation: true });
+    report.conf3 = await req(c, { operation: 't-conf', path: '/tickets', body: { v: 2 }, new_operation: k1 });
+    // the host retries the same call (it timed out on its side): the new action resumes
+    report.conf4 = await req(c, { operation: 't-conf', path: '/tickets', body: { v: 2 }, new_operation: k1 });
 }
 
 async function confirmation(c) {

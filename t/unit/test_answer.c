@@ -49,7 +49,9 @@ static const struct {
     { IDEM_ANS_CROSS_SITE, "cross-site-request" },
     { IDEM_ANS_CONFIRM_DECLINED, "confirmation-declined" },
     { IDEM_ANS_APPROVER_MISMATCH, "approver-mismatch" },
-    { IDEM_ANS_AUDIT_UNAVAILABLE, "audit-unavailable" }
+    { IDEM_ANS_AUDIT_UNAVAILABLE, "audit-unavailable" },
+    { IDEM_ANS_BODY_TOO_LARGE, "body-too-large" },
+    { IDEM_ANS_INTERNAL_ERROR, "internal-error" }
 };
 
 #define NEXPECTED  (sizeof(expected) / sizeof(expected[0]))

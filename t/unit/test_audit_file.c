@@ -186,10 +186,138 @@ test_chain(const unsigned char *k, const char *what)
 }
 
 
+/*
+ * The writer's hasher (contexts set up once, HMAC pads absorbed once)
+ * gives the one-shot idem_audit_hash()'s lines: without a key, with a
+ * key, with one longer than SHA-256's block, again and again.
+ */
+static void
+test_hasher(void)
+{
+    int                        i, same;
+    char                       a[4096], b[4096];
+    char                       ha[IDEM_AUDIT_HASH_LEN + 1];
+    char                       hb[IDEM_AUDIT_HASH_LEN + 1];
+    char                      *ea, *eb;
+    size_t                     lens[4] = { 0, 32, 64, 100 };
+    unsigned char              k[100];
+    idem_audit_entry_t         e;
+    idem_audit_file_hasher_t  *h;
+
+    for (i = 0; i < (int) sizeof(k); i++) {
+        k[i] = (unsigned char) (i * 7 + 1);
+    }
+
+    for (i = 0; i < 4; i++) {
+        h = idem_audit_file_hasher(lens[i] ? k : NULL, lens[i]);
+        ok(h != NULL, "a hasher, key of %zu bytes", lens[i]);
+        if (h == NULL) {
+            continue;
+        }
+
+        same = 1;
+
+        for (int j = 0; j < 3; j++) {
+            e = entry(j);
+            e.seq = (uint64_t) j + 1;
+            e.prev.data = idem_audit_genesis;
+            e.prev.len = IDEM_AUDIT_HASH_LEN;
+
+            ea = idem_audit_file_line(a, &e, lens[i] ? k : NULL, lens[i], ha);
+            eb = idem_audit_file_line_h(b, &e, h, hb);
+
+            same &= ea && eb && ea - a == eb - b && memcmp(a, b, ea - a) == 0
+                    && strcmp(ha, hb) == 0;
+        }
+
+        ok(same, "key of %zu bytes: the same lines as HMAC()/SHA-256 "
+           "one-shot", lens[i]);
+        idem_audit_file_hasher_free(h);
+    }
+}
+
+
+/*
+ * Strings long enough for the writer's eight-bytes-at-a-time scan, with
+ * each byte it must not copy as is (a control, '"', '\\', DEL and a
+ * byte >= 0x80) at every position of an eight-byte block: the line is
+ * still its own RFC 8785 form and reads back to the same string.
+ */
+static void
+test_runs(void)
+{
+    int                  pos, c, good;
+    char                 buf[8192], hash[IDEM_AUDIT_HASH_LEN + 1], *end, *h;
+    char                 s[40], why[200];
+    void                *tree;
+    mem_t                m;
+    idem_sink_t          sink;
+    idem_audit_entry_t   e, d;
+    const unsigned char  bad[] = { 0x01, 0x1f, '"', '\\', 0x7f, 0xc3, 0xff };
+
+    good = 1;
+
+    for (pos = 0; pos < 24; pos++) {
+        for (c = 0; c < (int) sizeof(bad); c++) {
+            memset(s, 'a' + pos % 26, sizeof(s));
+            s[pos] = (char) bad[c];
+            if (bad[c] == 0xc3) {
+                s[pos + 1] = (char) 0xa9;     /* a whole UTF-8 character */
+            }
+
+            e = entry(1);
+            e.seq = 1;
+            e.prev.data = idem_audit_genesis;
+            e.prev.len = IDEM_AUDIT_HASH_LEN;
+            e.identity.data = s;
+            e.identity.len = sizeof(s);
+
+            end = idem_audit_file_line(buf, &e, NULL, 0, hash);
+            if (end == NULL) {
+                good = 0;
+                continue;
+            }
+
+            if (idem_audit_file_parse(buf, (size_t) (end - 1 - buf), &d, hash,
+                                      &tree, why, sizeof(why)) != 0
+                || (bad[c] < 0x80 || bad[c] == 0xc3
+                    ? d.identity.len != sizeof(s)
+                      || memcmp(d.identity.data, s, sizeof(s)) != 0
+                    : d.identity.len != sizeof(s) + 1))
+            {
+                good = 0;
+            }
+
+            idem_audit_file_free(tree);
+
+            h = strstr(buf, ",\"hash\":\"");
+            *h = '}';
+            memset(&m, 0, sizeof(m));
+            mem_sink(&m, &sink);
+
+            if (idem_jcs_canonicalize(buf, (size_t) (h + 1 - buf), &sink)
+                != IDEM_JCS_OK
+                || m.len != (size_t) (h + 1 - buf)
+                || memcmp(m.data, buf, m.len) != 0)
+            {
+                good = 0;
+            }
+
+            mem_free(&m);
+        }
+    }
+
+    ok(good, "long strings with a byte to escape anywhere: canonical, read "
+       "back");
+}
+
+
 int
 main(void)
 {
     test_line();
+    test_hasher();
+    test_runs();
     test_chain(NULL, "SHA-256");
     test_chain(key, "HMAC");
 

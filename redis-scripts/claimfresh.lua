@@ -1,0 +1,48 @@
+-- claim.lua's first case, before its needs are defined: a first write
+-- with idempotency_unique or idempotency_lock whose record, unique key and
+-- lock key are all absent, without the audit.  claim.lua would find each
+-- of them absent, hold nothing against the claim, and write the same
+-- values with the same TTLs; here each absent key is taken by the SET
+-- that finds it absent (NX ... GET), and no function of fields.lua,
+-- layout1.lua, audit.lua or claim.lua is made for it (bench/RESULTS.md,
+-- "idempotency_unique and idempotency_lock: the fresh claim").
+--
+-- A key present (a retry, the identity or lock of another operation, a
+-- record of layout 1 or another type: the SET answers its value or an
+-- error) gives back what this took, by DEL of keys that were absent, so
+-- that claim.lua decides on the keys as they were, within the same atomic
+-- script.  A proposal (value not in_progress) or audit arguments: claim.lua
+-- decides, as before.  KEYS and ARGV as claim.lua's; only the commands of
+-- the documented ACL user (docs/redis.md).
+
+local function claimfresh_take(key, v, px)
+    return not redis.pcall('SET', key, v, 'NX', 'PX', px, 'GET')
+end
+
+if #KEYS >= 4 and not ARGV[nargs + 1] and in_state(value, 'i') then
+    local name = KEYS[1] .. op_of(value)
+    local unique, lock = KEYS[2] ~= KEYS[1], KEYS[3] ~= KEYS[1]
+    local bttl = business_ttl(ttl)
+    -- the business keys first: a retry, a reuse or a refused lock finds
+    -- one of them present before this has taken anything to give back
+    if not unique or claimfresh_take(KEYS[2], name .. loc, bttl)
+    then
+        if not lock
+           or claimfresh_take(KEYS[3], name .. scope, bttl)
+        then
+            if claimfresh_take(KEYS[1], value, ttl) then
+                -- the lock's name beside the record (claim.lua)
+                if lock and KEYS[4] ~= KEYS[1] then
+                    redis.call('SET', KEYS[4], name .. KEYS[3], 'PX', bttl)
+                end
+                return {'claimed'}
+            end
+            if lock then
+                redis.call('DEL', KEYS[3])
+            end
+        end
+        if unique then
+            redis.call('DEL', KEYS[2])
+        end
+    end
+end
