@@ -26,6 +26,7 @@
 #include <openssl/rand.h>
 
 #include "ngx_http_idempotency.h"
+#include "ngx_http_idempotency_bkeys.h"
 
 
 static void ngx_http_idem_claim_done(ngx_http_idem_cmd_t *cmd,
@@ -1140,6 +1141,25 @@ ngx_http_idem_claim_parse(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
 }
 
 
+/*
+ * A reply in claim.lua's words, from the second step on a cluster
+ * (redis-scripts/business_holder.lua): the answer it gives the request.
+ */
+ngx_http_idem_answer_e
+ngx_http_idem_claim_reply_answer(ngx_http_request_t *r,
+    ngx_http_idem_ctx_t *ctx, redisReply *reply)
+{
+    size_t        n;
+    idem_rv_t     el[IDEM_CLAIM_ELEMS];
+    idem_claim_t  c;
+
+    n = ngx_http_idem_reply_elements(reply, el, IDEM_CLAIM_ELEMS);
+    idem_claim_decode(el, n, &c);
+
+    return ngx_http_idem_claim_decoded(r, ctx, &c, 1);
+}
+
+
 /* whether the claim may have taken the key: no reply, or "claimed" */
 static ngx_uint_t
 ngx_http_idem_claim_made(ngx_http_idem_cmd_t *cmd, redisReply *reply)
@@ -1223,6 +1243,16 @@ ngx_http_idem_resume(ngx_http_idem_ctx_t *ctx)
 static void
 ngx_http_idem_claim_answered(ngx_http_idem_ctx_t *ctx)
 {
+    /*
+     * THE dispatch to the second step of a claim on a Redis Cluster: the
+     * business keys (idempotency_unique, _lock), each in its own slot,
+     * once the record is claimed (ngx_http_idempotency_bkeys.c).  One
+     * server and Sentinel took them inside claim.lua and go on.
+     */
+    if (ngx_http_idem_bkeys_start(ctx) == NGX_OK) {
+        return;
+    }
+
     ctx->phase = NGX_HTTP_IDEM_ANSWERED;
     ngx_http_idem_resume(ctx);
 }

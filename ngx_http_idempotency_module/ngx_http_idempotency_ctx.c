@@ -7,6 +7,7 @@
 #include <ngx_config.h>
 #include <ngx_core.h>
 #include "ngx_http_idempotency.h"
+#include "ngx_http_idempotency_bkeys.h"
 
 
 static void
@@ -39,6 +40,9 @@ ngx_http_idem_cleanup(void *data)
                                         NGX_HTTP_IDEM_END_RELEASE);
         }
     }
+
+    /* business keys being taken on a cluster: given back, with the claim */
+    ngx_http_idem_bkeys_cleanup(ctx);
 
     ngx_http_idem_wait_stop(ctx);
     ngx_http_idem_abandon(ctx->request, ctx);

@@ -1,0 +1,475 @@
+/*
+ * idempotency_unique and idempotency_lock on a Redis Cluster
+ * (docs/business-keys.md, "On a Redis Cluster").
+ *
+ * The claim has made the record in_progress in its slot, with this
+ * attempt's operation id; nothing has reached the upstream yet.  Each
+ * business key is then taken in its own slot, the unique key first, one
+ * single-key script at a time (redis-scripts/business_key.lua): taken
+ * when absent, or when it names an operation that its record, read in the
+ * record's slot (business_holder.lua), shows to hold nothing; a key whose
+ * name changed meanwhile is decided again, at most three times.  A key
+ * held by a live operation refuses the request with claim.lua's answer
+ * (reused, in progress, unknown, lock held); what this attempt took is
+ * then given back, the record by a compare on its owner token and each
+ * key by a compare on its name.  Only when every key is taken does the
+ * request go on to the upstream.
+ *
+ * Why no two operations run at once: a key leaves an operation's name
+ * only after that operation's record was seen holding nothing, and an
+ * operation that holds nothing never holds again (its record is only
+ * ever claimed anew under a new operation id).  An operation runs only
+ * after it has taken its keys, and its record was in_progress before the
+ * first of them named it.
+ */
+
+#include <ngx_config.h>
+#include <ngx_core.h>
+
+#include "ngx_http_idempotency_bkeys.h"
+
+
+#define NGX_HTTP_IDEM_BKEY_ROUNDS  3
+
+
+typedef struct {
+    u_char                      *key;       /* the unique or lock key */
+    ngx_str_t                    name;      /* this attempt's value */
+    ngx_str_t                    tag;       /* location or scope */
+    char                         kind;      /* 'u' or 'l' */
+    unsigned                     taken:1;   /* may name this attempt */
+} ngx_http_idem_bkey_t;
+
+
+typedef struct {
+    ngx_http_idem_ctx_t         *ctx;
+    ngx_http_idem_cmd_t         *cmd;       /* in flight */
+    ngx_http_idem_bkey_t         key[2];
+    ngx_uint_t                   n;
+    ngx_uint_t                   i;         /* the key being taken */
+    ngx_uint_t                   rounds;
+    ngx_str_t                    expect;    /* a name seen holding nothing */
+    unsigned                     deciding:1;
+} ngx_http_idem_bkeys_t;
+
+
+static void ngx_http_idem_bkeys_take(ngx_http_idem_bkeys_t *p);
+
+
+static int64_t
+ngx_http_idem_bkeys_ttl(ngx_http_idem_ctx_t *ctx)
+{
+    /* twice the record's, as on one server (redis-scripts/prelude.lua) */
+    return 2 * (int64_t) ctx->conf->ttl * 1000;
+}
+
+
+static ngx_http_idem_cmd_t *
+ngx_http_idem_bkeys_cmd(ngx_http_idem_redis_t *rd, u_char *key,
+    const char *mode, ngx_str_t *name, ngx_str_t *expect, int64_t ttl,
+    ngx_log_t *log)
+{
+    ngx_http_idem_cmd_t  *cmd;
+
+    cmd = ngx_http_idem_cmd_create(rd, NGX_HTTP_IDEM_SCRIPT_BUSINESS_KEY, key,
+                                   4 + name->len + expect->len
+                                   + NGX_INT64_LEN, log);
+    if (cmd == NULL) {
+        return NULL;
+    }
+
+    ngx_http_idem_cmd_set(cmd, NGX_HTTP_IDEM_BUSINESS_KEY_MODE, mode,
+                          ngx_strlen(mode));
+    ngx_http_idem_cmd_set(cmd, NGX_HTTP_IDEM_BUSINESS_KEY_NAME, name->data,
+                          name->len);
+    ngx_http_idem_cmd_set(cmd, NGX_HTTP_IDEM_BUSINESS_KEY_EXPECT,
+                          expect->data, expect->len);
+    ngx_http_idem_cmd_set_num(cmd, NGX_HTTP_IDEM_BUSINESS_KEY_TTL, ttl);
+
+    return cmd;
+}
+
+
+/*
+ * A key this attempt may have taken, back, or kept for twice the TTL
+ * ("keep"): a compare on its name, so harmless when late; a give-back is
+ * sent again after a lost connection.
+ */
+static void
+ngx_http_idem_bkeys_send(ngx_http_idem_redis_t *rd, u_char *key,
+    const char *mode, ngx_str_t *name, int64_t ttl, ngx_log_t *log)
+{
+    ngx_str_t             none = ngx_null_string;
+    ngx_http_idem_cmd_t  *cmd;
+
+    cmd = ngx_http_idem_bkeys_cmd(rd, key, mode, name, &none, ttl, log);
+
+    if (cmd) {
+        cmd->durable = (mode[0] == 'd');
+    }
+
+    if (cmd == NULL
+        || ngx_http_idem_cmd_send(cmd, NULL, NULL) == NGX_ERROR)
+    {
+        ngx_log_error(NGX_LOG_WARN, log, 0,
+                      "idempotency: cannot %s a business key; it names a "
+                      "record, which alone says whether it is held", mode);
+    }
+}
+
+
+/* a refusal: the keys taken and the record go back, then the answer */
+static void
+ngx_http_idem_bkeys_give_back(ngx_http_idem_bkeys_t *p)
+{
+    ngx_uint_t            k;
+    ngx_http_idem_ctx_t  *ctx;
+
+    ctx = p->ctx;
+    p->deciding = 0;
+
+    for (k = 0; k < p->n; k++) {
+        if (p->key[k].taken) {
+            ngx_http_idem_bkeys_send(ctx->conf->redis, p->key[k].key, "drop",
+                                     &p->key[k].name, 0,
+                                     ctx->request->connection->log);
+            p->key[k].taken = 0;
+        }
+    }
+
+    /* no status: the record is deleted, fenced by the owner token */
+    (void) ngx_http_idem_finish(ctx->request, ctx, NGX_HTTP_IDEM_END_RELEASE);
+}
+
+
+static void
+ngx_http_idem_bkeys_answered(ngx_http_idem_bkeys_t *p,
+    ngx_http_idem_answer_e answer)
+{
+    ngx_http_idem_ctx_t  *ctx;
+
+    ctx = p->ctx;
+
+    if (answer != NGX_HTTP_IDEM_ANS_NONE) {
+        if (p->deciding) {
+            ngx_http_idem_bkeys_give_back(p);
+        }
+
+        ctx->answer = answer;
+    }
+
+    p->deciding = 0;
+    ctx->phase = NGX_HTTP_IDEM_ANSWERED;
+    ngx_http_idem_resume(ctx);
+}
+
+
+/* {"free"}: the name seen holds nothing; anything else refuses */
+static void
+ngx_http_idem_bkeys_looked(ngx_http_idem_cmd_t *cmd, redisReply *reply)
+{
+    ngx_str_t               s;
+    ngx_http_idem_ctx_t    *ctx;
+    ngx_http_idem_bkeys_t  *p;
+    ngx_http_idem_answer_e  answer;
+
+    p = cmd->data;
+
+    if (p == NULL) {
+        return;
+    }
+
+    p->cmd = NULL;
+    ctx = p->ctx;
+
+    if (reply == NULL || reply->type != REDIS_REPLY_ARRAY
+        || reply->elements == 0
+        || ngx_http_idem_reply_str(reply->element[0], &s) != NGX_OK)
+    {
+        ngx_http_idem_bkeys_answered(p, reply == NULL
+                                        ? NGX_HTTP_IDEM_ANS_STORE_DOWN
+                                        : NGX_HTTP_IDEM_ANS_STORE_ERROR);
+        return;
+    }
+
+    if (s.len == 4 && ngx_strncmp(s.data, "free", 4) == 0) {
+        ngx_http_idem_bkeys_take(p);
+        return;
+    }
+
+    /* given back first: the answer rewrites what the request knows */
+    ngx_http_idem_bkeys_give_back(p);
+
+    answer = ngx_http_idem_claim_reply_answer(ctx->request, ctx, reply);
+
+    ngx_http_idem_bkeys_answered(p, answer == NGX_HTTP_IDEM_ANS_CLAIMED
+                                    ? NGX_HTTP_IDEM_ANS_STORE_ERROR
+                                    : answer);
+}
+
+
+/* another operation's name h: read its record, in the record's slot */
+static void
+ngx_http_idem_bkeys_look(ngx_http_idem_bkeys_t *p, ngx_str_t *h)
+{
+    ngx_uint_t             same;
+    ngx_http_idem_cmd_t   *cmd;
+    ngx_http_idem_ctx_t   *ctx;
+    ngx_http_idem_bkey_t  *k;
+
+    ctx = p->ctx;
+    k = &p->key[p->i];
+
+    if (h->len < IDEM_RECORD_KEY_LEN + NGX_HTTP_IDEM_TOKEN_HEX
+        || ++p->rounds > NGX_HTTP_IDEM_BKEY_ROUNDS)
+    {
+        /* not a name of this module, or a key changing hands too fast */
+        ngx_http_idem_bkeys_answered(p, NGX_HTTP_IDEM_ANS_STORE_DOWN);
+        return;
+    }
+
+    p->expect.data = ngx_pstrdup(ctx->request->pool, h);
+    p->expect.len = h->len;
+
+    same = h->len == IDEM_RECORD_KEY_LEN + NGX_HTTP_IDEM_TOKEN_HEX
+                     + k->tag.len
+           && ngx_memcmp(h->data + IDEM_RECORD_KEY_LEN
+                         + NGX_HTTP_IDEM_TOKEN_HEX, k->tag.data, k->tag.len)
+              == 0;
+
+    cmd = p->expect.data == NULL
+          ? NULL
+          : ngx_http_idem_cmd_create(ctx->conf->redis,
+                                     NGX_HTTP_IDEM_SCRIPT_BUSINESS_HOLDER,
+                                     p->expect.data,
+                                     NGX_HTTP_IDEM_TOKEN_HEX + 2,
+                                     ctx->request->connection->log);
+    if (cmd) {
+        ngx_http_idem_cmd_set(cmd, NGX_HTTP_IDEM_BUSINESS_HOLDER_OP,
+                              p->expect.data + IDEM_RECORD_KEY_LEN,
+                              NGX_HTTP_IDEM_TOKEN_HEX);
+        ngx_http_idem_cmd_set(cmd, NGX_HTTP_IDEM_BUSINESS_HOLDER_KIND,
+                              &k->kind, 1);
+        ngx_http_idem_cmd_set(cmd, NGX_HTTP_IDEM_BUSINESS_HOLDER_SAME,
+                              same ? "1" : "0", 1);
+    }
+
+    if (cmd == NULL
+        || ngx_http_idem_cmd_send(cmd, ngx_http_idem_bkeys_looked, p)
+           != NGX_OK)
+    {
+        ngx_http_idem_bkeys_answered(p, NGX_HTTP_IDEM_ANS_STORE_DOWN);
+        return;
+    }
+
+    p->cmd = cmd;
+}
+
+
+/* {"taken"}: the next key, or the upstream; {"named", h}: look at h */
+static void
+ngx_http_idem_bkeys_taken(ngx_http_idem_cmd_t *cmd, redisReply *reply)
+{
+    ngx_str_t               s, h, key, name;
+    ngx_http_idem_bkeys_t  *p;
+
+    p = cmd->data;
+
+    s.len = 0;
+
+    if (reply && reply->type == REDIS_REPLY_ARRAY && reply->elements > 0) {
+        (void) ngx_http_idem_reply_str(reply->element[0], &s);
+    }
+
+    if (p == NULL) {
+        /* the request went: a key this may have taken goes back */
+        if (reply == NULL
+            || (s.len == 5 && ngx_strncmp(s.data, "taken", 5) == 0))
+        {
+            key = ngx_http_idem_cmd_key(cmd);
+            name = ngx_http_idem_cmd_get(cmd, NGX_HTTP_IDEM_BUSINESS_KEY_NAME);
+            ngx_http_idem_bkeys_send(cmd->redis, key.data, "drop", &name, 0,
+                                     ngx_cycle->log);
+        }
+
+        return;
+    }
+
+    p->cmd = NULL;
+
+    if (reply == NULL || (s.len == 5 && ngx_strncmp(s.data, "taken", 5) == 0)) {
+        p->key[p->i].taken = 1;
+    }
+
+    if (reply == NULL) {
+        ngx_http_idem_bkeys_answered(p, NGX_HTTP_IDEM_ANS_STORE_DOWN);
+        return;
+    }
+
+    if (p->key[p->i].taken) {
+        p->i++;
+        p->rounds = 0;
+        ngx_str_null(&p->expect);
+
+        if (p->i == p->n) {
+            ngx_http_idem_bkeys_answered(p, NGX_HTTP_IDEM_ANS_NONE);
+        } else {
+            ngx_http_idem_bkeys_take(p);
+        }
+
+        return;
+    }
+
+    if (s.len == 5 && ngx_strncmp(s.data, "named", 5) == 0
+        && reply->elements == 2
+        && ngx_http_idem_reply_str(reply->element[1], &h) == NGX_OK)
+    {
+        ngx_http_idem_bkeys_look(p, &h);
+        return;
+    }
+
+    ngx_http_idem_bkeys_answered(p, NGX_HTTP_IDEM_ANS_STORE_ERROR);
+}
+
+
+static void
+ngx_http_idem_bkeys_take(ngx_http_idem_bkeys_t *p)
+{
+    ngx_http_idem_cmd_t   *cmd;
+    ngx_http_idem_bkey_t  *k;
+
+    k = &p->key[p->i];
+
+    cmd = ngx_http_idem_bkeys_cmd(p->ctx->conf->redis, k->key, "take",
+                                  &k->name, &p->expect,
+                                  ngx_http_idem_bkeys_ttl(p->ctx),
+                                  p->ctx->request->connection->log);
+
+    if (cmd == NULL
+        || ngx_http_idem_cmd_send(cmd, ngx_http_idem_bkeys_taken, p)
+           != NGX_OK)
+    {
+        ngx_http_idem_bkeys_answered(p, NGX_HTTP_IDEM_ANS_STORE_DOWN);
+        return;
+    }
+
+    p->cmd = cmd;
+}
+
+
+/* this attempt's value of a key: record key, operation id, tag */
+static ngx_int_t
+ngx_http_idem_bkeys_name(ngx_http_idem_ctx_t *ctx, ngx_http_idem_bkey_t *k,
+    u_char *key, char kind, u_char *tag, size_t len)
+{
+    u_char  *n;
+
+    n = ngx_pnalloc(ctx->request->pool,
+                    IDEM_RECORD_KEY_LEN + NGX_HTTP_IDEM_TOKEN_HEX + len);
+    if (n == NULL) {
+        return NGX_ERROR;
+    }
+
+    k->key = key;
+    k->kind = kind;
+    k->tag.data = tag;
+    k->tag.len = len;
+    k->name.data = n;
+
+    n = ngx_cpymem(n, ctx->rkey, IDEM_RECORD_KEY_LEN);
+    n = ngx_cpymem(n, ctx->op_id.data, NGX_HTTP_IDEM_TOKEN_HEX);
+    n = ngx_cpymem(n, tag, len);
+
+    k->name.len = n - k->name.data;
+
+    return NGX_OK;
+}
+
+
+ngx_int_t
+ngx_http_idem_bkeys_start(ngx_http_idem_ctx_t *ctx)
+{
+    ngx_http_idem_bkeys_t  *p;
+
+    if (ctx->answer != NGX_HTTP_IDEM_ANS_CLAIMED
+        || ctx->conf->redis->topology != NGX_HTTP_IDEM_TOPO_CLUSTER
+        || (ctx->ukey[0] == '\0' && ctx->lkey[0] == '\0'))
+    {
+        return NGX_DECLINED;
+    }
+
+    p = ngx_pcalloc(ctx->request->pool, sizeof(ngx_http_idem_bkeys_t));
+    if (p == NULL) {
+        return NGX_DECLINED;
+    }
+
+    p->ctx = ctx;
+    ctx->bkeys = p;
+
+    /* the unique key first: a reused answer is never held up by a lock */
+    if ((ctx->ukey[0]
+         && ngx_http_idem_bkeys_name(ctx, &p->key[p->n++], ctx->ukey, 'u',
+                                     ctx->conf->loc_tag,
+                                     ngx_strlen(ctx->conf->loc_tag))
+            != NGX_OK)
+        || (ctx->lkey[0]
+            && ngx_http_idem_bkeys_name(ctx, &p->key[p->n++], ctx->lkey, 'l',
+                                        ctx->stag, ngx_strlen(ctx->stag))
+               != NGX_OK))
+    {
+        ctx->bkeys = NULL;
+        ctx->answer = NGX_HTTP_IDEM_ANS_STORE_ERROR;
+        (void) ngx_http_idem_finish(ctx->request, ctx,
+                                    NGX_HTTP_IDEM_END_RELEASE);
+        return NGX_DECLINED;
+    }
+
+    p->deciding = 1;
+    ngx_http_idem_bkeys_take(p);
+
+    return NGX_OK;
+}
+
+
+void
+ngx_http_idem_bkeys_cleanup(ngx_http_idem_ctx_t *ctx)
+{
+    ngx_http_idem_bkeys_t  *p;
+
+    p = ctx->bkeys;
+
+    if (p == NULL || !p->deciding) {
+        return;
+    }
+
+    if (p->cmd) {
+        /* its reply finds no request: a key it took goes back then */
+        p->cmd->data = NULL;
+        p->cmd = NULL;
+    }
+
+    ngx_http_idem_bkeys_give_back(p);
+}
+
+
+void
+ngx_http_idem_bkeys_keep(ngx_http_idem_ctx_t *ctx)
+{
+    ngx_uint_t              k;
+    ngx_http_idem_bkeys_t  *p;
+
+    p = ctx->bkeys;
+
+    if (p == NULL || p->deciding) {
+        return;
+    }
+
+    for (k = 0; k < p->n; k++) {
+        if (p->key[k].taken) {
+            ngx_http_idem_bkeys_send(ctx->conf->redis, p->key[k].key, "keep",
+                                     &p->key[k].name,
+                                     ngx_http_idem_bkeys_ttl(ctx),
+                                     ctx->request->connection->log);
+        }
+    }
+}

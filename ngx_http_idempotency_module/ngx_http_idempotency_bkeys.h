@@ -1,0 +1,40 @@
+/*
+ * idempotency_unique and idempotency_lock on a Redis Cluster: the business
+ * keys are in other hash slots than the record, so they are taken in a
+ * second step, each in its own slot, once the record is claimed
+ * (docs/business-keys.md, "On a Redis Cluster").  One server and Sentinel
+ * take them inside the claim script, and never come here.
+ */
+
+#ifndef NGX_HTTP_IDEMPOTENCY_BKEYS_H
+#define NGX_HTTP_IDEMPOTENCY_BKEYS_H
+
+#include <ngx_config.h>
+#include <ngx_core.h>
+#include <ngx_http.h>
+
+#include "ngx_http_idempotency.h"
+
+
+/*
+ * After a claim was answered: NGX_OK when the request's business keys are
+ * being taken on a cluster (the request resumes when that is decided, with
+ * ctx->answer CLAIMED or the refusal); NGX_DECLINED when there is nothing
+ * to take (not a cluster, no key, not claimed): the caller goes on.
+ */
+ngx_int_t ngx_http_idem_bkeys_start(ngx_http_idem_ctx_t *ctx);
+
+/* the request goes away: nothing it took stays taken for it */
+void ngx_http_idem_bkeys_cleanup(ngx_http_idem_ctx_t *ctx);
+
+/* a lease renewal or the completion: the keys taken live twice the TTL on */
+void ngx_http_idem_bkeys_keep(ngx_http_idem_ctx_t *ctx);
+
+/*
+ * ngx_http_idempotency_claim.c: the answer of a reply in claim.lua's words
+ * ("reused", "locked", "elsewhere"), as the claim gives it.
+ */
+ngx_http_idem_answer_e ngx_http_idem_claim_reply_answer(
+    ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx, redisReply *reply);
+
+#endif /* NGX_HTTP_IDEMPOTENCY_BKEYS_H */
