@@ -49,11 +49,17 @@ typedef struct {
     ngx_uint_t                   i;         /* the key being taken */
     ngx_uint_t                   rounds;
     ngx_str_t                    expect;    /* a name seen holding nothing */
+    ngx_event_t                  keep;      /* with the lease renewals */
+    ngx_http_idem_bkeys_answer_pt  answer;
+    ngx_http_idem_bkeys_done_pt    done;
     unsigned                     deciding:1;
 } ngx_http_idem_bkeys_t;
 
 
 static void ngx_http_idem_bkeys_take(ngx_http_idem_bkeys_t *p);
+static void ngx_http_idem_bkeys_keep(ngx_http_idem_bkeys_t *p,
+    ngx_log_t *log);
+static void ngx_http_idem_bkeys_keep_handler(ngx_event_t *ev);
 
 
 static int64_t
@@ -158,9 +164,17 @@ ngx_http_idem_bkeys_answered(ngx_http_idem_bkeys_t *p,
         ctx->answer = answer;
     }
 
+    if (answer == NGX_HTTP_IDEM_ANS_NONE) {
+        /* kept twice the TTL ahead, as the claim's lease is renewed */
+        p->keep.handler = ngx_http_idem_bkeys_keep_handler;
+        p->keep.data = p;
+        p->keep.log = ctx->request->connection->log;
+        p->keep.cancelable = 1;
+        ngx_add_timer(&p->keep, ngx_max(ctx->conf->lease / 3, 1));
+    }
+
     p->deciding = 0;
-    ctx->phase = NGX_HTTP_IDEM_ANSWERED;
-    ngx_http_idem_resume(ctx);
+    p->done(ctx);
 }
 
 
@@ -200,7 +214,7 @@ ngx_http_idem_bkeys_looked(ngx_http_idem_cmd_t *cmd, redisReply *reply)
     /* given back first: the answer rewrites what the request knows */
     ngx_http_idem_bkeys_give_back(p);
 
-    answer = ngx_http_idem_claim_reply_answer(ctx->request, ctx, reply);
+    answer = p->answer(ctx->request, ctx, reply);
 
     ngx_http_idem_bkeys_answered(p, answer == NGX_HTTP_IDEM_ANS_CLAIMED
                                     ? NGX_HTTP_IDEM_ANS_STORE_ERROR
@@ -387,7 +401,8 @@ ngx_http_idem_bkeys_name(ngx_http_idem_ctx_t *ctx, ngx_http_idem_bkey_t *k,
 
 
 ngx_int_t
-ngx_http_idem_bkeys_start(ngx_http_idem_ctx_t *ctx)
+ngx_http_idem_bkeys_start(ngx_http_idem_ctx_t *ctx,
+    ngx_http_idem_bkeys_answer_pt answer, ngx_http_idem_bkeys_done_pt done)
 {
     ngx_http_idem_bkeys_t  *p;
 
@@ -404,6 +419,8 @@ ngx_http_idem_bkeys_start(ngx_http_idem_ctx_t *ctx)
     }
 
     p->ctx = ctx;
+    p->answer = answer;
+    p->done = done;
     ctx->bkeys = p;
 
     /* the unique key first: a reused answer is never held up by a lock */
@@ -431,6 +448,36 @@ ngx_http_idem_bkeys_start(ngx_http_idem_ctx_t *ctx)
 }
 
 
+static void
+ngx_http_idem_bkeys_keep(ngx_http_idem_bkeys_t *p, ngx_log_t *log)
+{
+    ngx_uint_t  k;
+
+    for (k = 0; k < p->n; k++) {
+        if (p->key[k].taken) {
+            ngx_http_idem_bkeys_send(p->ctx->conf->redis, p->key[k].key,
+                                     "keep", &p->key[k].name,
+                                     ngx_http_idem_bkeys_ttl(p->ctx), log);
+        }
+    }
+}
+
+
+/* beside the record's renewals (renew.lua), while the request runs */
+static void
+ngx_http_idem_bkeys_keep_handler(ngx_event_t *ev)
+{
+    ngx_http_idem_bkeys_t  *p = ev->data;
+
+    if (p->ctx->end != NGX_HTTP_IDEM_END_NONE) {
+        return;
+    }
+
+    ngx_http_idem_bkeys_keep(p, ev->log);
+    ngx_add_timer(ev, ngx_max(p->ctx->conf->lease / 3, 1));
+}
+
+
 void
 ngx_http_idem_bkeys_cleanup(ngx_http_idem_ctx_t *ctx)
 {
@@ -438,7 +485,20 @@ ngx_http_idem_bkeys_cleanup(ngx_http_idem_ctx_t *ctx)
 
     p = ctx->bkeys;
 
-    if (p == NULL || !p->deciding) {
+    if (p == NULL) {
+        return;
+    }
+
+    if (p->keep.timer_set) {
+        ngx_del_timer(&p->keep);
+    }
+
+    if (!p->deciding) {
+        /* completed: the keys outlive its record's retention (as complete.lua) */
+        if (ctx->end == NGX_HTTP_IDEM_END_COMPLETE) {
+            ngx_http_idem_bkeys_keep(p, ngx_cycle->log);
+        }
+
         return;
     }
 
@@ -449,27 +509,4 @@ ngx_http_idem_bkeys_cleanup(ngx_http_idem_ctx_t *ctx)
     }
 
     ngx_http_idem_bkeys_give_back(p);
-}
-
-
-void
-ngx_http_idem_bkeys_keep(ngx_http_idem_ctx_t *ctx)
-{
-    ngx_uint_t              k;
-    ngx_http_idem_bkeys_t  *p;
-
-    p = ctx->bkeys;
-
-    if (p == NULL || p->deciding) {
-        return;
-    }
-
-    for (k = 0; k < p->n; k++) {
-        if (p->key[k].taken) {
-            ngx_http_idem_bkeys_send(ctx->conf->redis, p->key[k].key, "keep",
-                                     &p->key[k].name,
-                                     ngx_http_idem_bkeys_ttl(ctx),
-                                     ctx->request->connection->log);
-        }
-    }
 }

@@ -17,23 +17,31 @@
 
 
 /*
+ * What the claim lends this step (it calls the claim's file through these
+ * only, so that the calls between the files stay acyclic): the answer of a
+ * reply in claim.lua's words ("reused", "locked", "elsewhere"), and the
+ * request's resumption with ctx->answer.
+ */
+typedef ngx_http_idem_answer_e (*ngx_http_idem_bkeys_answer_pt)(
+    ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx, redisReply *reply);
+typedef void (*ngx_http_idem_bkeys_done_pt)(ngx_http_idem_ctx_t *ctx);
+
+/*
  * After a claim was answered: NGX_OK when the request's business keys are
- * being taken on a cluster (the request resumes when that is decided, with
+ * being taken on a cluster (done is called when that is decided, with
  * ctx->answer CLAIMED or the refusal); NGX_DECLINED when there is nothing
  * to take (not a cluster, no key, not claimed): the caller goes on.
  */
-ngx_int_t ngx_http_idem_bkeys_start(ngx_http_idem_ctx_t *ctx);
-
-/* the request goes away: nothing it took stays taken for it */
-void ngx_http_idem_bkeys_cleanup(ngx_http_idem_ctx_t *ctx);
-
-/* a lease renewal or the completion: the keys taken live twice the TTL on */
-void ngx_http_idem_bkeys_keep(ngx_http_idem_ctx_t *ctx);
+ngx_int_t ngx_http_idem_bkeys_start(ngx_http_idem_ctx_t *ctx,
+    ngx_http_idem_bkeys_answer_pt answer, ngx_http_idem_bkeys_done_pt done);
 
 /*
- * ngx_http_idempotency_claim.c: the answer of a reply in claim.lua's words
- * ("reused", "locked", "elsewhere"), as the claim gives it.
+ * The request goes away: keys being taken are given back with the claim;
+ * keys taken by an operation that completed live twice the TTL on.
  */
+void ngx_http_idem_bkeys_cleanup(ngx_http_idem_ctx_t *ctx);
+
+/* ngx_http_idempotency_claim.c */
 ngx_http_idem_answer_e ngx_http_idem_claim_reply_answer(
     ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx, redisReply *reply);
 

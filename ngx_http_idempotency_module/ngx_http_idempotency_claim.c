@@ -1239,6 +1239,14 @@ ngx_http_idem_resume(ngx_http_idem_ctx_t *ctx)
 }
 
 
+static void
+ngx_http_idem_claim_resumed(ngx_http_idem_ctx_t *ctx)
+{
+    ctx->phase = NGX_HTTP_IDEM_ANSWERED;
+    ngx_http_idem_resume(ctx);
+}
+
+
 /* the request goes on with the claim's answer */
 static void
 ngx_http_idem_claim_answered(ngx_http_idem_ctx_t *ctx)
@@ -1249,12 +1257,14 @@ ngx_http_idem_claim_answered(ngx_http_idem_ctx_t *ctx)
      * once the record is claimed (ngx_http_idempotency_bkeys.c).  One
      * server and Sentinel took them inside claim.lua and go on.
      */
-    if (ngx_http_idem_bkeys_start(ctx) == NGX_OK) {
+    if (ngx_http_idem_bkeys_start(ctx, ngx_http_idem_claim_reply_answer,
+                                  ngx_http_idem_claim_resumed)
+        == NGX_OK)
+    {
         return;
     }
 
-    ctx->phase = NGX_HTTP_IDEM_ANSWERED;
-    ngx_http_idem_resume(ctx);
+    ngx_http_idem_claim_resumed(ctx);
 }
 
 

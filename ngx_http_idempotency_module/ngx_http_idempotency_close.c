@@ -15,7 +15,6 @@
 #include <ngx_config.h>
 #include <ngx_core.h>
 #include "ngx_http_idempotency.h"
-#include "ngx_http_idempotency_bkeys.h"
 
 
 static ngx_str_t  ngx_http_idem_set = ngx_string("SET");
@@ -559,7 +558,6 @@ ngx_http_idem_finish(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
 
     case NGX_HTTP_IDEM_END_COMPLETE:
         cmd = ngx_http_idem_complete_cmd(r, ctx);
-        ngx_http_idem_bkeys_keep(ctx);     /* on a cluster */
         break;
 
     case NGX_HTTP_IDEM_END_RELEASE:
@@ -742,9 +740,6 @@ ngx_http_idem_renew_handler(ngx_event_t *ev)
                                   (int64_t) ctx->conf->ttl * 1000);
         (void) ngx_http_idem_cmd_send(cmd, ngx_http_idem_closed, NULL);
     }
-
-    /* on a cluster the business keys are in their own slots */
-    ngx_http_idem_bkeys_keep(ctx);
 
     ngx_add_timer(ev, ngx_max(ctx->conf->lease / 3, 1));
 }
