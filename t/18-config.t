@@ -257,6 +257,10 @@ for my $c (
         [ 'lock with a cluster and idempotency_redis_wait',
           qr/"idempotency_lock" with "idempotency_redis_cluster" cannot be used with "idempotency_redis_wait"/,
           "idempotency on; idempotency_redis_cluster 127.0.0.1:$dead; idempotency_redis_wait 1 100ms; idempotency_lock deploy:\$http_env;" ],
+        # nor audit entries
+        [ 'unique with a cluster and the audit file',
+          qr/"idempotency_unique" with "idempotency_redis_cluster" cannot be used with "idempotency_audit": its key is taken in its own hash slot, in a step that does not write audit entries/,
+          "idempotency on; idempotency_redis_cluster 127.0.0.1:$dead; idempotency_audit file=/tmp/idem-audit-never-written; idempotency_unique \$http_a;" ],
     ) {
         my ($what, $re, $loc) = @$c;
         my ($rc, $out) = $t->nginx_test_conf(conf($loc));
