@@ -3,24 +3,28 @@
  * (docs/business-keys.md, "On a Redis Cluster").
  *
  * The claim has made the record in_progress in its slot, with this
- * attempt's operation id; nothing has reached the upstream yet.  Each
+ * attempt's operation id; nothing has reached the upstream yet.  The gate
+ * beside the record (<record key>:p, business_gate.lua) is shut first:
+ * while it names the operation, the operation provably has not run.  Each
  * business key is then taken in its own slot, the unique key first, one
- * single-key script at a time (redis-scripts/business_key.lua): taken
- * when absent, or when it names an operation that its record, read in the
- * record's slot (business_holder.lua), shows to hold nothing; a key whose
- * name changed meanwhile is decided again, at most three times.  A key
- * held by a live operation refuses the request with claim.lua's answer
- * (reused, in progress, unknown, lock held); what this attempt took is
- * then given back, the record by a compare on its owner token and each
- * key by a compare on its name.  Only when every key is taken does the
- * request go on to the upstream.
+ * single-key script at a time (business_key.lua): taken when absent, or
+ * when it names an operation that its record, read in the record's slot
+ * (business_holder.lua), shows to hold nothing (or that never ran and
+ * whose lease lapsed: taken over, record and gate deleted); a key whose
+ * name changed meanwhile is decided again, at most three times.  A key held
+ * by a live operation refuses the request with claim.lua's answer (reused,
+ * in progress, unknown, lock held); what this attempt took is then given
+ * back, the record by a compare on its owner token, each key by a compare
+ * on its name.  When every key is taken, the gate is opened by a compare
+ * in the record's slot: only that lets the request go to the upstream.
  *
  * Why no two operations run at once: a key leaves an operation's name
- * only after that operation's record was seen holding nothing, and an
- * operation that holds nothing never holds again (its record is only
- * ever claimed anew under a new operation id).  An operation runs only
- * after it has taken its keys, and its record was in_progress before the
- * first of them named it.
+ * only after that operation's record was seen holding nothing, or was
+ * taken over with its gate still shut; an operation that holds nothing
+ * never holds again (its record is only ever claimed anew under a new
+ * operation id), and one taken over can no longer open its gate (the
+ * takeover and the opening are compares in one slot).  An operation runs
+ * only after it has taken its keys and opened its gate.
  */
 
 #include <ngx_config.h>
@@ -57,6 +61,10 @@ typedef struct {
 
 
 static void ngx_http_idem_bkeys_take(ngx_http_idem_bkeys_t *p);
+static void ngx_http_idem_bkeys_opened(ngx_http_idem_cmd_t *cmd,
+    redisReply *reply);
+static ngx_int_t ngx_http_idem_bkeys_gate(ngx_http_idem_bkeys_t *p,
+    const char *mode, ngx_http_idem_reply_pt handler);
 static void ngx_http_idem_bkeys_keep(ngx_http_idem_bkeys_t *p,
     ngx_log_t *log);
 static void ngx_http_idem_bkeys_keep_handler(ngx_event_t *ev);
@@ -142,6 +150,8 @@ ngx_http_idem_bkeys_give_back(ngx_http_idem_bkeys_t *p)
             p->key[k].taken = 0;
         }
     }
+
+    (void) ngx_http_idem_bkeys_gate(p, "drop", NULL);
 
     /* no status: the record is deleted, fenced by the owner token */
     (void) ngx_http_idem_finish(ctx->request, ctx, NGX_HTTP_IDEM_END_RELEASE);
@@ -325,10 +335,13 @@ ngx_http_idem_bkeys_taken(ngx_http_idem_cmd_t *cmd, redisReply *reply)
         p->rounds = 0;
         ngx_str_null(&p->expect);
 
-        if (p->i == p->n) {
-            ngx_http_idem_bkeys_answered(p, NGX_HTTP_IDEM_ANS_NONE);
-        } else {
+        if (p->i < p->n) {
             ngx_http_idem_bkeys_take(p);
+
+        } else if (ngx_http_idem_bkeys_gate(p, "open", ngx_http_idem_bkeys_opened)
+                   != NGX_OK)
+        {
+            ngx_http_idem_bkeys_answered(p, NGX_HTTP_IDEM_ANS_STORE_DOWN);
         }
 
         return;
@@ -343,6 +356,97 @@ ngx_http_idem_bkeys_taken(ngx_http_idem_cmd_t *cmd, redisReply *reply)
     }
 
     ngx_http_idem_bkeys_answered(p, NGX_HTTP_IDEM_ANS_STORE_ERROR);
+}
+
+
+/* the gate beside the record (business_gate.lua): shut, open or drop */
+static ngx_int_t
+ngx_http_idem_bkeys_gate(ngx_http_idem_bkeys_t *p, const char *mode,
+    ngx_http_idem_reply_pt handler)
+{
+    ngx_http_idem_cmd_t  *cmd;
+    ngx_http_idem_ctx_t  *ctx;
+
+    ctx = p->ctx;
+
+    cmd = ngx_http_idem_cmd_create(ctx->conf->redis,
+                                   NGX_HTTP_IDEM_SCRIPT_BUSINESS_GATE,
+                                   ctx->rkey,
+                                   4 + 2 * NGX_HTTP_IDEM_TOKEN_HEX
+                                   + NGX_INT64_LEN,
+                                   ctx->request->connection->log);
+    if (cmd == NULL) {
+        return NGX_ERROR;
+    }
+
+    ngx_http_idem_cmd_set(cmd, NGX_HTTP_IDEM_BUSINESS_GATE_MODE, mode,
+                          ngx_strlen(mode));
+    ngx_http_idem_cmd_set(cmd, NGX_HTTP_IDEM_BUSINESS_GATE_OP,
+                          ctx->op_id.data, NGX_HTTP_IDEM_TOKEN_HEX);
+    ngx_http_idem_cmd_set(cmd, NGX_HTTP_IDEM_BUSINESS_GATE_OWNER, ctx->owner,
+                          NGX_HTTP_IDEM_TOKEN_HEX);
+    ngx_http_idem_cmd_set_num(cmd, NGX_HTTP_IDEM_BUSINESS_GATE_TTL,
+                              ngx_http_idem_bkeys_ttl(ctx));
+
+    if (ngx_http_idem_cmd_send(cmd, handler, handler ? p : NULL) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
+    if (handler) {
+        p->cmd = cmd;
+    }
+
+    return NGX_OK;
+}
+
+
+/* the gate shut: now the business keys may name this operation */
+static void
+ngx_http_idem_bkeys_shut(ngx_http_idem_cmd_t *cmd, redisReply *reply)
+{
+    ngx_http_idem_bkeys_t  *p;
+
+    p = cmd->data;
+
+    if (p == NULL) {
+        return;
+    }
+
+    p->cmd = NULL;
+
+    if (reply == NULL || reply->type != REDIS_REPLY_INTEGER
+        || reply->integer != 1)
+    {
+        ngx_http_idem_bkeys_answered(p, NGX_HTTP_IDEM_ANS_STORE_DOWN);
+        return;
+    }
+
+    ngx_http_idem_bkeys_take(p);
+}
+
+
+/*
+ * The gate opened: the request may run.  Not opened (taken over by a
+ * competitor that found the lease lapsed, or no answer): it must not, and
+ * gives everything back.
+ */
+static void
+ngx_http_idem_bkeys_opened(ngx_http_idem_cmd_t *cmd, redisReply *reply)
+{
+    ngx_http_idem_bkeys_t  *p;
+
+    p = cmd->data;
+
+    if (p == NULL) {
+        return;
+    }
+
+    p->cmd = NULL;
+
+    ngx_http_idem_bkeys_answered(p, reply && reply->type == REDIS_REPLY_INTEGER
+                                    && reply->integer == 1
+                                    ? NGX_HTTP_IDEM_ANS_NONE
+                                    : NGX_HTTP_IDEM_ANS_STORE_DOWN);
 }
 
 
@@ -442,7 +546,12 @@ ngx_http_idem_bkeys_start(ngx_http_idem_ctx_t *ctx,
     }
 
     p->deciding = 1;
-    ngx_http_idem_bkeys_take(p);
+
+    if (ngx_http_idem_bkeys_gate(p, "shut", ngx_http_idem_bkeys_shut)
+        != NGX_OK)
+    {
+        ngx_http_idem_bkeys_answered(p, NGX_HTTP_IDEM_ANS_STORE_DOWN);
+    }
 
     return NGX_OK;
 }

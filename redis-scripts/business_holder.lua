@@ -37,6 +37,17 @@ end
 
 local s, v, f, left = holds(KEYS[1], op)
 
+-- A claim whose gate is still shut never ran (business_gate.lua): once its
+-- lease has lapsed it is taken over, record and gate deleted, so that its
+-- worker, should it still be alive, can no longer open the gate.
+if (s == 'lapsed' or s == 'u')
+   and redis.call('GET', KEYS[1] .. ':p') == op
+then
+    announce(KEYS[1], v)
+    redis.call('DEL', KEYS[1], KEYS[1] .. ':p')
+    return {'free'}
+end
+
 if s == 'lapsed' then
     s, v = 'u', to_unknown(KEYS[1], v, f)
 end
