@@ -451,6 +451,7 @@ struct ngx_http_idem_ctx_s {
     unsigned                     reused:1;     /* another key's operation */
     unsigned                     business:1;   /* ukey, lkey, hkey set */
     unsigned                     lock_missing:1;  /* no lock value */
+    void                        *bkeys;   /* on a cluster (_bkeys.c) */
 
     /* idempotency_audit */
     ngx_str_t                    audit_identity;

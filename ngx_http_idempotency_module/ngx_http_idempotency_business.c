@@ -354,6 +354,14 @@ ngx_http_idem_business_keys(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
 ngx_uint_t
 ngx_http_idem_business_args(ngx_http_idem_ctx_t *ctx, u_char **keys)
 {
+    /*
+     * on a Redis Cluster they are in other slots than the record: taken
+     * and kept by ngx_http_idempotency_bkeys.c, never by a record's script
+     */
+    if (ctx->conf->redis->topology == NGX_HTTP_IDEM_TOPO_CLUSTER) {
+        return 0;
+    }
+
     /* an absent one is the record key: an ACL refuses an empty name */
     keys[0] = ctx->ukey[0] ? ctx->ukey : ctx->rkey;
     keys[1] = ctx->lkey[0] ? ctx->lkey : ctx->rkey;

@@ -21,7 +21,6 @@
 
 #include <ngx_config.h>
 #include <ngx_core.h>
-#include <openssl/rand.h>
 
 #include "ngx_http_idempotency.h"
 #include "ngx_http_idempotency_claim.h"
@@ -29,6 +28,8 @@
 #include "ngx_http_idempotency_command.h"
 #include "ngx_http_idempotency_redis.h"
 #include "ngx_http_idempotency_replicas.h"
+#include "ngx_http_idempotency_tokens.h"
+#include "ngx_http_idempotency_bkeys.h"
 
 
 static void ngx_http_idem_claim_done(ngx_http_idem_cmd_t *cmd,
@@ -76,64 +77,6 @@ ngx_http_idem_claim_add_part(ngx_http_idem_claim_part_t *part)
     }
 
     ngx_http_idem_claim_parts[ngx_http_idem_claim_nparts++] = part;
-
-    return NGX_OK;
-}
-
-
-/*
- * Random bytes from a per-worker reserve filled by RAND_bytes() 4 KiB at
- * a time: every RAND_bytes() call runs OpenSSL's DRBG set-up and a getpid()
- * fork check, 7k instructions for 32 bytes (bench/RESULTS.md).  The reserve
- * is refilled when it runs out or when the process is not the one that
- * filled it (ngx_pid is set after fork), and used bytes are wiped.
- */
-#define NGX_HTTP_IDEM_RANDOM_RESERVE  4096
-
-static u_char *
-ngx_http_idem_random(size_t n)
-{
-    static u_char     reserve[NGX_HTTP_IDEM_RANDOM_RESERVE];
-    static size_t     left;
-    static ngx_pid_t  filled_by;
-
-    if (left < n || filled_by != ngx_pid) {
-        if (RAND_bytes(reserve, sizeof(reserve)) != 1) {
-            left = 0;
-            return NULL;
-        }
-
-        left = sizeof(reserve);
-        filled_by = ngx_pid;
-    }
-
-    left -= n;
-
-    return reserve + left;
-}
-
-
-/* the operation id and the owner token */
-ngx_int_t
-ngx_http_idem_tokens(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
-{
-    u_char  *raw;
-
-    ctx->op_id.data = ngx_pnalloc(r->pool, NGX_HTTP_IDEM_TOKEN_HEX);
-    if (ctx->op_id.data == NULL) {
-        return NGX_ERROR;
-    }
-
-    raw = ngx_http_idem_random(NGX_HTTP_IDEM_TOKEN_HEX);
-    if (raw == NULL) {
-        return NGX_ERROR;
-    }
-
-    ngx_hex_dump(ctx->op_id.data, raw, NGX_HTTP_IDEM_TOKEN_HEX / 2);
-    ngx_hex_dump(ctx->owner, raw + NGX_HTTP_IDEM_TOKEN_HEX / 2,
-                 NGX_HTTP_IDEM_TOKEN_HEX / 2);
-    ngx_explicit_memzero(raw, NGX_HTTP_IDEM_TOKEN_HEX);
-    ctx->op_id.len = NGX_HTTP_IDEM_TOKEN_HEX;
 
     return NGX_OK;
 }
@@ -638,6 +581,25 @@ ngx_http_idem_claim_parse(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
 }
 
 
+/*
+ * A reply in claim.lua's words, from the second step on a cluster
+ * (redis-scripts/business_holder.lua): the answer it gives the request.
+ */
+static ngx_http_idem_answer_e
+ngx_http_idem_claim_reply_answer(ngx_http_request_t *r,
+    ngx_http_idem_ctx_t *ctx, redisReply *reply)
+{
+    size_t        n;
+    idem_rv_t     el[IDEM_CLAIM_ELEMS];
+    idem_claim_t  c;
+
+    n = ngx_http_idem_reply_elements(reply, el, IDEM_CLAIM_ELEMS);
+    idem_claim_decode(el, n, &c);
+
+    return ngx_http_idem_claim_decoded(r, ctx, &c, 1);
+}
+
+
 /* whether the claim may have taken the key: no reply, or "claimed" */
 static ngx_uint_t
 ngx_http_idem_claim_made(ngx_http_idem_cmd_t *cmd, redisReply *reply)
@@ -717,12 +679,32 @@ ngx_http_idem_resume(ngx_http_idem_ctx_t *ctx)
 }
 
 
+static void
+ngx_http_idem_claim_resumed(ngx_http_idem_ctx_t *ctx)
+{
+    ctx->phase = NGX_HTTP_IDEM_ANSWERED;
+    ngx_http_idem_resume(ctx);
+}
+
+
 /* the request goes on with the claim's answer */
 void
 ngx_http_idem_claim_answered(ngx_http_idem_ctx_t *ctx)
 {
-    ctx->phase = NGX_HTTP_IDEM_ANSWERED;
-    ngx_http_idem_resume(ctx);
+    /*
+     * THE dispatch to the second step of a claim on a Redis Cluster: the
+     * business keys (idempotency_unique, _lock), each in its own slot,
+     * once the record is claimed (ngx_http_idempotency_bkeys.c).  One
+     * server and Sentinel took them inside claim.lua and go on.
+     */
+    if (ngx_http_idem_bkeys_start(ctx, ngx_http_idem_claim_reply_answer,
+                                  ngx_http_idem_claim_resumed)
+        == NGX_OK)
+    {
+        return;
+    }
+
+    ngx_http_idem_claim_resumed(ctx);
 }
 
 

@@ -73,8 +73,6 @@ struct ngx_http_idem_claim_part_s {
 
 ngx_int_t ngx_http_idem_claim_add_part(ngx_http_idem_claim_part_t *part);
 
-ngx_int_t ngx_http_idem_tokens(ngx_http_request_t *r,
-    ngx_http_idem_ctx_t *ctx);
 ngx_int_t ngx_http_idem_claim_send(ngx_http_request_t *r,
     ngx_http_idem_ctx_t *ctx);
 void ngx_http_idem_resume(ngx_http_idem_ctx_t *ctx);

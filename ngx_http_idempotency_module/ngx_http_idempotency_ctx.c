@@ -11,6 +11,7 @@
 #include "ngx_http_idempotency_close.h"
 #include "ngx_http_idempotency_replicas.h"
 #include "ngx_http_idempotency_wait.h"
+#include "ngx_http_idempotency_bkeys.h"
 
 
 static void
@@ -43,6 +44,9 @@ ngx_http_idem_cleanup(void *data)
                                         NGX_HTTP_IDEM_END_RELEASE);
         }
     }
+
+    /* business keys being taken on a cluster: given back, with the claim */
+    ngx_http_idem_bkeys_cleanup(ctx);
 
     ngx_http_idem_wait_stop(ctx);
     ngx_http_idem_abandon(ctx->request, ctx);

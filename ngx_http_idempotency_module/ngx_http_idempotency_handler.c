@@ -12,6 +12,7 @@
 #include "ngx_http_idempotency_body.h"
 #include "ngx_http_idempotency_business.h"
 #include "ngx_http_idempotency_claim.h"
+#include "ngx_http_idempotency_tokens.h"
 #include "ngx_http_idempotency_close.h"
 #include "ngx_http_idempotency_confirm.h"
 #include "ngx_http_idempotency_ctx.h"

@@ -518,26 +518,32 @@ ngx_http_idem_create_loc_conf(ngx_conf_t *cf)
 
 /*
  * A unique or lock key is in another hash slot than the record it goes
- * with (docs/business-keys.md), and a Redis Cluster runs a script on the
- * keys of one slot only: the claim could not take them in one step.
+ * with (docs/business-keys.md): on a Redis Cluster it is taken in a step
+ * of its own after the claim (ngx_http_idempotency_bkeys.c).  That step
+ * neither waits for replicas nor writes audit entries yet, so with
+ * idempotency_redis_wait or idempotency_audit the pair is refused.
  */
 static char *
 ngx_http_idem_check_cluster(ngx_conf_t *cf, ngx_http_idem_loc_conf_t *conf)
 {
     if (!conf->enable || conf->redis == NULL
         || conf->redis->topology != NGX_HTTP_IDEM_TOPO_CLUSTER
-        || (conf->unique == NULL && conf->lock == NULL))
+        || (conf->unique == NULL && conf->lock == NULL)
+        || (conf->wait_replicas == 0 && conf->audit == NULL))
     {
         return NGX_CONF_OK;
     }
 
     ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                       "\"%s\" cannot be used with "
-                       "\"idempotency_redis_cluster\": its key is in another "
-                       "hash slot than the record's, and Redis Cluster runs "
-                       "a script on the keys of one slot only",
+                       "\"%s\" with \"idempotency_redis_cluster\" cannot "
+                       "be used with \"%s\": its key is taken in its own "
+                       "hash slot, in a step that does not %s",
                        conf->unique ? "idempotency_unique"
-                                    : "idempotency_lock");
+                                    : "idempotency_lock",
+                       conf->audit ? "idempotency_audit"
+                                   : "idempotency_redis_wait",
+                       conf->audit ? "write audit entries"
+                                   : "wait for replicas");
 
     return NGX_CONF_ERROR;
 }

@@ -283,6 +283,15 @@ if left > 0 then
     return {'in_progress', v, ms(left)}
 end
 
+-- On a Redis Cluster a claim whose gate is still shut beside it never ran
+-- (ngx_http_idempotency_bkeys.c, business_gate.lua): its lapsed lease frees
+-- the key, and its worker can no longer open the gate.  (No gate on one
+-- server: nothing changes there.)
+if redis.call('GET', KEYS[1] .. ':p') == op_of(v) then
+    redis.call('DEL', KEYS[1] .. ':p')
+    return claim(value, 'claim', v)
+end
+
 local u = unknown_of(v, f)
 local stop = gate('unknown', v, {'record', u})
 

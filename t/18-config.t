@@ -249,12 +249,18 @@ for my $c (
           "$ok idempotency_unique \$http_a shared=x \$http_b;" ],
         [ 'lock in a bad variable', qr/invalid variable name|unknown ".*" variable/,
           "$ok idempotency_lock \${;" ],
-        # their keys are in other hash slots than the record's
-        [ 'unique with a cluster',
-          qr/"idempotency_unique" cannot be used with "idempotency_redis_cluster": its key is in another hash slot than the record's/,
-          "idempotency on; idempotency_redis_cluster 127.0.0.1:$dead; idempotency_unique \$http_a;" ],
-        [ 'lock with a cluster', qr/"idempotency_lock" cannot be used with "idempotency_redis_cluster"/,
-          "idempotency on; idempotency_redis_cluster 127.0.0.1:$dead; idempotency_lock deploy:\$http_env;" ],
+        # on a cluster their keys are taken in a step of their own, which
+        # does not wait for replicas (docs/business-keys.md)
+        [ 'unique with a cluster and idempotency_redis_wait',
+          qr/"idempotency_unique" with "idempotency_redis_cluster" cannot be used with "idempotency_redis_wait": its key is taken in its own hash slot, in a step that does not wait for replicas/,
+          "idempotency on; idempotency_redis_cluster 127.0.0.1:$dead; idempotency_redis_wait 1 100ms; idempotency_unique \$http_a;" ],
+        [ 'lock with a cluster and idempotency_redis_wait',
+          qr/"idempotency_lock" with "idempotency_redis_cluster" cannot be used with "idempotency_redis_wait"/,
+          "idempotency on; idempotency_redis_cluster 127.0.0.1:$dead; idempotency_redis_wait 1 100ms; idempotency_lock deploy:\$http_env;" ],
+        # nor audit entries
+        [ 'unique with a cluster and the audit file',
+          qr/"idempotency_unique" with "idempotency_redis_cluster" cannot be used with "idempotency_audit": its key is taken in its own hash slot, in a step that does not write audit entries/,
+          "idempotency on; idempotency_redis_cluster 127.0.0.1:$dead; idempotency_audit file=/tmp/idem-audit-never-written; idempotency_unique \$http_a;" ],
     ) {
         my ($what, $re, $loc) = @$c;
         my ($rc, $out) = $t->nginx_test_conf(conf($loc));

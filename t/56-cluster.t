@@ -3,7 +3,8 @@
 # masters and 3 replicas started by the harness, two nginx workers that
 # route each key's commands to the master of its slot.
 #   - nginx -t refuses two topologies in one scope, a bad node list, no
-#     node, db=, and idempotency_unique/idempotency_lock with a cluster;
+#     node, db=, and idempotency_unique/idempotency_lock with a cluster and
+#     idempotency_redis_wait (t/81-cluster-unique.t runs them on a cluster);
 #   - claims, replays and conflicts on each master, the record on the
 #     master that owns its slot; 1,000 keys spread over the three masters
 #     execute once and replay; idempotency_redis_wait through the cluster;
@@ -70,10 +71,10 @@ my @bad = (
       qr/invalid parameter "sentinel_password=x" in "idempotency_redis_cluster"/ ],
     [ 'bad timeout', "$D 127.0.0.1:$dead timeout=never;",
       qr/invalid parameter "timeout=never" in "idempotency_redis_cluster"/ ],
-    [ 'idempotency_unique with a cluster', "$D 127.0.0.1:$dead; idempotency_unique t:\$http_x_event;",
-      qr/"idempotency_unique" cannot be used with "idempotency_redis_cluster": its key is in another hash slot/ ],
-    [ 'idempotency_lock with a cluster', "$D 127.0.0.1:$dead; idempotency_lock deploy:\$http_x_env;",
-      qr/"idempotency_lock" cannot be used with "idempotency_redis_cluster"/ ],
+    [ 'idempotency_unique with a cluster and a WAIT', "$D 127.0.0.1:$dead; idempotency_redis_wait 1 100ms; idempotency_unique t:\$http_x_event;",
+      qr/"idempotency_unique" with "idempotency_redis_cluster" cannot be used with "idempotency_redis_wait"/ ],
+    [ 'idempotency_lock with a cluster and a WAIT', "$D 127.0.0.1:$dead; idempotency_redis_wait 1 100ms; idempotency_lock deploy:\$http_x_env;",
+      qr/"idempotency_lock" with "idempotency_redis_cluster" cannot be used with "idempotency_redis_wait"/ ],
 );
 
 for my $c (@bad) {
