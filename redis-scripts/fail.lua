@@ -25,6 +25,13 @@ if stop then
 end
 
 announce(KEYS[1], v)
+
+-- it was let run: a gate still naming it is an opening lost with a
+-- failover (renew.lua), and must not make it look never run
+if redis.call('GET', KEYS[1] .. ':p') == op_of(v) then
+    redis.call('DEL', KEYS[1] .. ':p')
+end
+
 redis.call('SET', KEYS[1], value, 'KEEPTTL')
 
 return audit_done(1)

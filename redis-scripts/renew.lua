@@ -23,6 +23,15 @@ end
 
 redis.call('PEXPIRE', KEYS[1], ttl)
 
+-- On a Redis Cluster a claim is renewed only once its gate was opened
+-- (business_gate.lua): a gate that still names it is an opening lost with
+-- a failover of this master (asynchronous replication), which would make
+-- an operation that ran look never run, to be taken over and run again
+-- once it turns unknown.  Opened again here.  (No gate on one server.)
+if redis.call('GET', KEYS[1] .. ':p') == op_of(v) then
+    redis.call('DEL', KEYS[1] .. ':p')
+end
+
 -- the identity and the lock this operation took keep outliving its
 -- record (prelude.lua); their values, and that of the key naming the
 -- lock, name the operation (fields.lua)
