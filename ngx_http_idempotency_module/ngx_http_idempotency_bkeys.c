@@ -69,7 +69,7 @@ static void ngx_http_idem_bkeys_opened(ngx_http_idem_cmd_t *cmd,
 static ngx_int_t ngx_http_idem_bkeys_gate(ngx_http_idem_bkeys_t *p,
     const char *mode, ngx_http_idem_reply_pt handler);
 static void ngx_http_idem_bkeys_keep(ngx_http_idem_bkeys_t *p,
-    ngx_log_t *log);
+    ngx_log_t *log, ngx_http_idem_reply_pt handler);
 static void ngx_http_idem_bkeys_keep_handler(ngx_event_t *ev);
 
 
@@ -108,13 +108,39 @@ ngx_http_idem_bkeys_cmd(ngx_http_idem_redis_t *rd, u_char *key,
 
 
 /*
+ * A keep while the operation runs answered 0: the key names another
+ * operation, which took it while this one ran (the key lost with a failover
+ * of its master, then taken): that one may run beside this one.
+ */
+static void
+ngx_http_idem_bkeys_kept(ngx_http_idem_cmd_t *cmd, redisReply *reply)
+{
+    ngx_str_t  key;
+
+    if (reply == NULL || reply->type != REDIS_REPLY_INTEGER
+        || reply->integer != 0)
+    {
+        return;
+    }
+
+    key = ngx_http_idem_cmd_key(cmd);
+
+    ngx_log_error(NGX_LOG_ERR, cmd->redis->log, 0,
+                  "idempotency: business key \"%V\" names another "
+                  "operation while its own runs (lost with a failover of "
+                  "its master, then taken): the two may run at once", &key);
+}
+
+
+/*
  * A key this attempt may have taken, back, or kept for twice the TTL
  * ("keep"): a compare on its name, so harmless when late; a give-back is
  * sent again after a lost connection.
  */
 static void
 ngx_http_idem_bkeys_send(ngx_http_idem_redis_t *rd, u_char *key,
-    const char *mode, ngx_str_t *name, int64_t ttl, ngx_log_t *log)
+    const char *mode, ngx_str_t *name, int64_t ttl, ngx_log_t *log,
+    ngx_http_idem_reply_pt handler)
 {
     ngx_str_t             none = ngx_null_string;
     ngx_http_idem_cmd_t  *cmd;
@@ -126,7 +152,7 @@ ngx_http_idem_bkeys_send(ngx_http_idem_redis_t *rd, u_char *key,
     }
 
     if (cmd == NULL
-        || ngx_http_idem_cmd_send(cmd, NULL, NULL) == NGX_ERROR)
+        || ngx_http_idem_cmd_send(cmd, handler, NULL) == NGX_ERROR)
     {
         ngx_log_error(NGX_LOG_WARN, log, 0,
                       "idempotency: cannot %s a business key; it names a "
@@ -149,7 +175,7 @@ ngx_http_idem_bkeys_give_back(ngx_http_idem_bkeys_t *p)
         if (p->key[k].taken) {
             ngx_http_idem_bkeys_send(ctx->conf->redis, p->key[k].key, "drop",
                                      &p->key[k].name, 0,
-                                     ctx->request->connection->log);
+                                     ctx->request->connection->log, NULL);
             p->key[k].taken = 0;
         }
     }
@@ -316,7 +342,7 @@ ngx_http_idem_bkeys_taken(ngx_http_idem_cmd_t *cmd, redisReply *reply)
             key = ngx_http_idem_cmd_key(cmd);
             name = ngx_http_idem_cmd_get(cmd, NGX_HTTP_IDEM_BUSINESS_KEY_NAME);
             ngx_http_idem_bkeys_send(cmd->redis, key.data, "drop", &name, 0,
-                                     ngx_cycle->log);
+                                     ngx_cycle->log, NULL);
         }
 
         return;
@@ -561,7 +587,8 @@ ngx_http_idem_bkeys_start(ngx_http_idem_ctx_t *ctx,
 
 
 static void
-ngx_http_idem_bkeys_keep(ngx_http_idem_bkeys_t *p, ngx_log_t *log)
+ngx_http_idem_bkeys_keep(ngx_http_idem_bkeys_t *p, ngx_log_t *log,
+    ngx_http_idem_reply_pt handler)
 {
     ngx_uint_t  k;
 
@@ -569,7 +596,8 @@ ngx_http_idem_bkeys_keep(ngx_http_idem_bkeys_t *p, ngx_log_t *log)
         if (p->key[k].taken) {
             ngx_http_idem_bkeys_send(p->ctx->conf->redis, p->key[k].key,
                                      "keep", &p->key[k].name,
-                                     ngx_http_idem_bkeys_ttl(p->ctx), log);
+                                     ngx_http_idem_bkeys_ttl(p->ctx), log,
+                                     handler);
         }
     }
 }
@@ -585,7 +613,7 @@ ngx_http_idem_bkeys_keep_handler(ngx_event_t *ev)
         return;
     }
 
-    ngx_http_idem_bkeys_keep(p, ev->log);
+    ngx_http_idem_bkeys_keep(p, ev->log, ngx_http_idem_bkeys_kept);
     ngx_add_timer(ev, ngx_max(p->ctx->conf->lease / 3, 1));
 }
 
@@ -608,7 +636,8 @@ ngx_http_idem_bkeys_cleanup(ngx_http_idem_ctx_t *ctx)
     if (!p->deciding) {
         /* completed: the keys outlive its record's retention (as complete.lua) */
         if (ctx->end == NGX_HTTP_IDEM_END_COMPLETE) {
-            ngx_http_idem_bkeys_keep(p, ngx_cycle->log);
+            /* a lock may be taken once it ended: no complaint then */
+            ngx_http_idem_bkeys_keep(p, ngx_cycle->log, NULL);
         }
 
         return;

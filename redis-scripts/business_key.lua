@@ -10,17 +10,25 @@
 -- KEYS[1]  the unique or lock key
 -- mode     "take": take the key for name when it is absent, names name
 --          already, or names exactly expect (the holder the caller found
---          to hold nothing); "keep": PEXPIRE ttl while it names name;
---          "drop": DEL while it names name
+--          to hold nothing); "keep": PEXPIRE ttl while it names name, or
+--          set it to name when absent (only an operation let run keeps:
+--          a key lost with a failover names it again, and a name alone
+--          grants nothing); "drop": DEL while it names name
 -- name     this attempt's value: its record key, its operation id, the
 --          tag of its location (unique) or of its scope (lock)
 -- expect   "take": the value the caller found not holding, or ""
 -- ttl      the key's TTL in ms (twice the record's)
 --
 -- Replies: take: {"taken"} | {"named", value}: another operation's name,
---          unchanged; keep, drop: 1 | 0 (it names another operation)
+--          unchanged; keep, drop: 1 | 0 (it names another operation:
+--          for keep, one that took it while this one runs)
 
 local h = redis.call('GET', KEYS[1])
+
+if mode == 'keep' and not h then
+    redis.call('SET', KEYS[1], name, 'PX', ttl)
+    return 1
+end
 
 if mode ~= 'take' then
     if h ~= name then

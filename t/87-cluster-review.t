@@ -1,6 +1,8 @@
 #!/usr/bin/perl
-# idempotency_lock on a Redis Cluster: the gate's opening lost with a
-# failover of the record's master (docs/business-keys.md, "Reshards and
+# idempotency_lock on a Redis Cluster: writes lost with a failover.
+# First, the lock key lost while its operation runs: the next keep
+# (business_key.lua) names the operation in it again.  Then the gate's
+# opening lost with a failover of the record's master (docs/business-keys.md, "Reshards and
 # failovers").  Replication is asynchronous: the master that ran the DEL
 # of the gate (business_gate.lua "open") can die before its replica has it,
 # and the promoted replica still has the gate shut, naming an operation
@@ -17,6 +19,7 @@ use FindBin;
 use lib "$FindBin::Bin/lib";
 use Test::More;
 use Time::HiRes qw(time sleep);
+use Digest::SHA;
 use Idem::Test;
 
 my $t = Idem::Test->new;
@@ -65,6 +68,31 @@ sub effects_of {
 
 # the worker has the slot map before A
 deploy($t->key("warm$_"), "warm-$$-$_") for 1 .. 3;
+
+sub lock_name { 'idem:{' . substr(Digest::SHA::sha256_hex("idem-lock-v1\0" . pack('Q>', 0) . $_[0]), 0, 32) . '}:l' }
+
+# ---- the lock key lost with a failover of its master while its operation
+# runs: the next keep (a third of the lease) makes it name the operation
+# again, so a competitor after that is refused; a key that names another
+# operation while it runs is logged
+{
+    my $env2 = "stage-$$-" . int(time);
+    my $kb = $t->key('b');
+    my $L = lock_name("deploy:$env2");
+    my $bgb = deploy($kb, $env2, delay => 40, bg => 1);
+    ok($t->wait_for(sub { effects_of($env2) == 1 }, 10), 'B reached the upstream');
+    my $name = get_at($L) // '';
+    like($name, qr/^\Q${\ $t->record_name($kb)}\E[0-9a-f]{32}/, 'the lock key names B');
+    $t->redis_at(master_of($L), 'DEL', $L);
+    ok($t->wait_for(sub { (get_at($L) // '') eq $name }, 5),
+       'the lock key lost (its master failed over before its replica had it): B\'s next keep names B in it again');
+    is(answer_of(deploy($t->key('d'), $env2)), '409 lock-held', 'a competitor: lock-held, not run beside B');
+    is(effects_of($env2), 1, 'one effect');
+    my $other = 'idem:{' . ('0' x 32) . '}:r' . ('1' x 32);
+    $t->redis_at(master_of($L), 'SET', $L, $other, 'PX', 600000);
+    ok($t->wait_for(sub { $t->error_log =~ /business key "\Q$L\E" names another operation while its own runs/ }, 5),
+       'a lock key taken from B while B runs is logged');
+}
 
 my $env = "prod-$$-" . int(time);
 my $ka = $t->key('a');
