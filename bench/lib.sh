@@ -244,12 +244,15 @@ upstream_requests() {   # total requests the upstream has answered so far
     curl -s "http://127.0.0.1:$UPSTREAM_PORT/__status" | awk 'NR == 3 { print $3 }'
 }
 
-# front_conf NAME A_PORT B_PORT MASTER(on|off) [C_PORT]: the nginx under test.
-# A_PORT or B_PORT may be empty to leave that server out.  C_PORT adds
-# server C: B's settings with the records in the Redis Cluster of the
-# BENCH_CLUSTER nodes ("host:port ...", see start_cluster).
+# front_conf NAME A_PORT B_PORT MASTER(on|off) [C_PORT [D_PORT E_PORT]]: the
+# nginx under test.  A_PORT or B_PORT may be empty to leave that server out.
+# C_PORT adds server C: B's settings with the records in the Redis Cluster
+# of the BENCH_CLUSTER nodes ("host:port ...", see start_cluster).  D_PORT
+# adds D: C with idempotency_unique and idempotency_lock (values made of the
+# Idempotency-Key, so every first write takes a unique key and a lock of its
+# own, each in a slot of its own); E_PORT adds E: B with the same two.
 front_conf() {
-    local name=$1 pa=$2 pb=$3 master=$4 pc=${5:-} d=$T/$1
+    local name=$1 pa=$2 pb=$3 master=$4 pc=${5:-} pd=${6:-} pe=${7:-} d=$T/$1
     mkdir -p "$d"
     local proxy="
             proxy_pass http://backend;
@@ -317,16 +320,48 @@ EOF
     }
 EOF
         fi
+        local bkeys="
+            idempotency_unique u:\$http_idempotency_key;
+            idempotency_lock l:\$http_idempotency_key;"
+        if [ -n "$pd" ]; then
+            cat <<EOF
+
+    # D: C with a unique key and a lock per first write
+    server {
+        listen 127.0.0.1:$pd backlog=4096;
+        server_name bench-d;   # D and E: one identity and lock each
+        idempotency_redis_cluster $BENCH_CLUSTER;
+        location / {
+            idempotency on;$bkeys
+            idempotency_thread_pool ${BENCH_THREAD_POOL:-idem};$proxy
+        }
+    }
+EOF
+        fi
+        if [ -n "$pe" ]; then
+            cat <<EOF
+
+    # E: B with a unique key and a lock per first write
+    server {
+        listen 127.0.0.1:$pe backlog=4096;
+        server_name bench-e;   # D and E: one identity and lock each
+        location / {
+            idempotency on;$bkeys
+            idempotency_thread_pool ${BENCH_THREAD_POOL:-idem};$proxy
+        }
+    }
+EOF
+        fi
         echo "}"
     } >"$d/nginx.conf"
     "$NGINX" -t -q -p "$d" -c "$d/nginx.conf" -e "$d/error.log" 2>"$d/nginx-t.log" \
         || { cat "$d/nginx-t.log" >&2; die "nginx -t failed for $d/nginx.conf"; }
 }
 
-# start_front NAME A_PORT B_PORT [C_PORT]: sets FRONT_PID (master) and FRONT_WORKER
+# start_front NAME A_PORT B_PORT [C_PORT [D_PORT E_PORT]]: sets FRONT_PID (master) and FRONT_WORKER
 start_front() {
     local d=$T/$1 port=${2:-$3}
-    front_conf "$1" "$2" "$3" on "${4:-}"
+    front_conf "$1" "$2" "$3" on "${4:-}" "${5:-}" "${6:-}"
     "$NGINX" -p "$d" -c "$d/nginx.conf" -e "$d/error.log" </dev/null &
     FRONT_PID=$!
     track "$FRONT_PID" QUIT "nginx-$1"

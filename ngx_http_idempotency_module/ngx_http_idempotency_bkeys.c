@@ -393,16 +393,30 @@ static ngx_int_t
 ngx_http_idem_bkeys_gate(ngx_http_idem_bkeys_t *p, const char *mode,
     ngx_http_idem_reply_pt handler)
 {
+    u_char               *lock;
+    size_t                len;
+    ngx_uint_t            k;
     ngx_http_idem_cmd_t  *cmd;
     ngx_http_idem_ctx_t  *ctx;
 
     ctx = p->ctx;
 
+    /* opened: the lock's name beside the record, for the status endpoint */
+    lock = (u_char *) "";
+    len = 0;
+
+    for (k = 0; k < p->n; k++) {
+        if (p->key[k].kind == 'l' && ngx_strcmp(mode, "open") == 0) {
+            lock = p->key[k].key;
+            len = IDEM_RECORD_KEY_LEN;
+        }
+    }
+
     cmd = ngx_http_idem_cmd_create(ctx->conf->redis,
                                    NGX_HTTP_IDEM_SCRIPT_BUSINESS_GATE,
                                    ctx->rkey,
-                                   4 + 2 * NGX_HTTP_IDEM_TOKEN_HEX
-                                   + NGX_INT64_LEN,
+                                   5 + 2 * NGX_HTTP_IDEM_TOKEN_HEX
+                                   + NGX_INT64_LEN + IDEM_RECORD_KEY_LEN,
                                    ctx->request->connection->log);
     if (cmd == NULL) {
         return NGX_ERROR;
@@ -416,6 +430,7 @@ ngx_http_idem_bkeys_gate(ngx_http_idem_bkeys_t *p, const char *mode,
                           NGX_HTTP_IDEM_TOKEN_HEX);
     ngx_http_idem_cmd_set_num(cmd, NGX_HTTP_IDEM_BUSINESS_GATE_TTL,
                               ngx_http_idem_bkeys_ttl(ctx));
+    ngx_http_idem_cmd_set(cmd, NGX_HTTP_IDEM_BUSINESS_GATE_LOCK, lock, len);
 
     if (ngx_http_idem_cmd_send(cmd, handler, handler ? p : NULL) != NGX_OK) {
         return NGX_ERROR;

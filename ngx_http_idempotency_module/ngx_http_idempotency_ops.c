@@ -40,11 +40,54 @@ typedef enum {
 } ngx_http_idem_ops_rc_e;
 
 
+/*
+ * On a Redis Cluster the lock key is in another slot than the record:
+ * status.lua gives the one the "h" key names, and the body shows it only
+ * once a GET of it, on its own node, says it names this record and
+ * operation (business_gate.lua names it there when the gate opens).
+ */
+typedef struct {
+    ngx_http_idem_ctx_t      *ctx;
+    u_char                   *body;
+    size_t                    len;
+    size_t                    at;          /* ,"lock":"..." in the body */
+    u_char                    op[IDEM_TOKEN_LEN];
+    u_char                    lock[IDEM_RECORD_KEY_LEN];
+} ngx_http_idem_status_lock_t;
+
+
 typedef struct {
     ngx_http_idem_problem_e   problem;
     u_char                   *body;
     size_t                    len;
+    ngx_http_idem_status_lock_t  *check;   /* cluster: a lock to check */
 } ngx_http_idem_ops_out_t;
+
+
+#define NGX_HTTP_IDEM_LOCK_MEMBER_LEN                                         \
+    (sizeof(",\"lock\":\"\"") - 1 + IDEM_RECORD_KEY_LEN)
+
+
+/* the "lock" member; on a cluster, noted to be checked on its own node */
+static u_char *
+ngx_http_idem_status_lock(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
+    idem_status_t *st, ngx_http_idem_ops_out_t *out, u_char *p, u_char *end)
+{
+    if (ctx->conf->redis->topology == NGX_HTTP_IDEM_TOPO_CLUSTER) {
+        out->check = ngx_palloc(r->pool, sizeof(ngx_http_idem_status_lock_t));
+        if (out->check == NULL) {
+            return NULL;
+        }
+
+        out->check->ctx = ctx;
+        out->check->at = p - out->body;
+        ngx_memcpy(out->check->op, st->rec.op, IDEM_TOKEN_LEN);
+        ngx_memcpy(out->check->lock, st->lock, IDEM_RECORD_KEY_LEN);
+    }
+
+    return ngx_slprintf(p, end, ",\"lock\":\"%*s\"",
+                        (size_t) IDEM_RECORD_KEY_LEN, st->lock);
+}
 
 
 static ngx_http_idem_ops_rc_e
@@ -104,8 +147,10 @@ ngx_http_idem_status_body(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
 
     /* idempotency_lock: only while the operation holds it */
     if (st->lock) {
-        p = ngx_slprintf(p, end, ",\"lock\":\"%*s\"",
-                         (size_t) IDEM_RECORD_KEY_LEN, st->lock);
+        p = ngx_http_idem_status_lock(r, ctx, st, out, p, end);
+        if (p == NULL) {
+            return NGX_HTTP_IDEM_OPS_CORRUPT;
+        }
     }
 
     if (st->rec.state == 'c') {
@@ -308,6 +353,70 @@ ngx_http_idem_admin_resolve(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
 }
 
 
+static ngx_str_t  ngx_http_idem_status_get = ngx_string("GET");
+
+
+/* the GET of the lock key: the member stays if it names this operation */
+static void
+ngx_http_idem_status_checked(ngx_http_idem_cmd_t *cmd, redisReply *reply)
+{
+    ngx_int_t                     rc;
+    ngx_connection_t             *c;
+    ngx_http_request_t           *r;
+    ngx_http_idem_status_lock_t  *sl;
+
+    sl = cmd->data;
+    r = sl->ctx->request;
+    c = r->connection;
+
+    if (reply == NULL || reply->type == REDIS_REPLY_ERROR) {
+        rc = ngx_http_idem_send_problem(r, sl->ctx,
+                                        NGX_HTTP_IDEM_P_STORE_DOWN, NULL);
+
+    } else {
+        if (reply->type != REDIS_REPLY_STRING
+            || reply->len < IDEM_RECORD_KEY_LEN + IDEM_TOKEN_LEN
+            || ngx_memcmp(reply->str, sl->ctx->rkey, IDEM_RECORD_KEY_LEN) != 0
+            || ngx_memcmp(reply->str + IDEM_RECORD_KEY_LEN, sl->op,
+                          IDEM_TOKEN_LEN) != 0)
+        {
+            /* another operation's, or free: not this one's lock */
+            ngx_memmove(sl->body + sl->at,
+                        sl->body + sl->at + NGX_HTTP_IDEM_LOCK_MEMBER_LEN,
+                        sl->len - sl->at - NGX_HTTP_IDEM_LOCK_MEMBER_LEN);
+            sl->len -= NGX_HTTP_IDEM_LOCK_MEMBER_LEN;
+        }
+
+        rc = ngx_http_idem_send_json(r, NGX_HTTP_OK, sl->body, sl->len);
+    }
+
+    ngx_http_finalize_request(r, rc);
+    ngx_http_run_posted_requests(c);
+}
+
+
+static ngx_int_t
+ngx_http_idem_status_check(ngx_http_idem_status_lock_t *sl)
+{
+    ngx_http_idem_cmd_t  *cmd;
+
+    cmd = ngx_http_idem_cmd_native(sl->ctx->conf->redis,
+                                   &ngx_http_idem_status_get, 0, sl->lock, 0,
+                                   sl->ctx->request->connection->log);
+
+    if (cmd == NULL
+        || ngx_http_idem_cmd_send(cmd, ngx_http_idem_status_checked, sl)
+           != NGX_OK)
+    {
+        return NGX_ERROR;
+    }
+
+    sl->ctx->cmd = cmd;
+
+    return NGX_OK;
+}
+
+
 static void
 ngx_http_idem_ops_done(ngx_http_idem_cmd_t *cmd, redisReply *reply)
 {
@@ -319,6 +428,7 @@ ngx_http_idem_ops_done(ngx_http_idem_cmd_t *cmd, redisReply *reply)
     ngx_http_idem_ops_out_t   out;
 
     ctx = cmd->data;
+    out.check = NULL;
 
     if (ngx_http_idem_audit_ctx_reply(cmd, &reply, &appended) == NGX_DONE) {
         return;
@@ -342,6 +452,19 @@ ngx_http_idem_ops_done(ngx_http_idem_cmd_t *cmd, redisReply *reply)
     switch (ngx_http_idem_ops_decode(r, ctx, cmd, reply, &out)) {
 
     case NGX_HTTP_IDEM_OPS_OK:
+        if (out.check) {
+            out.check->body = out.body;
+            out.check->len = out.len;
+
+            if (ngx_http_idem_status_check(out.check) == NGX_OK) {
+                return;
+            }
+
+            rc = ngx_http_idem_send_problem(r, ctx,
+                                            NGX_HTTP_IDEM_P_STORE_DOWN, NULL);
+            break;
+        }
+
         rc = ngx_http_idem_send_json(r, NGX_HTTP_OK, out.body, out.len);
         break;
 
@@ -516,9 +639,11 @@ ngx_http_idem_status_op(ngx_http_request_t *r, ngx_str_t *op, ngx_int_t arg)
 /*
  * status.lua gets the record and the key beside it that names the lock
  * its operation took (idempotency_lock): the request has the key, not the
- * body the lock key is derived from.  Not on a cluster, where no lock is
- * taken: while a slot migrates, Redis refuses (TRYAGAIN) a script of two
- * keys when one of them is missing, and that key never exists there.
+ * body the lock key is derived from.  Not named on a cluster: while a slot
+ * migrates, Redis refuses (TRYAGAIN) a script of two keys when one of them
+ * is missing, as that key is for every operation without a lock; the
+ * script reads it by its name there, and the lock key, in another slot, is
+ * checked by a GET of its own (ngx_http_idem_status_check).
  */
 ngx_int_t
 ngx_http_idem_status_handler(ngx_http_request_t *r)

@@ -7,7 +7,7 @@
 -- that lets the request run, a compare in the record's slot, so a
 -- takeover and the opening are ordered by Redis: one of them wins.
 --
---: args mode op owner ttl
+--: args mode op owner ttl lock
 --
 -- KEYS[1]  record key
 -- mode     "shut": set the gate (before any business key names op);
@@ -15,7 +15,11 @@
 --          still the claim of owner; "drop": delete it while it names op
 -- op       the claim's operation id
 -- owner    its owner token ("open")
--- ttl      the gate's TTL in ms ("shut")
+-- ttl      the gate's TTL in ms ("shut"), the lock's name's ("open")
+-- lock     "open": the lock key this claim took (idempotency_lock), or "":
+--          named beside the record in its "h" key, as claim.lua does on
+--          one server, for the status endpoint (which has the key, not the
+--          body the lock key is derived from); it grants nothing
 --
 -- Reply: 1 when done, 0 when not ("open": taken over, or no longer this
 -- owner's claim: the request must not run).
@@ -36,5 +40,10 @@ if mode == 'open' and not owned(redis.call('GET', KEYS[1]), owner) then
 end
 
 redis.call('DEL', gate)
+
+if mode == 'open' and lock ~= '' then
+    redis.call('SET', (string.gsub(KEYS[1], '}:r$', '}:h')),
+               KEYS[1] .. op .. lock, 'PX', ttl)
+end
 
 return 1

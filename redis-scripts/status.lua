@@ -8,13 +8,17 @@
 -- KEYS[1]  record key
 -- KEYS[2]  the record key's sibling "h": the lock its operation took
 --          (idempotency_lock), as claim.lua named it; absent on a Redis
---          Cluster, where no lock is taken
+--          Cluster, where the "h" key (named by business_gate.lua) is read
+--          undeclared: a script of two keys in a migrating slot would refuse
+--          the script (TRYAGAIN) whenever "h" is missing
 --
 -- Replies: {} when there is no record, else {value, lapsed "0" | "1"};
 -- an alias (idempotency_unique) adds the state of the operation it
 -- reuses, as that operation's claim would see it, or "" when none; an
 -- operation in progress or unknown adds the name of the lock key it
--- holds now, if any
+-- holds now, if any; on a Redis Cluster, where the lock key is in another
+-- slot, the one "h" names for it, which the caller checks there (it holds
+-- the lock while the lock key names the record key and operation id)
 
 local v = redis.pcall('GET', KEYS[1])
 
@@ -54,10 +58,7 @@ end
 -- key (another operation's, a lock taken over since, a foreign value)
 -- is no lock of this one.
 local function lock_of(op)
-    if not KEYS[2] then
-        return nil
-    end
-    local h = redis.pcall('GET', KEYS[2])
+    local h = redis.pcall('GET', KEYS[2] or ((string.gsub(KEYS[1], '}:r$', '}:h'))))
     if type(h) ~= 'string' then
         return nil
     end
@@ -69,6 +70,9 @@ local function lock_of(op)
        or string.sub(lk, 1, #prefix) ~= prefix
        or not string.find(lk, '^[0-9a-f]+}:l$', #prefix + 1) then
         return nil
+    end
+    if not KEYS[2] then
+        return lk
     end
     local l = redis.pcall('GET', lk)
     if type(l) ~= 'string' then

@@ -11,7 +11,11 @@
 #     responses.log "t");
 #   - kill -9 of the worker whose operation holds the lock: lock-held while
 #     its lease runs and after (the operation is unknown), until an operator
-#     releases it at the admin endpoint; then the next deployment executes.
+#     releases it at the admin endpoint; then the next deployment executes;
+#   - the status endpoint shows the lock (its key, in another slot) while
+#     its operation holds it, in progress and unknown, and not once the
+#     operation completed or was released (docs/directives.md
+#     idempotency_status), as on one server (t/55-lock.t).
 
 use strict;
 use warnings;
@@ -43,6 +47,9 @@ server {
     location = /admin {
         idempotency_admin on;
     }
+    location = /status {
+        idempotency_status;
+    }
 }
 EOF
 
@@ -65,6 +72,15 @@ sub deploy_bg {
 sub env_effects {
     my ($env) = @_;
     return grep { ($_->{json}{environment} // '') eq $env } $t->effect_list(uri => '/deployments');
+}
+
+sub status_of { $t->http(GET => '/status', key => $_[0], headers => [ Authorization => $AUTH ]) }
+# the status document of a key, undef unless 200
+sub status_json {
+    my $r = status_of($_[0]);
+    return undef unless $r->{status} == 200;
+    my $j = eval { JSON::PP->new->decode($r->{content}) };
+    return ref $j eq 'HASH' ? $j : undef;
 }
 
 # the spans [effect, answer] of an environment's effects that overlap
@@ -113,10 +129,26 @@ sub state_of {
     my $ra = $t->record_name($a, $AUTH);
     like(get_anywhere($L) // '', qr/^\Q$ra\E[0-9a-f]{32}/, 'the lock key names the holder\'s record');
     isnt($t->key_slot($L), $t->key_slot($ra), '... from another slot');
+    my $st = status_json($a) // {};
+    is(join(' ', $st->{state} // 'none', $st->{lock} // 'none'), "in_progress $L",
+       'the holder\'s status shows its lock key, of another slot');
+    $t->is_problem(status_of($b), 404, 'not-found', name => 'the key refused lock-held: no record at the status endpoint');
+    # the lock key, checked on its own node: naming another operation, it is no lock of this one
+    my $m = $t->cluster_owners->[$t->key_slot($L)];
+    my $lv = $t->redis_at($m, 'GET', $L);
+    $t->redis_at($m, 'SET', $L, $ra . ('0' x 32) . 'x', 'KEEPTTL');
+    $st = status_json($a) // {};
+    is(join(' ', $st->{state} // 'none', $st->{lock} // 'none'), 'in_progress none',
+       'a lock key that names another operation id is not shown');
+    $t->redis_at($m, 'SET', $L, $lv, 'KEEPTTL');
     my $done = $bg->result(20);
     is($done->{status}, 201, 'the holder completes');
+    $st = status_json($a) // {};
+    ok(($st->{state} // '') eq 'completed' && !exists $st->{lock}, '... then its status: completed, no "lock"')
+        or diag(explain $st);
     my $y = deploy($b, $env);
     is($y->{status}, 201, 'then the blocked key executes') or diag($t->show($y));
+    ok(!exists((status_json($b) // { lock => 'no status' })->{lock}), '... its status, completed, has no "lock"');
     is(scalar(env_effects($env)), 2, 'two effects, one each');
 }
 
@@ -168,8 +200,12 @@ sub state_of {
                           && state_of($a) eq 'unknown' }, 10),
        'after the lease: the operation is unknown, and the lock still held');
     $t->is_problem(deploy($b, $env), 409, 'lock-held', retry_after => 60, name => 'held by an unknown operation: Retry-After 60');
+    my $su = status_json($a) // {};
+    is(join(' ', $su->{state} // 'none', $su->{lock} // 'none'), 'unknown ' . lock_name("deploy:$env"),
+       'the unknown operation\'s status shows the lock it holds');
     my $adm = $t->http(POST => '/admin?action=release', key => $a, headers => [ Authorization => $AUTH ]);
     is($adm->{status}, 200, 'the operator releases the unknown operation') or diag($t->show($adm));
+    $t->is_problem(status_of($a), 404, 'not-found', name => 'released: no record, no lock shown');
     my $x = deploy($b, $env);
     is($x->{status}, 201, 'then the blocked deployment executes') or diag($t->show($x));
     is(scalar(env_effects($env)), 2, 'one effect each');
