@@ -6,6 +6,7 @@
 --
 -- KEYS[1]  record key
 -- KEYS[2]  idempotency_audit: the stream ("accepted", "completed")
+-- KEYS[3]  its head key (audit.lua)
 -- owner    owner token
 -- value    the completed record (layout 2), built by the module
 -- ttl      retention TTL in ms

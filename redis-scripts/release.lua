@@ -8,6 +8,7 @@
 -- KEYS[1]  record key
 -- KEYS[2]  idempotency_audit: the stream ("accepted", "released"); a
 --          marker left for a claim that has not run is not an event
+-- KEYS[3]  its head key (audit.lua)
 -- owner    owner token
 -- marker   what stays for ttl ms (layout 2, state r), or "" for nothing
 -- ttl      the marker's TTL in ms

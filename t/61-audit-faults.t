@@ -93,8 +93,8 @@ sub events { [ map { $_->{event} } grep { $_->{key} eq $_[0] } @{ $t->audit_entr
         [ 'a time an hour off', 0, $head, $now - 3_600_000 ],
     ) {
         my ($what, $plus, $prev, $when) = @$c;
-        my $r = $t->redis('EVAL', $t->script_text('complete'), 2, $name, 'idem:f',
-                          $rec->{owner}, $done, 60000, '', $seq + 1 + $plus, $prev, $when, @entry);
+        my $r = $t->redis('EVAL', $t->script_text('complete'), 3, $name, 'idem:f', 'idem:f:head',
+                          $rec->{owner}, $done, 60000, '', $seq + 1 + $plus, "$seq:$prev", $when, @entry);
         is(ref $r && $r->[0], 'audit-head', "complete.lua with $what: audit-head");
         is($r->[1], $seq, "... which names the head ($seq)");
         my $after = $t->record($k);
@@ -105,13 +105,13 @@ sub events { [ map { $_->{event} } grep { $_->{key} eq $_[0] } @{ $t->audit_entr
     my $free = $t->key('race-free');
     my $fname = $t->record_name($free);
     my $claim = $t->encode_record({ %$rec, op => 'a' x 32, owner => 'b' x 32 });
-    my $r = $t->redis('EVAL', $t->script_text('claim'), 5, $fname, '', '', '', 'idem:f',
+    my $r = $t->redis('EVAL', $t->script_text('claim'), 6, $fname, '', '', '', 'idem:f', 'idem:f:head',
                       $rec->{fp}, 'b' x 32, $claim, 60000, '0', '', '0', '', '',
-                      'claim', $seq + 7, $head, $now, @entry);
+                      'claim', $seq + 7, "$seq:$head", $now, @entry);
     is(ref $r && $r->[0], 'audit-head', 'claim.lua of a free key on a stale head: audit-head');
     ok(!defined $t->redis('GET', $fname), '... and the key is still free');
-    $r = $t->redis('EVAL', $t->script_text('claim'), 5, $fname, '', '', '', 'idem:f',
-                   $rec->{fp}, 'b' x 32, $claim, 60000, '0', '', '0', '', '', '-', $seq + 1, $head, $now);
+    $r = $t->redis('EVAL', $t->script_text('claim'), 6, $fname, '', '', '', 'idem:f', 'idem:f:head',
+                   $rec->{fp}, 'b' x 32, $claim, 60000, '0', '', '0', '', '', '-', $seq + 1, "$seq:$head", $now);
     is(ref $r && "$r->[0] $r->[2]", 'audit-decide claim', 'claim.lua asked to decide: it would claim');
     ok(!defined $t->redis('GET', $fname), '... and wrote nothing');
     is(xlen(), $n, 'the stream is as it was');
