@@ -754,6 +754,16 @@ ngx_http_idem_audit_write(ngx_http_idem_cmd_t *cmd,
 }
 
 
+/* complete, release, fail: their owner token is their condition */
+static ngx_uint_t
+ngx_http_idem_audit_fenced(ngx_http_idem_script_e script)
+{
+    return script == NGX_HTTP_IDEM_SCRIPT_COMPLETE
+           || script == NGX_HTTP_IDEM_SCRIPT_RELEASE
+           || script == NGX_HTTP_IDEM_SCRIPT_FAIL;
+}
+
+
 /*
  * The audit file alone and a fenced script (complete, release, fail): the
  * script has nothing to decide for the audit (its owner token is its
@@ -765,10 +775,7 @@ static ngx_uint_t
 ngx_http_idem_audit_lean(ngx_http_idem_audit_t *audit,
     ngx_http_idem_script_e script)
 {
-    return !audit->on_stream
-           && (script == NGX_HTTP_IDEM_SCRIPT_COMPLETE
-               || script == NGX_HTTP_IDEM_SCRIPT_RELEASE
-               || script == NGX_HTTP_IDEM_SCRIPT_FAIL);
+    return !audit->on_stream && ngx_http_idem_audit_fenced(script);
 }
 
 
@@ -1328,6 +1335,21 @@ ngx_http_idem_audit_reply(ngx_http_idem_cmd_t *cmd, redisReply **reply,
                && (*reply)->integer == 1
                ? ngx_http_idem_audit_to_file(cmd, meta.head->audit)
                : NGX_OK;
+    }
+
+    /* a fenced script's 1: the change and its entry are made */
+    if (ngx_http_idem_audit_fenced(cmd->script)
+        && (*reply)->type == REDIS_REPLY_INTEGER && (*reply)->integer == 1)
+    {
+        if (cmd->argc < cmd->arg0 + at + NGX_HTTP_IDEM_AUDIT_ENTRIES + 2) {
+            return NGX_OK;
+        }
+
+        if (meta.head->audit->on_stream) {
+            ngx_http_idem_audit_appended(cmd, at, &meta);
+        }
+
+        return ngx_http_idem_audit_to_file(cmd, meta.head->audit);
     }
 
     if (ngx_http_idem_audit_is(*reply, "audit-look", 1)) {

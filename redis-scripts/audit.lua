@@ -43,7 +43,9 @@
 --   {"audit-decide", want, kind, basis, reply}: the script decided
 --       something the entries were not made for; nothing was written;
 --       the module makes the entries of "want" and calls it again
---   {"audited", reply}: the entries were appended with the change
+--   {"audited", reply}: the entries were appended with the change; the
+--       fenced scripts (complete, release, fail) answer 1 instead, which
+--       only they answer once the change and the entries are made
 
 -- Every script that changes a record runs this file's text on each call,
 -- with or without the audit, so it defines as little as it can: two

@@ -29,4 +29,6 @@ end
 announce(KEYS[1], v)
 redis.call('SET', KEYS[1], value, 'PX', ttl)
 
-return audit_done(1)
+-- 1 says the entries were appended too: no {"audited", 1} to build
+-- (a table and its reply: half a microsecond of a first write)
+return 1

@@ -48,4 +48,6 @@ else
     redis.call('SET', KEYS[1], marker, 'PX', ttl)
 end
 
-return audit_done(1)
+-- 1 says the entries were appended too: no {"audited", 1} to build
+-- (a table and its reply: half a microsecond of a first write)
+return 1
