@@ -68,6 +68,7 @@ typedef struct {
 typedef struct {
     ngx_http_idem_redis_t       *redis;
     ngx_str_t                    stream;    /* NUL-terminated */
+    ngx_str_t                    head_key;  /* "<stream>:head", the same */
     ngx_uint_t                   anchor;    /* the head is logged each N */
     idem_jws_key_t              *key;       /* NULL: a plain SHA-256 chain */
     ngx_http_idem_audit_file_t  *file;      /* NULL: no file device */

@@ -45,6 +45,7 @@ typedef struct {
     size_t                       hash_len;
     ngx_uint_t                   gen;       /* of the prediction */
     int64_t                      offset;    /* Redis's clock - ours, ms */
+    int64_t                      checked;   /* our ms of the last time sent */
 } ngx_http_idem_audit_head_t;
 
 
@@ -64,7 +65,7 @@ typedef struct {
 enum {
     NGX_HTTP_IDEM_AUDIT_EXPECT = 0,
     NGX_HTTP_IDEM_AUDIT_SEQ,
-    NGX_HTTP_IDEM_AUDIT_PREV,
+    NGX_HTTP_IDEM_AUDIT_HEAD,        /* "<seq>:<hash>" chained on */
     NGX_HTTP_IDEM_AUDIT_TIME,
     NGX_HTTP_IDEM_AUDIT_ENTRIES
 };
@@ -301,6 +302,14 @@ ngx_http_idem_audit_find(ngx_conf_t *cf, ngx_http_idem_loc_conf_t *conf)
 
     a->redis = conf->redis;
     a->stream = conf->audit_stream;
+
+    a->head_key.len = a->stream.len + sizeof(":head") - 1;
+    a->head_key.data = ngx_pnalloc(cf->pool, a->head_key.len + 1);
+    if (a->head_key.data == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    ngx_sprintf(a->head_key.data, "%V:head%Z", &a->stream);
     a->anchor = conf->audit_anchor;
     a->key = conf->audit_key;
     a->file = conf->audit_file;
@@ -614,7 +623,7 @@ ngx_http_idem_audit_room(ngx_http_idem_audit_t *audit, ngx_str_t *expect,
     ngx_uint_t  i;
 
     size = sizeof(ngx_http_idem_audit_meta_t) + expect->len
-           + 2 * NGX_INT64_LEN + IDEM_AUDIT_PREV_MAX;
+           + 3 * NGX_INT64_LEN + 1 + IDEM_AUDIT_PREV_MAX;
 
     /* the stream: one entry of the events; the file alone: each packed */
     if (audit->on_stream && n) {
@@ -666,7 +675,7 @@ ngx_http_idem_audit_write(ngx_http_idem_cmd_t *cmd,
 {
     u_char                      *h, *p, *end;
     size_t                       key_len;
-    int64_t                      now;
+    int64_t                      now, local;
     ngx_uint_t                   i, at;
     ngx_http_idem_audit_head_t  *head;
     const unsigned char         *key;
@@ -686,10 +695,26 @@ ngx_http_idem_audit_write(ngx_http_idem_cmd_t *cmd,
                           expect->len);
     ngx_http_idem_cmd_set_num(cmd, at + NGX_HTTP_IDEM_AUDIT_SEQ,
                               (int64_t) head->seq + 1);
-    ngx_http_idem_cmd_set(cmd, at + NGX_HTTP_IDEM_AUDIT_PREV, head->hash,
-                          head->hash_len);
-    now = ngx_http_idem_now_ms() + head->offset;
-    ngx_http_idem_cmd_set_num(cmd, at + NGX_HTTP_IDEM_AUDIT_TIME, now);
+    p = ngx_http_idem_cmd_start(cmd, at + NGX_HTTP_IDEM_AUDIT_HEAD);
+    p = ngx_sprintf(p, "%uL:", head->seq);
+    p = ngx_cpymem(p, head->hash, head->hash_len);
+    ngx_http_idem_cmd_end(cmd, at + NGX_HTTP_IDEM_AUDIT_HEAD, p);
+
+    /*
+     * Redis checks the time against its clock (TIME) with the first
+     * command of each second only: a call of TIME in every script was a
+     * tenth of an audited first write's Redis time (bench/RESULTS.md)
+     */
+    local = ngx_http_idem_now_ms();
+    now = local + head->offset;
+
+    if (local - head->checked >= 1000 || local < head->checked) {
+        head->checked = local;
+        ngx_http_idem_cmd_set_num(cmd, at + NGX_HTTP_IDEM_AUDIT_TIME, now);
+
+    } else {
+        ngx_http_idem_cmd_set(cmd, at + NGX_HTTP_IDEM_AUDIT_TIME, "", 0);
+    }
 
     if (n == 0) {
         return NGX_OK;
@@ -729,6 +754,16 @@ ngx_http_idem_audit_write(ngx_http_idem_cmd_t *cmd,
 }
 
 
+/* complete, release, fail: their owner token is their condition */
+static ngx_uint_t
+ngx_http_idem_audit_fenced(ngx_http_idem_script_e script)
+{
+    return script == NGX_HTTP_IDEM_SCRIPT_COMPLETE
+           || script == NGX_HTTP_IDEM_SCRIPT_RELEASE
+           || script == NGX_HTTP_IDEM_SCRIPT_FAIL;
+}
+
+
 /*
  * The audit file alone and a fenced script (complete, release, fail): the
  * script has nothing to decide for the audit (its owner token is its
@@ -740,10 +775,7 @@ static ngx_uint_t
 ngx_http_idem_audit_lean(ngx_http_idem_audit_t *audit,
     ngx_http_idem_script_e script)
 {
-    return !audit->on_stream
-           && (script == NGX_HTTP_IDEM_SCRIPT_COMPLETE
-               || script == NGX_HTTP_IDEM_SCRIPT_RELEASE
-               || script == NGX_HTTP_IDEM_SCRIPT_FAIL);
+    return !audit->on_stream && ngx_http_idem_audit_fenced(script);
 }
 
 
@@ -773,7 +805,7 @@ ngx_http_idem_audit_cmd(ngx_http_idem_audit_t *audit,
     ngx_uint_t n, size_t size, ngx_str_t *expect, idem_audit_entry_t *e,
     ngx_uint_t nentries, ngx_log_t *log)
 {
-    u_char                      *start, *all[NGX_HTTP_IDEM_BUSINESS_KEYS + 1];
+    u_char                      *start, *all[NGX_HTTP_IDEM_BUSINESS_KEYS + 2];
     u_char                       rkey[IDEM_RECORD_KEY_LEN + 1];
     ngx_uint_t                   i, at, lean, pairs;
     ngx_http_idem_cmd_t         *cmd;
@@ -799,6 +831,7 @@ ngx_http_idem_audit_cmd(ngx_http_idem_audit_t *audit,
     ngx_memcpy(rkey, key, IDEM_RECORD_KEY_LEN);
     rkey[IDEM_RECORD_KEY_LEN] = '\0';
     all[n] = audit->on_stream ? audit->stream.data : rkey;
+    all[n + 1] = audit->on_stream ? audit->head_key.data : rkey;
     meta.room = ngx_http_idem_audit_room(audit, expect, e, nentries);
     lean = ngx_http_idem_audit_lean(audit, script);
 
@@ -806,7 +839,7 @@ ngx_http_idem_audit_cmd(ngx_http_idem_audit_t *audit,
     pairs = audit->on_stream ? (nentries != 0) : nentries;
 
     cmd = ngx_http_idem_cmd_create_more(audit->redis, script, key, all,
-                                        lean ? n : n + 1,
+                                        lean ? n : n + 2,
                                         NGX_HTTP_IDEM_AUDIT_ENTRIES
                                         + 2 * pairs,
                                         size + meta.room, log);
@@ -1112,6 +1145,7 @@ static void
 ngx_http_idem_audit_unused(ngx_http_idem_cmd_t *cmd, ngx_uint_t at,
     ngx_http_idem_audit_meta_t *meta)
 {
+    u_char                      *colon;
     ngx_int_t                    seq;
     ngx_str_t                    first, prev;
     ngx_http_idem_audit_head_t  *head;
@@ -1125,10 +1159,20 @@ ngx_http_idem_audit_unused(ngx_http_idem_cmd_t *cmd, ngx_uint_t at,
     }
 
     first = ngx_http_idem_cmd_get(cmd, at + NGX_HTTP_IDEM_AUDIT_SEQ);
-    prev = ngx_http_idem_cmd_get(cmd, at + NGX_HTTP_IDEM_AUDIT_PREV);
+    prev = ngx_http_idem_cmd_get(cmd, at + NGX_HTTP_IDEM_AUDIT_HEAD);
     seq = ngx_atoi(first.data, first.len);
 
-    if (seq < 1 || prev.len > IDEM_AUDIT_PREV_MAX) {
+    /* "<seq>:<hash>": the hash after the colon */
+    colon = ngx_strlchr(prev.data, prev.data + prev.len, ':');
+
+    if (seq < 1 || colon == NULL) {
+        return;
+    }
+
+    prev.len -= colon + 1 - prev.data;
+    prev.data = colon + 1;
+
+    if (prev.len > IDEM_AUDIT_PREV_MAX) {
         return;
     }
 
@@ -1291,6 +1335,21 @@ ngx_http_idem_audit_reply(ngx_http_idem_cmd_t *cmd, redisReply **reply,
                && (*reply)->integer == 1
                ? ngx_http_idem_audit_to_file(cmd, meta.head->audit)
                : NGX_OK;
+    }
+
+    /* a fenced script's 1: the change and its entry are made */
+    if (ngx_http_idem_audit_fenced(cmd->script)
+        && (*reply)->type == REDIS_REPLY_INTEGER && (*reply)->integer == 1)
+    {
+        if (cmd->argc < cmd->arg0 + at + NGX_HTTP_IDEM_AUDIT_ENTRIES + 2) {
+            return NGX_OK;
+        }
+
+        if (meta.head->audit->on_stream) {
+            ngx_http_idem_audit_appended(cmd, at, &meta);
+        }
+
+        return ngx_http_idem_audit_to_file(cmd, meta.head->audit);
     }
 
     if (ngx_http_idem_audit_is(*reply, "audit-look", 1)) {

@@ -87,7 +87,7 @@ ngx_http_idem_cmd_create_more(ngx_http_idem_redis_t *rd,
     ngx_uint_t            i;
     ngx_http_idem_cmd_t  *cmd;
 
-    static const char    *numkeys[] = { "1", "2", "3", "4", "5" };
+    static const char    *numkeys[] = { "1", "2", "3", "4", "5", "6" };
 
     if (n >= sizeof(numkeys) / sizeof(numkeys[0])) {
         return NULL;

@@ -10,6 +10,7 @@
 -- KEYS[2]  idempotency_audit: the stream ("resolved"); the entry is made
 --          for the record it resolves, so the module learns which first
 --          (kind "resolve", audit.lua)
+-- KEYS[3]  its head key (audit.lua)
 -- action   "release" or "complete"
 -- status   status (complete only)
 -- ttl      retention TTL in ms (complete only)

@@ -8,6 +8,7 @@
 --
 -- KEYS[1]  the record key the entries are about (not read)
 -- KEYS[2]  the stream
+-- KEYS[3]  its head key (audit.lua)
 --
 -- Reply: {"audited", 1}, or audit.lua's "audit-head".
 

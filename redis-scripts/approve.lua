@@ -10,6 +10,7 @@
 --
 -- KEYS[1]     record key
 -- KEYS[2]     idempotency_audit: the stream ("approved")
+-- KEYS[3]       its head key (audit.lua)
 -- op          the operation id the person approved
 -- fp          the fingerprint the person saw
 -- approver    who approved (non-empty, checked by the module)

@@ -12,16 +12,30 @@
 --   expect  "" for a fenced script (its owner token is its condition);
 --           for claim.lua and admin.lua the decision the entries were
 --           made for: "claim", or "<kind>:<head of the record decided on>"
---   seq     the first entry's sequence number; "0" when the entries go
---           to the audit file only: they are not sent, nothing is
---           appended, and the reply says "audited" all the same
---   prev    the hash the stream's last entry must have
---           (32 zero bytes for an empty stream)
---   time    the entries' time (ms): Redis refuses one more than 2 s away
---           from its own clock
+--   seq     the entry's sequence number (its stream ID is "<seq>-0");
+--           "0" when the entries go to the audit file only: they are not
+--           sent, nothing is appended, and the reply says "audited" all
+--           the same
+--   head    the stream's head the entry is chained on: "<seq>:<hash>",
+--           the last entry's sequence number and its h ("0:" and 32 zero
+--           bytes for an empty stream)
+--   time    the entry's time (ms), or "" (not checked): Redis refuses one
+--           more than 2 s away from its own clock
 --   then the entry, when there is one: its hash (the raw digest) and its
 --   encoding (the step's events, docs/audit.md), appended as
 --   XADD <stream> <seq>-0 h <hash> e <encoding>
+--
+-- The stream's head is kept in a key of its own, the last key of the
+-- script (<stream>:head, "<seq>:<hash>" of the last entry this module
+-- appended), so that the check reads 40 bytes instead of the stream's last
+-- entry: the head key must say what the worker expects and XADD must
+-- accept the ID (greater than the stream's last one).  When either fails
+-- (another writer was first, the head key is missing or was written by
+-- nobody but an older module, entries were added by hand), the stream
+-- itself says where its head is, as before the head key: its last entry,
+-- after the last ID it ever had.  So the module chains on the head it
+-- appended even when the newest entries were deleted since (XDEL, or the
+-- stream rebuilt without them): the gap stays in the stream for verify.
 --
 -- Replies, instead of the script's own:
 --   {"audit-head", seq, hash, time}: the stream's last entry is not the
@@ -29,7 +43,9 @@
 --   {"audit-decide", want, kind, basis, reply}: the script decided
 --       something the entries were not made for; nothing was written;
 --       the module makes the entries of "want" and calls it again
---   {"audited", reply}: the entries were appended with the change
+--   {"audited", reply}: the entries were appended with the change; the
+--       fenced scripts (complete, release, fail) answer 1 instead, which
+--       only they answer once the change and the entries are made
 
 -- Every script that changes a record runs this file's text on each call,
 -- with or without the audit, so it defines as little as it can: two
@@ -60,24 +76,33 @@ local function audit_gate(at, stream, kind, basis, reply)
     end
     -- seq "0": the audit file alone (idempotency_audit file=), which the
     -- module writes once this script has made the change; nothing here
-    if ARGV[at + 1] == '0' then
+    local id = ARGV[at + 1]
+    if id == '0' then
         audit_appended = true
         return nil
     end
-    if not ARGV[at + 4] then
+    if not ARGV[at + 5] then
         return nil
     end
-    local top = redis.call('XREVRANGE', stream, '+', '-', 'COUNT', 1)[1]
-    local seq, hash = 0, string.rep('\0', 32)
-    if top then
-        seq = tonumber(string.match(top[1], '^%d+'))
-        hash = top[2][1] == 'h' and top[2][2] or ''
+    local hk, head, late = KEYS[#KEYS], ARGV[at + 2], false
+    local now = 0
+    if ARGV[at + 3] ~= '' then
+        local t = redis.call('TIME')
+        now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+        late = math.abs(now - tonumber(ARGV[at + 3])) > 2000
     end
-    local t = redis.call('TIME')
-    local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-    local want = tonumber(ARGV[at + 1])
-    if want ~= seq + 1 or hash ~= ARGV[at + 2]
-       or math.abs(now - tonumber(ARGV[at + 3])) > 2000 then
+    -- the XADD is the script's first write: nothing is written before it
+    -- and, when it fails, nothing at all
+    if late or tonumber(id) ~= (tonumber(string.match(head, '^%d+')) or -1) + 1
+       or redis.call('GET', hk) ~= head
+       or type(redis.pcall('XADD', stream, id, 'h', ARGV[at + 4],
+                           'e', ARGV[at + 5])) ~= 'string' then
+        local top = redis.call('XREVRANGE', stream, '+', '-', 'COUNT', 1)[1]
+        local seq, hash = 0, string.rep('\0', 32)
+        if top then
+            seq = tonumber(string.match(top[1], '^%d+'))
+            hash = top[2][1] == 'h' and top[2][2] or ''
+        end
         -- Entries deleted after the last one (XDEL) leave the stream's
         -- last ID past it: the next entries go after that ID, chained on
         -- the last entry there is, so that the gap stays in the stream.
@@ -90,17 +115,18 @@ local function audit_gate(at, stream, kind, basis, reply)
                 end
             end
         end
-        if last <= seq or want ~= last + 1 or hash ~= ARGV[at + 2]
-           or math.abs(now - tonumber(ARGV[at + 3])) > 2000 then
-            return {'audit-head', ms(math.max(seq, last)), hash, ms(now)}
+        last = math.max(seq, last)
+        if now == 0 then
+            local t = redis.call('TIME')
+            now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
         end
-        seq = last
+        if late or tonumber(id) ~= last + 1 or ms(last) .. ':' .. hash ~= head
+        then
+            return {'audit-head', ms(last), hash, ms(now)}
+        end
+        redis.call('XADD', stream, id, 'h', ARGV[at + 4], 'e', ARGV[at + 5])
     end
-    for i = at + 4, #ARGV, 2 do
-        seq = seq + 1
-        redis.call('XADD', stream, ms(seq) .. '-0', 'h', ARGV[i],
-                   'e', ARGV[i + 1])
-    end
+    redis.call('SET', hk, id .. ':' .. ARGV[at + 4])
     audit_appended = true
     return nil
 end

@@ -15,8 +15,8 @@
 -- KEYS[4]  with a lock: the record key's sibling "h" (same hash tag),
 --          which names the lock this operation takes, for the status
 --          endpoint; or KEYS[1]
--- KEYS[#KEYS]  idempotency_audit: the stream, last (when the audit's
---          arguments are there).  Each change of a record goes through gate()
+-- KEYS[#KEYS - 1], KEYS[#KEYS]  idempotency_audit: the stream and its
+--          head key, last (when the audit's arguments are there).  Each change of a record goes through gate()
 --          with its kind: "claim" (this attempt's value), "approve" (a
 --          proposal claimed), "reuse" (this key made an alias) or
 --          "unknown" (a lapsed lease), and is made only with its entries
@@ -50,7 +50,7 @@
 --          | {"elsewhere"}: an operation of another location holds the
 --            identity (shared=); nothing was written
 
-local stream = ARGV[nargs + 1] and KEYS[#KEYS]
+local stream = ARGV[nargs + 1] and KEYS[#KEYS - 1]
 local ukey, lkey, hkey = '', '', ''
 
 -- an absent unique or lock key is passed as the record key itself: an

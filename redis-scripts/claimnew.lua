@@ -12,6 +12,7 @@
 --
 -- KEYS[1]  record key
 -- KEYS[2]  the stream
+-- KEYS[3]  its head key (audit.lua)
 -- the arguments are claim.lua's (only value and ttl are read)
 --
 -- Replies: {"audit-look"}: the key is not free, nothing was written;

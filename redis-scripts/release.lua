@@ -8,6 +8,7 @@
 -- KEYS[1]  record key
 -- KEYS[2]  idempotency_audit: the stream ("accepted", "released"); a
 --          marker left for a claim that has not run is not an event
+-- KEYS[3]  its head key (audit.lua)
 -- owner    owner token
 -- marker   what stays for ttl ms (layout 2, state r), or "" for nothing
 -- ttl      the marker's TTL in ms
@@ -47,4 +48,6 @@ else
     redis.call('SET', KEYS[1], marker, 'PX', ttl)
 end
 
-return audit_done(1)
+-- 1 says the entries were appended too: no {"audited", 1} to build
+-- (a table and its reply: half a microsecond of a first write)
+return 1

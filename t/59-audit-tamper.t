@@ -204,7 +204,8 @@ for my $case ([ 'audit:plain', [] ], [ 'audit:keyed', [ '--key-file', $KEYFILE ]
 }
 
 # entries deleted at the tail with XDEL: the stream keeps its last ID, the
-# module appends after it, and the gap is in the stream for verify to see
+# module appends after it, chained on the head it appended last (its head
+# key, audit.lua), and the gap is in the stream for verify to see
 {
     my $orig = snapshot('audit:keyed');
     my $n = @$orig;
@@ -217,7 +218,8 @@ for my $case ([ 'audit:plain', [] ], [ 'audit:keyed', [ '--key-file', $KEYFILE ]
     my $now = $t->audit_stream('audit:keyed');
     is_deeply([ map { $_->{seq} } @$now ], [ 1 .. $n - 2, $n + 1 .. $n + 2 ],
         'the module appended after the stream\'s last ID (the claim\'s entry, the completion\'s)');
-    is($now->[$n - 2]{decoded}{prev}, $orig->[$n - 3][1], 'chained on the last entry there is');
+    is($now->[$n - 2]{decoded}{prev}, $orig->[$n - 1][1],
+       'chained on the deleted entry, the head the module appended last');
     my ($rc, $out) = verify('audit:keyed', '--key-file', $KEYFILE);
     is($rc, 1, 'verify: exit 1');
     like($out, qr/^entry ${\($n - 1)}: missing: entries ${\($n - 1)} to $n are not in the stream/m,

@@ -76,7 +76,8 @@ is($rc, 0, 'verify: intact') or diag("$out$err");
 # hashes) goes on in version 2, and verifies as one chain
 {
     my $S = 'idem:look';
-    $t->redis('DEL', $S);
+    # an older module never wrote the head key (audit.lua): gone with the stream
+    $t->redis('DEL', $S, "$S:head");
     my $prev = '0' x 64;
     for my $seq (1 .. 2) {
         my $e = $t->audit_encode({ version => 1, seq => $seq, prev => $prev,
