@@ -266,7 +266,14 @@ void
 ngx_http_idem_cmd_set(ngx_http_idem_cmd_t *cmd, ngx_uint_t arg,
     const void *data, size_t len)
 {
-    ngx_memcpy(ngx_http_idem_cmd_reserve(cmd, arg, len), data, len);
+    u_char  *p;
+
+    p = ngx_http_idem_cmd_reserve(cmd, arg, len);
+
+    /* an empty argument may come as a NULL ngx_str_t: memcpy() must not see it */
+    if (len) {
+        ngx_memcpy(p, data, len);
+    }
 }
 
 
