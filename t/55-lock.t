@@ -14,7 +14,6 @@ use FindBin;
 use lib "$FindBin::Bin/lib";
 use Test::More;
 use JSON::PP;
-use Digest::SHA qw(sha256_hex);
 use Time::HiRes qw(sleep time);
 use Idem::Test;
 
@@ -85,7 +84,7 @@ sub op_of { (($t->record($_[0], $AUTH)) // {})->{op} // '' }
 
 # the lock key of a value, computed here as docs/business-keys.md derives
 # it: "idem-lock-v1" NUL, an empty length-prefixed scope, the value
-sub lock_name { 'idem:{' . substr(sha256_hex("idem-lock-v1\0" . pack('Q>', 0) . $_[0]), 0, 32) . '}:l' }
+sub lock_name { $t->lock_name($_[0]) }
 
 # the key beside a record that names the lock its operation took
 sub holds_name { (my $h = $t->record_name($_[0], $AUTH)) =~ s/:r$/:h/; $h }

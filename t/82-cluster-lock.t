@@ -95,10 +95,7 @@ sub overlaps {
     return $n;
 }
 
-sub lock_name {
-    require Digest::SHA;
-    return 'idem:{' . substr(Digest::SHA::sha256_hex("idem-lock-v1\0" . pack('Q>', 0) . $_[0]), 0, 32) . '}:l';
-}
+sub lock_name { $t->lock_name($_[0]) }
 
 sub get_anywhere {
     my ($key) = @_;

@@ -25,7 +25,6 @@ use lib "$FindBin::Bin/lib";
 use Test::More;
 use JSON::PP;
 use IO::Socket::INET;
-use Digest::SHA qw(sha256_hex);
 use Time::HiRes qw(time sleep);
 use Idem::Test;
 
@@ -71,11 +70,8 @@ server {
 EOF
 
 # the keys as docs/business-keys.md derives them (no idempotency_scope)
-sub unique_name {
-    my ($ns, $v) = @_;
-    return 'idem:{' . substr(sha256_hex("idem-unique-v2\0" . pack('Q>', 0) . "shared:$ns\0$v"), 0, 32) . '}:u';
-}
-sub lock_name { 'idem:{' . substr(sha256_hex("idem-lock-v1\0" . pack('Q>', 0) . $_[0]), 0, 32) . '}:l' }
+sub unique_name { $t->unique_shared_name(@_) }
+sub lock_name { $t->lock_name($_[0]) }
 
 # the slot map, read once: a paused master answers nothing, not even
 # CLUSTER SLOTS (and nothing moves slots here)

@@ -14,7 +14,6 @@ use FindBin;
 use lib "$FindBin::Bin/lib";
 use Test::More;
 use JSON::PP;
-use Digest::SHA qw(sha256_hex);
 use Time::HiRes qw(time sleep);
 use Idem::Test;
 
@@ -37,7 +36,7 @@ server {
 }
 EOF
 
-sub lock_name { 'idem:{' . substr(sha256_hex("idem-lock-v1\0" . pack('Q>', 0) . $_[0]), 0, 32) . '}:l' }
+sub lock_name { $t->lock_name($_[0]) }
 
 ok($t->wait_for(sub { my $sh = $t->cluster_shards; @$sh && !grep { !@{ $_->{replicas} } } @$sh }, 30),
    'every master has its replica');

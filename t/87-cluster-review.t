@@ -69,7 +69,7 @@ sub effects_of {
 # the worker has the slot map before A
 deploy($t->key("warm$_"), "warm-$$-$_") for 1 .. 3;
 
-sub lock_name { 'idem:{' . substr(Digest::SHA::sha256_hex("idem-lock-v1\0" . pack('Q>', 0) . $_[0]), 0, 32) . '}:l' }
+sub lock_name { $t->lock_name($_[0]) }
 
 # ---- the lock key lost with a failover of its master while its operation
 # runs: the next keep (a third of the lease) makes it name the operation

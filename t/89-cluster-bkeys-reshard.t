@@ -23,7 +23,6 @@ use FindBin;
 use lib "$FindBin::Bin/lib";
 use Test::More;
 use JSON::PP;
-use Digest::SHA qw(sha256_hex);
 use Time::HiRes qw(time sleep);
 use Idem::Test;
 
@@ -52,8 +51,8 @@ server {
 }
 EOF
 
-sub lock_name { 'idem:{' . substr(sha256_hex("idem-lock-v1\0" . pack('Q>', 0) . $_[0]), 0, 32) . '}:l' }
-sub unique_name { 'idem:{' . substr(sha256_hex("idem-unique-v2\0" . pack('Q>', 0) . "shared:t\0$_[0]"), 0, 32) . '}:u' }
+sub lock_name { $t->lock_name($_[0]) }
+sub unique_name { $t->unique_shared_name('t', $_[0]) }
 sub node_id { $t->redis_at($_[0], 'CLUSTER', 'MYID') }
 
 ok($t->wait_for(sub { my $sh = $t->cluster_shards; @$sh == 3 && !grep { !@{ $_->{replicas} } } @$sh }, 30),

@@ -934,6 +934,22 @@ sub record_name {
         . pack('Q>', length $scope) . $scope . $key), 0, 32) . '}:r';
 }
 
+# The lock key of a value of idempotency_lock, and the unique key of a value of
+# idempotency_unique ... shared=$ns, without idempotency_scope (docs/business-keys.md:
+# "idem-lock-v1" or "idem-unique-v2" NUL, the length-prefixed scope, the value).
+sub lock_name {
+    my ($self, $v) = @_;
+    require Digest::SHA;
+    return 'idem:{' . substr(Digest::SHA::sha256_hex("idem-lock-v1\0" . pack('Q>', 0) . $v), 0, 32) . '}:l';
+}
+
+sub unique_shared_name {
+    my ($self, $ns, $v) = @_;
+    require Digest::SHA;
+    return 'idem:{' . substr(Digest::SHA::sha256_hex("idem-unique-v2\0" . pack('Q>', 0)
+        . "shared:$ns\0$v"), 0, 32) . '}:u';
+}
+
 # decode_record($value): a record of layout 2 (docs/states.md) as a hashref
 # with the names layout 1 used (v, state, fp, op, owner, created, completed,
 # status, stored, resolved, hdr, body, unknown_at, waiters) plus lease_ms,
