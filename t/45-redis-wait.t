@@ -56,11 +56,6 @@ sub start_replica {
 }
 start_replica();
 
-sub wait_calls {
-    my ($n) = ($t->redis('INFO', 'commandstats') // '') =~ /cmdstat_wait:calls=(\d+)/;
-    return $n // 0;
-}
-
 sub rep_state {
     my $rec = $rep->record($_[0]);
     return $rec ? $rec->{state} : 'none';
@@ -148,13 +143,13 @@ sub freeze_replica {
     # many at once: one WAIT in flight per connection serves them all
     my $N = 16;
     my $tag = "frozen-$$";      # $$ in a parallel client is the client's pid
-    my $waits = wait_calls();
+    my $waits = $t->command_calls('wait');
     my $res = $t->parallel($N, sub {
         my $i = shift;
         my $x = $t->http(POST => '/x', key => "$tag-$i", json => { i => $i });
         return { status => $x->{status}, type => $t->ptype($x) // '' };
     });
-    $waits = wait_calls() - $waits;
+    $waits = $t->command_calls('wait') - $waits;
     kill 'CONT', $rep->{redis_pid};
     my @bad = grep { !$_ || $_->{status} != 503 || $_->{type} ne 'store-not-replicated' } @$res;
     is(scalar @bad, 0, "replica frozen: $N claims at once, all 503 store-not-replicated") or diag(explain $res);

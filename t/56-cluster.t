@@ -263,18 +263,13 @@ subtest 'idempotency_approve through the cluster' => sub {
 # ------------------------------------------------- a slot moved by hand
 
 sub node_id { $t->redis_at($_[0], 'CLUSTER', 'MYID') }
-sub asking_calls {
-    my ($port) = @_;
-    return (($t->redis_at($port, 'INFO', 'commandstats') // '') =~ /cmdstat_asking:calls=(\d+)/)[0] // 0;
-}
-
 subtest 'ASK while a slot migrates, MOVED once it has moved' => sub {
     my $k0 = key_on('moved-0', $masters[0]);
     my $s = slot_of($k0);
     my ($a, $b) = ($owner[$s], (grep { $_ != $owner[$s] } @masters)[0]);
     is($t->answer($t->http(POST => '/m', key => $k0, json => { k => 0 })), '201', "a key in slot $s executes on $a");
     my $k1 = key_in('moved-1', sub { $_[0] == $s });
-    my $asked = asking_calls($b);
+    my $asked = $t->command_calls('asking', $b);
 
     is($t->redis_at($b, 'CLUSTER', 'SETSLOT', $s, 'IMPORTING', node_id($a)), 'OK', "$b imports slot $s");
     is($t->redis_at($a, 'CLUSTER', 'SETSLOT', $s, 'MIGRATING', node_id($b)), 'OK', "$a migrates it");
@@ -301,7 +296,7 @@ subtest 'ASK while a slot migrates, MOVED once it has moved' => sub {
         is($t->answer($t->http(POST => '/m', key => $k0, json => { k => 0 })), '201 replayed',
            "the moved record replays (ASK), attempt $_");
     }
-    cmp_ok(asking_calls($b), '>', $asked, "the workers sent ASKING to $b");
+    cmp_ok($t->command_calls('asking', $b), '>', $asked, "the workers sent ASKING to $b");
 
     is($t->redis_at($_, 'CLUSTER', 'SETSLOT', $s, 'NODE', node_id($b)), 'OK', "SETSLOT $s NODE on $_")
         for ($b, $a, grep { $_ != $a && $_ != $b } @masters);

@@ -56,11 +56,6 @@ EOF
 my $t = Idem::Test->new;
 $t->start_stack($conf, workers => 2);
 
-sub evalsha_calls {
-    my ($n) = $t->redis('INFO', 'commandstats') =~ /^cmdstat_evalsha:calls=(\d+)/m;
-    return $n // 0;
-}
-
 sub beside_of { my ($rname, $owner) = @_; "$rname:c:$owner" }
 
 # in_flight($path, $tag, $delay): a first attempt held $delay s at the
@@ -79,7 +74,7 @@ sub in_flight {
 my $k = $t->key('beside');
 my @req = (key => $k, json => { order => 'beside' });
 my $rname = $t->record_name($k);
-my $before = evalsha_calls();
+my $before = $t->command_calls('evalsha');
 my $r1 = $t->http(POST => '/orders', @req);
 is($r1->{status}, 201, 'first write executes');
 is($t->effects(key => $k), 1, 'one effect');
@@ -93,7 +88,7 @@ is($c->{status}, 201, '... with the upstream\'s status');
 is($c->{body}, $r1->{content}, '... and its body');
 my $cttl = $t->redis('PTTL', $done);
 ok($cttl > 3_500_000 && $cttl <= 3_600_000, "its TTL is idempotency_ttl from the completion ($cttl ms)");
-is(evalsha_calls() - $before, 0, 'no script ran for the first write (INFO commandstats)');
+is($t->command_calls('evalsha') - $before, 0, 'no script ran for the first write (INFO commandstats)');
 is(($t->record($k) // {})->{state}, 'completed', 'read as the reader reads it: completed');
 
 # ---- readers see the completion before anything folds it
@@ -188,10 +183,10 @@ $t2->{upstream_port} = $t->{upstream_port};
 $t2->start_nginx($off_conf, workers => 1);
 my $ks = $t->key('beside-script');
 my @sreq = (key => $ks, json => { order => 'script' });
-$before = evalsha_calls();
+$before = $t->command_calls('evalsha');
 my $s1 = $t2->http(POST => '/orders', @sreq);
 is($s1->{status}, 201, 'complete_beside off (the default): executes');
-is(evalsha_calls() - $before, 1, '... and complete.lua ran (one EVALSHA)');
+is($t->command_calls('evalsha') - $before, 1, '... and complete.lua ran (one EVALSHA)');
 is(($t->record($ks, undef, raw => 1) // {})->{state}, 'completed', '... into the record key itself');
 is_deeply([ $t->redis_keys($t->record_name($ks) . ':c:*') ], [], '... nothing beside it');
 my $s2 = $t2->http(POST => '/orders', @sreq);

@@ -47,7 +47,6 @@ for my $x ($t, $t2) {
     is($x->http(POST => '/pay', key => $k, json => {})->{status}, 201, 'a first write through each instance');
 }
 
-sub gets { ($t->redis('INFO', 'commandstats') =~ /cmdstat_get:calls=(\d+)/)[0] // 0 }
 
 sub shown {
     my ($what) = @_;
@@ -56,11 +55,11 @@ sub shown {
 }
 
 my $k = $t->key('race');
-my $before = gets();
+my $before = $t->command_calls('get');
 is($t->redis('CLIENT', 'PAUSE', 10000, 'WRITE'), 'OK', 'Redis holds writes and scripts (reads go on)');
 my @bg = map { $_->http_bg(POST => '/pay', key => $k, json => { same => 1 }, headers => [ 'X-Delay' => 1 ],
                            timeout => 20) } $t, $t2;
-ok($t->wait_for(sub { gets() >= $before + 2 }, 10), 'both first looks answered: the key is free for both');
+ok($t->wait_for(sub { $t->command_calls('get') >= $before + 2 }, 10), 'both first looks answered: the key is free for both');
 is($t->redis('CLIENT', 'UNPAUSE'), 'OK', 'the claims run, one after the other');
 my @st = sort map { ($_->result(20) // {})->{status} // 0 } @bg;
 is("@st", '201 409', 'one attempt executes, the other is told in-progress');

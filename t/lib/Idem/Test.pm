@@ -925,6 +925,17 @@ sub _port_answers_ping {
     return $ok;
 }
 
+# How many times Redis ran the command $name (lower case, as INFO commandstats
+# names it: "evalsha", "wait", "asking"), on the harness's Redis or on $port.
+sub command_calls {
+    my ($self, $name, $port) = @_;
+    my $info = defined $port ? $self->redis_at($port, 'INFO', 'commandstats')
+                             : $self->redis('INFO', 'commandstats');
+    return 0 if !defined $info || ref $info;
+    my ($n) = $info =~ /^cmdstat_\Q$name\E:calls=(\d+)/m;
+    return $n // 0;
+}
+
 # The Redis key of the record of ($key, $scope) (docs/states.md).
 sub record_name {
     my ($self, $key, $scope) = @_;
