@@ -290,14 +290,17 @@ for my $v (qw(2025-11-25 2025-06-18 2025-03-26)) {
     is(outcome($R->{conf2}), 'conflict', 'a changed body under the same operation: conflict');
     ok($R->{conf2}{isError}, '... isError');
     like(sc($R->{conf2})->{next_step} // '', qr/^Stop/, '... next_step says stop');
-    is(outcome($R->{confTrue}), 'refused', 'new_operation: true is refused (a retry of it would start a third action)');
-    like(sc($R->{confTrue})->{detail} // '', qr/idempotency_key of the action it replaces/, '... the detail says what to pass');
-    is(outcome($R->{conf3}), 'created', 'new_operation: the first key: executes again');
-    isnt(key_of($R->{conf3}), key_of($R->{conf1}), '... under a new key');
+    is(outcome($R->{confTrue}), 'created', 'new_operation: true executes a second time');
+    isnt(key_of($R->{confTrue}), key_of($R->{conf1}), '... under a new key');
+    is(outcome($R->{confBad}), 'refused', 'new_operation: neither true nor a key: refused');
+    like(sc($R->{confBad})->{detail} // '', qr/idempotency_key of the action it replaces/, '... the detail says what to pass');
+    is(outcome($R->{conf3}), 'created', 'new_operation: the replaced key: executes again');
+    isnt(key_of($R->{conf3}), key_of($R->{confTrue}), '... under a new key');
     is(outcome($R->{conf4}), 'replayed', 'the same call again (a host retry): the new action replays');
-    is(key_of($R->{conf4}), key_of($R->{conf3}), '... under the new key, not a third');
+    is(key_of($R->{conf4}), key_of($R->{conf3}), '... under the new key, not a fourth');
     is($t->effects(key => key_of($R->{conf1})), 1, 'the first: effect 1');
-    is($t->effects(key => key_of($R->{conf3})), 1, 'the new one: effect 1');
+    is($t->effects(key => key_of($R->{confTrue})), 1, 'the second (true): effect 1');
+    is($t->effects(key => key_of($R->{conf3})), 1, 'the third (by key): effect 1');
 }
 
 # confirmation_required, approval, executes once

@@ -384,15 +384,23 @@ req_parse(req_t *rq, const mcp_config_t *cf, cJSON *args)
     no = cJSON_GetObjectItemCaseSensitive(args, "new_operation");
     rq->method = m ? (cJSON_IsString(m) ? m->valuestring : "") : "POST";
 
-    if (no != NULL && !cJSON_IsFalse(no)
+    /*
+     * true mints a new key on every call, as asked for a deliberately new
+     * action; the replaced key makes the host's retry of this call resume
+     * the new action instead of starting a third, so it is the one the
+     * tool's description recommends.
+     */
+    if (no != NULL && !cJSON_IsBool(no)
         && !(cJSON_IsString(no) && call_key_valid(no->valuestring)))
     {
-        return req_refuse(rq, "%s", "new_operation: the idempotency_key of"
-                          " the action it replaces (from that call's result or"
-                          " operation_status), so that a retry of this call"
-                          " resumes the new action instead of starting a third");
+        return req_refuse(rq, "%s", "new_operation: true, or the"
+                          " idempotency_key of the action it replaces (from"
+                          " that call's result or operation_status), so that"
+                          " a retry of this call resumes the new action"
+                          " instead of starting a third");
     }
-    rq->replaces = cJSON_IsString(no) ? no->valuestring : NULL;
+    rq->replaces = cJSON_IsString(no) ? no->valuestring
+                   : (cJSON_IsTrue(no) ? "" : NULL);
 
     if (req_path(rq) != 0 || req_method(rq) != 0
         || req_body(rq, args, &ctype) != 0

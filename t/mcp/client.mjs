@@ -159,9 +159,11 @@ async function conflicts(c) {
     report.conf2 = await req(c, { operation: 't-conf', path: '/tickets', body: { v: 2 } });
     const k1 = report.conf1.structuredContent && report.conf1.structuredContent.idempotency_key;
     report.confTrue = await req(c, { operation: 't-conf', path: '/tickets', body: { v: 2 }, new_operation: true });
-    report.conf3 = await req(c, { operation: 't-conf', path: '/tickets', body: { v: 2 }, new_operation: k1 });
+    const k2 = report.confTrue.structuredContent && report.confTrue.structuredContent.idempotency_key;
+    report.confBad = await req(c, { operation: 't-conf', path: '/tickets', body: { v: 3 }, new_operation: 'yes' });
+    report.conf3 = await req(c, { operation: 't-conf', path: '/tickets', body: { v: 3 }, new_operation: k2 });
     // the host retries the same call (it timed out on its side): the new action resumes
-    report.conf4 = await req(c, { operation: 't-conf', path: '/tickets', body: { v: 2 }, new_operation: k1 });
+    report.conf4 = await req(c, { operation: 't-conf', path: '/tickets', body: { v: 3 }, new_operation: k2 });
 }
 
 async function confirmation(c) {
