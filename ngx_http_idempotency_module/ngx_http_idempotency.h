@@ -465,6 +465,10 @@ struct ngx_http_idem_ctx_s {
     unsigned                     audit_answered:1;   /* the answer's too */
     unsigned                     audit_unrecorded:1; /* file: the claim
                                                         is not in it */
+    unsigned                     audit_later:1;      /* file, cluster: the
+                                                        claim's entries wait
+                                                        for its business
+                                                        keys */
 };
 
 

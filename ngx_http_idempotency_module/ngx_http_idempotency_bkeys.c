@@ -34,6 +34,7 @@
 #include "ngx_http_idempotency_close.h"
 #include "ngx_http_idempotency_command.h"
 #include "ngx_http_idempotency_redis.h"
+#include "ngx_http_idempotency_replicas.h"
 
 
 #define NGX_HTTP_IDEM_BKEY_ROUNDS  3
@@ -48,7 +49,7 @@ typedef struct {
 } ngx_http_idem_bkey_t;
 
 
-typedef struct {
+typedef struct ngx_http_idem_bkeys_s {
     ngx_http_idem_ctx_t         *ctx;
     ngx_http_idem_cmd_t         *cmd;       /* in flight */
     ngx_http_idem_bkey_t         key[2];
@@ -59,6 +60,9 @@ typedef struct {
     ngx_event_t                  keep;      /* with the lease renewals */
     ngx_http_idem_bkeys_answer_pt  answer;
     ngx_http_idem_bkeys_done_pt    done;
+    ngx_http_idem_bkeys_let_pt     let;
+    ngx_http_idem_replicas_t     replicas;  /* idempotency_redis_wait */
+    void                       (*then)(struct ngx_http_idem_bkeys_s *p);
     unsigned                     deciding:1;
 } ngx_http_idem_bkeys_t;
 
@@ -71,6 +75,10 @@ static ngx_int_t ngx_http_idem_bkeys_gate(ngx_http_idem_bkeys_t *p,
 static void ngx_http_idem_bkeys_keep(ngx_http_idem_bkeys_t *p,
     ngx_log_t *log, ngx_http_idem_reply_pt handler);
 static void ngx_http_idem_bkeys_keep_handler(ngx_event_t *ev);
+static void ngx_http_idem_bkeys_answered(ngx_http_idem_bkeys_t *p,
+    ngx_http_idem_answer_e answer);
+static void ngx_http_idem_bkeys_replicate(ngx_http_idem_bkeys_t *p,
+    void (*then)(ngx_http_idem_bkeys_t *p));
 
 
 static int64_t
@@ -319,6 +327,93 @@ ngx_http_idem_bkeys_look(ngx_http_idem_bkeys_t *p, ngx_str_t *h)
 }
 
 
+/* a key taken (and on its replicas): the next one, or the gate opened */
+static void
+ngx_http_idem_bkeys_next(ngx_http_idem_bkeys_t *p)
+{
+    p->i++;
+    p->rounds = 0;
+    ngx_str_null(&p->expect);
+
+    if (p->i < p->n) {
+        ngx_http_idem_bkeys_take(p);
+
+    } else if (ngx_http_idem_bkeys_gate(p, "open", ngx_http_idem_bkeys_opened)
+               != NGX_OK)
+    {
+        ngx_http_idem_bkeys_answered(p, NGX_HTTP_IDEM_ANS_STORE_DOWN);
+    }
+}
+
+
+/* the gate opened and on its replicas: the request runs */
+static void
+ngx_http_idem_bkeys_run(ngx_http_idem_bkeys_t *p)
+{
+    ngx_http_idem_bkeys_answered(p, NGX_HTTP_IDEM_ANS_NONE);
+}
+
+
+/*
+ * idempotency_redis_wait: what a step wrote is on the replicas, or
+ * everything goes back and the request is answered 503 before the
+ * upstream sees it, as a claim on one server (a key lost in a failover
+ * lets a competitor run beside this operation; an opening lost lets its
+ * operation be taken over as one that never ran, and run again).
+ */
+static void
+ngx_http_idem_bkeys_replicated(ngx_http_idem_replicas_t *w, ngx_int_t acked)
+{
+    ngx_http_idem_bkeys_t  *p = w->data;
+    ngx_http_idem_ctx_t    *ctx;
+
+    ctx = p->ctx;
+
+    if (acked >= (ngx_int_t) ctx->conf->wait_replicas) {
+        p->then(p);
+        return;
+    }
+
+    ngx_log_error(NGX_LOG_WARN, ctx->request->connection->log, 0,
+                  "idempotency: the %s of key \"%V\" reached %i of %ui "
+                  "replicas within %Mms (-1: no WAIT answer); everything is "
+                  "given back and answered 503",
+                  p->i < p->n ? "business key" : "gate's opening",
+                  &ctx->key, acked, ctx->conf->wait_replicas,
+                  ctx->conf->wait_replicas_timeout);
+
+    ngx_http_idem_bkeys_answered(p, NGX_HTTP_IDEM_ANS_NOT_REPLICATED);
+}
+
+
+/* from the handler of the write's reply: WAIT on that write's node */
+static void
+ngx_http_idem_bkeys_replicate(ngx_http_idem_bkeys_t *p,
+    void (*then)(ngx_http_idem_bkeys_t *p))
+{
+    ngx_http_idem_loc_conf_t  *lcf;
+
+    lcf = p->ctx->conf;
+    p->then = then;
+
+    if (lcf->wait_replicas == 0) {
+        then(p);
+        return;
+    }
+
+    p->replicas.handler = ngx_http_idem_bkeys_replicated;
+    p->replicas.data = p;
+
+    if (ngx_http_idem_replicas_wait(lcf->redis, &p->replicas,
+                                    lcf->wait_replicas,
+                                    lcf->wait_replicas_timeout)
+        != NGX_OK)
+    {
+        ngx_http_idem_bkeys_replicated(&p->replicas, -1);
+    }
+}
+
+
 /* {"taken"}: the next key, or the upstream; {"named", h}: look at h */
 static void
 ngx_http_idem_bkeys_taken(ngx_http_idem_cmd_t *cmd, redisReply *reply)
@@ -360,19 +455,7 @@ ngx_http_idem_bkeys_taken(ngx_http_idem_cmd_t *cmd, redisReply *reply)
     }
 
     if (p->key[p->i].taken) {
-        p->i++;
-        p->rounds = 0;
-        ngx_str_null(&p->expect);
-
-        if (p->i < p->n) {
-            ngx_http_idem_bkeys_take(p);
-
-        } else if (ngx_http_idem_bkeys_gate(p, "open", ngx_http_idem_bkeys_opened)
-                   != NGX_OK)
-        {
-            ngx_http_idem_bkeys_answered(p, NGX_HTTP_IDEM_ANS_STORE_DOWN);
-        }
-
+        ngx_http_idem_bkeys_replicate(p, ngx_http_idem_bkeys_next);
         return;
     }
 
@@ -487,10 +570,20 @@ ngx_http_idem_bkeys_opened(ngx_http_idem_cmd_t *cmd, redisReply *reply)
 
     p->cmd = NULL;
 
-    ngx_http_idem_bkeys_answered(p, reply && reply->type == REDIS_REPLY_INTEGER
-                                    && reply->integer == 1
-                                    ? NGX_HTTP_IDEM_ANS_NONE
-                                    : NGX_HTTP_IDEM_ANS_STORE_DOWN);
+    if (reply == NULL || reply->type != REDIS_REPLY_INTEGER
+        || reply->integer != 1)
+    {
+        ngx_http_idem_bkeys_answered(p, NGX_HTTP_IDEM_ANS_STORE_DOWN);
+        return;
+    }
+
+    /* the audit file's "sent", before anything runs (fail closed) */
+    if (p->let(p->ctx) != NGX_OK) {
+        ngx_http_idem_bkeys_answered(p, p->ctx->answer);
+        return;
+    }
+
+    ngx_http_idem_bkeys_replicate(p, ngx_http_idem_bkeys_run);
 }
 
 
@@ -550,7 +643,8 @@ ngx_http_idem_bkeys_name(ngx_http_idem_ctx_t *ctx, ngx_http_idem_bkey_t *k,
 
 ngx_int_t
 ngx_http_idem_bkeys_start(ngx_http_idem_ctx_t *ctx,
-    ngx_http_idem_bkeys_answer_pt answer, ngx_http_idem_bkeys_done_pt done)
+    ngx_http_idem_bkeys_answer_pt answer, ngx_http_idem_bkeys_done_pt done,
+    ngx_http_idem_bkeys_let_pt let)
 {
     ngx_http_idem_bkeys_t  *p;
 
@@ -569,6 +663,7 @@ ngx_http_idem_bkeys_start(ngx_http_idem_ctx_t *ctx,
     p->ctx = ctx;
     p->answer = answer;
     p->done = done;
+    p->let = let;
     ctx->bkeys = p;
 
     /* the unique key first: a reused answer is never held up by a lock */
@@ -647,6 +742,8 @@ ngx_http_idem_bkeys_cleanup(ngx_http_idem_ctx_t *ctx)
     if (p->keep.timer_set) {
         ngx_del_timer(&p->keep);
     }
+
+    ngx_http_idem_replicas_cancel(&p->replicas);
 
     if (!p->deciding) {
         /* completed: the keys outlive its record's retention (as complete.lua) */

@@ -27,13 +27,22 @@ typedef ngx_http_idem_answer_e (*ngx_http_idem_bkeys_answer_pt)(
 typedef void (*ngx_http_idem_bkeys_done_pt)(ngx_http_idem_ctx_t *ctx);
 
 /*
+ * Every key taken and the gate opened, before the request may run (and
+ * before the opening is waited on the replicas): what the claim's parts
+ * do then (the audit file's "sent").  NGX_ERROR: it must not run, with
+ * ctx->answer; everything is given back.
+ */
+typedef ngx_int_t (*ngx_http_idem_bkeys_let_pt)(ngx_http_idem_ctx_t *ctx);
+
+/*
  * After a claim was answered: NGX_OK when the request's business keys are
  * being taken on a cluster (done is called when that is decided, with
  * ctx->answer CLAIMED or the refusal); NGX_DECLINED when there is nothing
  * to take (not a cluster, no key, not claimed): the caller goes on.
  */
 ngx_int_t ngx_http_idem_bkeys_start(ngx_http_idem_ctx_t *ctx,
-    ngx_http_idem_bkeys_answer_pt answer, ngx_http_idem_bkeys_done_pt done);
+    ngx_http_idem_bkeys_answer_pt answer, ngx_http_idem_bkeys_done_pt done,
+    ngx_http_idem_bkeys_let_pt let);
 
 /*
  * The request goes away: keys being taken are given back with the claim;

@@ -687,6 +687,23 @@ ngx_http_idem_claim_resumed(ngx_http_idem_ctx_t *ctx)
 }
 
 
+/* on a cluster, every business key taken: the parts' last word */
+static ngx_int_t
+ngx_http_idem_claim_let(ngx_http_idem_ctx_t *ctx)
+{
+    ngx_uint_t                   i;
+    ngx_http_idem_claim_part_t  *part;
+
+    ngx_http_idem_each_part(part, i) {
+        if (part->let && part->let(ctx->request, ctx) != NGX_OK) {
+            return NGX_ERROR;
+        }
+    }
+
+    return NGX_OK;
+}
+
+
 /* the request goes on with the claim's answer */
 void
 ngx_http_idem_claim_answered(ngx_http_idem_ctx_t *ctx)
@@ -698,7 +715,8 @@ ngx_http_idem_claim_answered(ngx_http_idem_ctx_t *ctx)
      * server and Sentinel took them inside claim.lua and go on.
      */
     if (ngx_http_idem_bkeys_start(ctx, ngx_http_idem_claim_reply_answer,
-                                  ngx_http_idem_claim_resumed)
+                                  ngx_http_idem_claim_resumed,
+                                  ngx_http_idem_claim_let)
         == NGX_OK)
     {
         return;

@@ -65,6 +65,10 @@ struct ngx_http_idem_claim_part_s {
     /* the answer is known: NGX_DONE when the part resumes the request */
     ngx_int_t   (*answered)(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
                     ngx_http_idem_cmd_t *cmd);
+
+    /* on a cluster, the business keys taken and the gate opened, before
+     * the request runs: NGX_ERROR refuses it with ctx->answer */
+    ngx_int_t   (*let)(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx);
 };
 
 

@@ -191,6 +191,32 @@ ngx_http_idem_claim_audit_prepare(ngx_http_request_t *r,
 }
 
 
+/*
+ * The entries the claim carries.  On a Redis Cluster with business keys
+ * the request is let run by a later step, once its keys are taken and its
+ * gate opened (ngx_http_idempotency_bkeys.c): a claim's "sent" (and what
+ * comes with it) is written there (ngx_http_idem_claim_audit_let), so
+ * that a claim refused by a business key has no "sent" in the file; the
+ * claim carries none (ctx->audit_later), and decides as with them.
+ */
+static ngx_uint_t
+ngx_http_idem_claim_carried(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
+    idem_audit_entry_t *e)
+{
+    ngx_uint_t  n;
+
+    n = ngx_http_idem_claim_entries(r, ctx, e);
+
+    ctx->audit_later = n && e[n - 1].event == IDEM_AUDIT_SENT
+                       && !ctx->conf->audit->on_stream
+                       && ctx->conf->redis->topology
+                          == NGX_HTTP_IDEM_TOPO_CLUSTER
+                       && (ctx->ukey[0] || ctx->lkey[0]);
+
+    return ctx->audit_later ? 0 : n;
+}
+
+
 /* with idempotency_audit: the command carries the entries of ctx->audit_kind */
 static ngx_int_t
 ngx_http_idem_claim_audit_create(ngx_http_request_t *r,
@@ -206,7 +232,7 @@ ngx_http_idem_claim_audit_create(ngx_http_request_t *r,
     *cmd = ngx_http_idem_audit_cmd(ctx->conf->audit,
                                    NGX_HTTP_IDEM_SCRIPT_CLAIM, ctx->rkey,
                                    keys, n, size, &ctx->audit_expect, e,
-                                   ngx_http_idem_claim_entries(r, ctx, e),
+                                   ngx_http_idem_claim_carried(r, ctx, e),
                                    r->connection->log);
     return NGX_OK;
 }
@@ -465,6 +491,43 @@ ngx_http_idem_claim_audit_answered(ngx_http_request_t *r,
 
 
 /*
+ * On a cluster, the business keys taken and the gate opened: the claim's
+ * entries it did not carry, written before the request runs; a file that
+ * cannot record them refuses it (everything is given back, 503).
+ */
+static ngx_int_t
+ngx_http_idem_claim_audit_let(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
+{
+    ngx_uint_t          n;
+    idem_audit_entry_t  e[4];
+
+    if (!ctx->audit_later) {
+        return NGX_OK;
+    }
+
+    ctx->audit_later = 0;
+    n = ngx_http_idem_claim_entries(r, ctx, e);
+    ctx->audit_attempted = 1;
+
+    if (ngx_http_idem_audit_direct(ctx->conf->audit, e, n,
+                                   r->connection->log)
+        != NGX_ERROR)
+    {
+        return NGX_OK;
+    }
+
+    ngx_log_error(NGX_LOG_ALERT, r->connection->log, 0,
+                  "idempotency: the audit file could not record the claim "
+                  "of key \"%V\"; it is given back and answered 503",
+                  &ctx->key);
+
+    ctx->answer = NGX_HTTP_IDEM_ANS_AUDIT_DOWN;
+
+    return NGX_ERROR;
+}
+
+
+/*
  * idempotency_audit's part of a claim's reply (ngx_http_idem_audit_reply):
  * NGX_OK to go on with *reply, NGX_DONE when the reply is dealt with.
  */
@@ -504,7 +567,7 @@ ngx_http_idem_claim_audited(ngx_http_idem_cmd_t *cmd, redisReply **reply)
 
     case NGX_DONE:
         if (ctx) {
-            ctx->audit_attempted = 1;
+            ctx->audit_attempted = !ctx->audit_later;
             ctx->audit_answered = ctx->audit_kind == NGX_HTTP_IDEM_AUDIT_REUSE
                                   || ctx->audit_kind
                                      == NGX_HTTP_IDEM_AUDIT_UNKNOWN
@@ -621,5 +684,6 @@ ngx_http_idem_claim_part_t  ngx_http_idem_claim_audit = {
     ngx_http_idem_claim_audit_parse,        /* parse */
     NULL,                                   /* decoded */
     NULL,                                   /* held */
-    ngx_http_idem_claim_audit_answered      /* answered */
+    ngx_http_idem_claim_audit_answered,     /* answered */
+    ngx_http_idem_claim_audit_let           /* let */
 };

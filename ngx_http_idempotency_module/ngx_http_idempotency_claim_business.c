@@ -127,5 +127,6 @@ ngx_http_idem_claim_part_t  ngx_http_idem_claim_business = {
     NULL,                                   /* parse */
     ngx_http_idem_claim_business_decoded,   /* decoded */
     NULL,                                   /* held */
-    NULL                                    /* answered */
+    NULL,                                   /* answered */
+    NULL                                    /* let */
 };

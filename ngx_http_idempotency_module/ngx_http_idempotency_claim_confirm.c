@@ -394,5 +394,6 @@ ngx_http_idem_claim_part_t  ngx_http_idem_claim_confirm = {
     NULL,                                   /* parse */
     ngx_http_idem_claim_confirm_decoded,    /* decoded */
     ngx_http_idem_claim_confirm_held,       /* held */
-    ngx_http_idem_claim_confirm_answered    /* answered */
+    ngx_http_idem_claim_confirm_answered,   /* answered */
+    NULL                                    /* let */
 };

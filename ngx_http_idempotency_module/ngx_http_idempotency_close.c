@@ -316,6 +316,13 @@ ngx_http_idem_fenced_cmd(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
 
     n = 0;
 
+    if (ctx->audit_later) {
+        /* its "sent" was never written (business keys refused it) */
+        return ngx_http_idem_fenced_cmd_keys(ctx->conf->redis, NULL, script,
+                                             ctx->rkey, NULL, 0, ctx->owner,
+                                             size, e, 0, r->connection->log);
+    }
+
     if (ctx->conf->audit && ctx->status) {
         ngx_http_idem_audit_entry(ctx, IDEM_AUDIT_ACCEPTED, ctx->status,
                                   &e[n]);

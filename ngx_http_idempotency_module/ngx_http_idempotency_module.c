@@ -516,39 +516,6 @@ ngx_http_idem_create_loc_conf(ngx_conf_t *cf)
 }
 
 
-/*
- * A unique or lock key is in another hash slot than the record it goes
- * with (docs/business-keys.md): on a Redis Cluster it is taken in a step
- * of its own after the claim (ngx_http_idempotency_bkeys.c).  That step
- * neither waits for replicas nor writes audit entries yet, so with
- * idempotency_redis_wait or idempotency_audit the pair is refused.
- */
-static char *
-ngx_http_idem_check_cluster(ngx_conf_t *cf, ngx_http_idem_loc_conf_t *conf)
-{
-    if (!conf->enable || conf->redis == NULL
-        || conf->redis->topology != NGX_HTTP_IDEM_TOPO_CLUSTER
-        || (conf->unique == NULL && conf->lock == NULL)
-        || (conf->wait_replicas == 0 && conf->audit == NULL))
-    {
-        return NGX_CONF_OK;
-    }
-
-    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                       "\"%s\" with \"idempotency_redis_cluster\" cannot "
-                       "be used with \"%s\": its key is taken in its own "
-                       "hash slot, in a step that does not %s",
-                       conf->unique ? "idempotency_unique"
-                                    : "idempotency_lock",
-                       conf->audit ? "idempotency_audit"
-                                   : "idempotency_redis_wait",
-                       conf->audit ? "write audit entries"
-                                   : "wait for replicas");
-
-    return NGX_CONF_ERROR;
-}
-
-
 static char *
 ngx_http_idem_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
 {
@@ -603,7 +570,6 @@ ngx_http_idem_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
     }
 
     if (ngx_http_idem_check_content(cf, conf) != NGX_CONF_OK
-        || ngx_http_idem_check_cluster(cf, conf) != NGX_CONF_OK
         || ngx_http_idem_guard_merge(cf, prev, conf) != NGX_CONF_OK)
     {
         return NGX_CONF_ERROR;
