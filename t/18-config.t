@@ -51,6 +51,11 @@ for my $c (
     [ 'hostname', "idempotency on; idempotency_redis localhost:$dead;" ],
     [ 'IPv6 literal', "idempotency on; idempotency_redis [::1]:$dead;" ],
     [ 'a cluster', "idempotency on; idempotency_redis_cluster 127.0.0.1:$dead [::1]:$dead user=u password=p timeout=2s;" ],
+    # unique and lock on a cluster: their step waits for the replicas and
+    # writes the audit file's entries too (docs/business-keys.md)
+    [ 'unique with a cluster and idempotency_redis_wait', "idempotency on; idempotency_redis_cluster 127.0.0.1:$dead; idempotency_redis_wait 1 100ms; idempotency_unique \$http_a;" ],
+    [ 'lock with a cluster and idempotency_redis_wait', "idempotency on; idempotency_redis_cluster 127.0.0.1:$dead; idempotency_redis_wait 1 100ms; idempotency_lock deploy:\$http_env;" ],
+    [ 'unique and lock with a cluster and the audit file', "idempotency on; idempotency_redis_cluster 127.0.0.1:$dead; idempotency_audit file=/tmp/idem-audit-never-written; idempotency_unique \$http_a; idempotency_lock deploy:\$http_env;" ],
     [ 'redis at http level, on per location', "idempotency on;", '' , "$R" ],
     [ 'off without redis', 'idempotency off;' ],
     [ 'conflict status 409', "idempotency on; $R idempotency_conflict_status 409;" ],
@@ -249,18 +254,6 @@ for my $c (
           "$ok idempotency_unique \$http_a shared=x \$http_b;" ],
         [ 'lock in a bad variable', qr/invalid variable name|unknown ".*" variable/,
           "$ok idempotency_lock \${;" ],
-        # on a cluster their keys are taken in a step of their own, which
-        # does not wait for replicas (docs/business-keys.md)
-        [ 'unique with a cluster and idempotency_redis_wait',
-          qr/"idempotency_unique" with "idempotency_redis_cluster" cannot be used with "idempotency_redis_wait": its key is taken in its own hash slot, in a step that does not wait for replicas/,
-          "idempotency on; idempotency_redis_cluster 127.0.0.1:$dead; idempotency_redis_wait 1 100ms; idempotency_unique \$http_a;" ],
-        [ 'lock with a cluster and idempotency_redis_wait',
-          qr/"idempotency_lock" with "idempotency_redis_cluster" cannot be used with "idempotency_redis_wait"/,
-          "idempotency on; idempotency_redis_cluster 127.0.0.1:$dead; idempotency_redis_wait 1 100ms; idempotency_lock deploy:\$http_env;" ],
-        # nor audit entries
-        [ 'unique with a cluster and the audit file',
-          qr/"idempotency_unique" with "idempotency_redis_cluster" cannot be used with "idempotency_audit": its key is taken in its own hash slot, in a step that does not write audit entries/,
-          "idempotency on; idempotency_redis_cluster 127.0.0.1:$dead; idempotency_audit file=/tmp/idem-audit-never-written; idempotency_unique \$http_a;" ],
     ) {
         my ($what, $re, $loc) = @$c;
         my ($rc, $out) = $t->nginx_test_conf(conf($loc));
@@ -429,6 +422,11 @@ for my $c (
         [ 'audit maybe', qr/idempotency_audit/, "$ok idempotency_audit maybe;" ],
         [ 'audit with a cluster', qr/"idempotency_audit" cannot be used with "idempotency_redis_cluster"/,
           "idempotency on; idempotency_redis_cluster 127.0.0.1:$dead; idempotency_audit on;" ],
+        # the stream stays refused on a cluster beside unique and lock too
+        [ 'audit stream with a cluster and unique', qr/"idempotency_audit" cannot be used with "idempotency_redis_cluster"/,
+          "idempotency on; idempotency_redis_cluster 127.0.0.1:$dead; idempotency_audit on; idempotency_unique \$http_a;" ],
+        [ 'audit stream and file with a cluster and lock', qr/"idempotency_audit" cannot be used with "idempotency_redis_cluster"/,
+          "idempotency on; idempotency_redis_cluster 127.0.0.1:$dead; idempotency_audit on file=/tmp/idem-audit-never-written; idempotency_lock deploy:\$http_env;" ],
     ) {
         my ($what, $re, $loc) = @$c;
         my ($rc, $out) = $t->nginx_test_conf(conf($loc));
