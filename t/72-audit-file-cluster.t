@@ -4,7 +4,11 @@
 # and the scripted story of t/58-audit.t on a cluster of 3 masters, with a
 # key on each master: the file holds each operation's events as the
 # stream would (read back with `idempotency-audit show --file`), each key
-# executed as the story says, and `verify --file` passes.
+# executed as the story says, and `verify --file` passes.  With
+# idempotency_unique and idempotency_lock, whose keys are taken in a step of
+# their own there (docs/business-keys.md): the events of one server, the
+# claim's "sent" written by that step before the upstream sees the request,
+# and a file that cannot write it refuses the request (503).
 
 use strict;
 use warnings;
@@ -26,7 +30,9 @@ like($out, qr/"idempotency_audit" cannot be used with "idempotency_redis_cluster
 my @ports = $t->start_cluster(masters => 3, replicas => 0);
 my $seeds = join ' ', map { "127.0.0.1:$_" } @ports;
 $t->start_upstream;
+my $FULL = "$p/full.log";
 $t->start_nginx(<<"EOF", workers => 2);
+idempotency_json_var \$source_event_id /source_event_id;
 server {
     listen 127.0.0.1:%%PORT%%;
     idempotency_redis_cluster $seeds connect_timeout=300ms timeout=2s;
@@ -37,6 +43,31 @@ server {
         idempotency_audit file=$FILE;
         idempotency_audit_identity \$http_x_user;
         proxy_read_timeout 30s;
+        proxy_pass http://%%UPSTREAM%%;
+    }
+    location /tickets {
+        idempotency on;
+        idempotency_lease 1s;
+        idempotency_unique tickets:\$source_event_id;
+        idempotency_audit file=$FILE;
+        idempotency_audit_identity \$http_x_user;
+        proxy_pass http://%%UPSTREAM%%;
+    }
+    location /deploy {
+        idempotency on;
+        idempotency_lease 1s;
+        idempotency_lock deploy:\$http_x_env;
+        idempotency_audit file=$FILE;
+        idempotency_audit_identity \$http_x_user;
+        proxy_read_timeout 30s;
+        proxy_pass http://%%UPSTREAM%%;
+    }
+    location /full {
+        idempotency on;
+        idempotency_lease 1s;
+        idempotency_unique full:\$source_event_id;
+        idempotency_lock full:\$http_x_env;
+        idempotency_audit file=$FULL;
         proxy_pass http://%%UPSTREAM%%;
     }
     location = /admin {
@@ -118,8 +149,84 @@ ok(!grep({ $_ !~ /^(attempted|in_progress|unknown)$/ } @e[2 .. $#e - 3]), 'E: be
 is(scalar(grep { $_ eq 'unknown' } @e), 1, 'E: one unknown');
 is($t->effects(key => $ke), 1, 'E: one effect');
 
+# F: idempotency_unique on the cluster (its key taken in a step of its own,
+# docs/business-keys.md): the events of one server (t/62-audit-events.t),
+# the claim's "sent" written once the step let the request run
+sub ticket { my ($k, $ev, @h) = @_; $t->http(POST => '/tickets', key => $k, json => { source_event_id => $ev }, headers => [ 'X-User' => 'alice', @h ]) }
+{
+    my ($k1, $k2) = ($t->key('uniq-1'), $t->key('uniq-2'));
+    my $ev = "ev-$$";
+    is(ticket($k1, $ev)->{status}, 201, 'F: the first delivery executes');
+    ok($t->wait_for(sub { "@{ shown($k1) }" eq 'attempted sent accepted completed' }, 5), 'F: attempted sent accepted completed')
+        or diag("@{ shown($k1) }");
+    $r = ticket($k2, $ev);
+    is("$r->{status} " . ($r->{headers}{'idempotent-reused'} // ''), '201 true', 'F: another key, the same event: reused');
+    $r = ticket($k2, $ev);
+    is($r->{headers}{'idempotent-reused'}, 'true', 'F: and its retry');
+    is("@{ shown($k2) }", 'attempted reused attempted reused', 'F: the second key: attempted reused, twice (no sent)');
+    is($t->effects(key => $k1) + $t->effects(key => $k2), 1, 'F: one effect');
+
+    # a delivery while the first is in flight: refused by the unique key
+    my ($k3, $k4) = ($t->key('uniq-3'), $t->key('uniq-4'));
+    my $ev2 = "ev2-$$";
+    my $bg = $t->http_bg(POST => '/tickets', key => $k3, json => { source_event_id => $ev2 }, headers => [ 'X-User' => 'alice', 'X-Delay' => 1.5 ]);
+    ok($t->wait_for(sub { $t->effects(key => $k3) == 1 }, 5), 'F: a first delivery reached the upstream');
+    is("@{ shown($k3) }", 'attempted sent', 'F: its "sent" was written before the upstream saw it');
+    $r = ticket($k4, $ev2);
+    is("$r->{status} " . $t->ptype($r), '409 in-progress', 'F: another key meanwhile: in-progress');
+    is(($bg->result(15) // {})->{status}, 201, 'F: the first completes');
+    # "reused" with the holder's 409, as on one server (a reuse is told by
+    # the state of the operation whose identity it takes)
+    is("@{ shown($k4) }", 'attempted reused', 'F: the refused key: attempted reused, no sent');
+    is($t->effects(key => $k4), 0, 'F: the refused one did not run');
+}
+
+# G: idempotency_lock on the cluster: the refused deploy has no operation
+sub dep { my ($k, $env, @h) = @_; $t->http_bg(POST => '/deploy', key => $k, json => { v => $k }, headers => [ 'X-User' => 'alice', 'X-Env' => $env, @h ]) }
+{
+    my ($k1, $k2) = ($t->key('lock-1'), $t->key('lock-2'));
+    my $env = "prod-$$";
+    my $bg = dep($k1, $env, 'X-Delay' => 1.5);
+    ok($t->wait_for(sub { $t->effects(key => $k1) == 1 }, 5), 'G: the first deploy runs');
+    $r = dep($k2, $env)->result(15) // {};
+    is("$r->{status} " . $t->ptype($r), '409 lock-held', 'G: another deploy: 409 lock-held');
+    is(($bg->result(15) // {})->{status}, 201, 'G: the first completes');
+    ok($t->wait_for(sub { "@{ shown($k1) }" eq 'attempted sent accepted completed' }, 5), 'G: the holder: attempted sent accepted completed')
+        or diag("@{ shown($k1) }");
+    is("@{ shown($k2) }", 'attempted in_progress', 'G: the refused deploy: attempted in_progress');
+    my @ops = map { (/ op=(\S*)/)[0] // '' } grep { /\S/ } split /\n/, ($t->audit_tool('show', $k2, '--file', $FILE, '--redis', "127.0.0.1:$ports[0]"))[1];
+    ok(!grep({ $_ ne '' } @ops), 'G: it names no operation (it has none)') or diag("@ops");
+    $r = dep($k2, $env)->result(15) // {};
+    is($r->{status}, 201, 'G: its retry, the lock free: executes');
+    ok($t->wait_for(sub { "@{ shown($k2) }" eq 'attempted in_progress attempted sent accepted completed' }, 5), 'G: then attempted sent accepted completed')
+        or diag("@{ shown($k2) }");
+}
+
+# H: fail closed: the file on a failing device; nothing runs without its
+# "sent", the record, the unique and the lock keys all given back
+{
+    my $k0 = $t->key('full-before');
+    is($t->http(POST => '/full', key => $k0, json => { source_event_id => "f0-$$" }, headers => [ 'X-Env' => "f0-$$" ])->{status}, 201,
+       'H: a first write while the disk works');
+    rename $FULL, "$FULL.1" or die;
+    symlink '/dev/full', $FULL or die;
+    kill 'USR1', $t->nginx_pid;
+    my $k = $t->key('full');
+    my @req = (json => { source_event_id => "f-$$" }, headers => [ 'X-Env' => "f-$$" ]);
+    ok($t->wait_for(sub { $r = $t->http(POST => '/full', key => $k, @req); $r->{status} != 201 }, 10), 'H: the file fails');
+    is($r->{status} . ' ' . $t->ptype($r), '503 audit-unavailable', 'H: 503 audit-unavailable');
+    is($t->effects(key => $k), 0, 'H: nothing ran');
+    unlink $FULL;
+    rename "$FULL.1", $FULL or die;
+    kill 'USR1', $t->nginx_pid;
+    my $k2 = $t->key('full-after');
+    ok($t->wait_for(sub { $t->http(POST => '/full', key => $k2, @req)->{status} == 201 }, 10),
+       'H: the disk back, another key with the same event and environment executes (neither key was kept)');
+    is($t->effects(key => $k) + $t->effects(key => $k2), 1, 'H: one effect');
+}
+
 ($rc, $out, my $err) = $t->audit_tool('verify', '--file', $FILE, '--redis', "127.0.0.1:$ports[0]");
 is($rc, 0, 'verify --file: intact') or diag("$out$err");
 
-$t->check_logs(ignore => qr/worker process \d+ exited on signal 9/);
+$t->check_logs(ignore => [ qr/worker process \d+ exited on signal 9/, qr/\Q$FULL\E" failed|could not record the claim of key "k-full-/ ]);
 done_testing;
