@@ -16,7 +16,10 @@
  * in progress, unknown, lock held); what this attempt took is then given
  * back, the record by a compare on its owner token, each key by a compare
  * on its name.  When every key is taken, the gate is opened by a compare
- * in the record's slot: only that lets the request go to the upstream.
+ * in the record's slot: only that lets the request go to the upstream,
+ * after the claim's parts had their last word (the audit file's "sent")
+ * and, with idempotency_redis_wait, once the replicas have the opening
+ * (and, before, each key: WAIT on the connection of each write).
  *
  * Why no two operations run at once: a key leaves an operation's name
  * only after that operation's record was seen holding nothing, or was
