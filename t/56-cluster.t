@@ -3,8 +3,9 @@
 # masters and 3 replicas started by the harness, two nginx workers that
 # route each key's commands to the master of its slot.
 #   - nginx -t refuses two topologies in one scope, a bad node list, no
-#     node, db=, and idempotency_unique/idempotency_lock with a cluster and
-#     idempotency_redis_wait (t/81-cluster-unique.t runs them on a cluster);
+#     node, db=; it accepts idempotency_unique/idempotency_lock with a
+#     cluster and idempotency_redis_wait (t/81-cluster-unique.t runs them
+#     on a cluster, t/90-cluster-bkeys-wait.t with the WAIT);
 #   - claims, replays and conflicts on each master, the record on the
 #     master that owns its slot; 1,000 keys spread over the three masters
 #     execute once and replay; idempotency_redis_wait through the cluster;
@@ -71,10 +72,6 @@ my @bad = (
       qr/invalid parameter "sentinel_password=x" in "idempotency_redis_cluster"/ ],
     [ 'bad timeout', "$D 127.0.0.1:$dead timeout=never;",
       qr/invalid parameter "timeout=never" in "idempotency_redis_cluster"/ ],
-    [ 'idempotency_unique with a cluster and a WAIT', "$D 127.0.0.1:$dead; idempotency_redis_wait 1 100ms; idempotency_unique t:\$http_x_event;",
-      qr/"idempotency_unique" with "idempotency_redis_cluster" cannot be used with "idempotency_redis_wait"/ ],
-    [ 'idempotency_lock with a cluster and a WAIT', "$D 127.0.0.1:$dead; idempotency_redis_wait 1 100ms; idempotency_lock deploy:\$http_x_env;",
-      qr/"idempotency_lock" with "idempotency_redis_cluster" cannot be used with "idempotency_redis_wait"/ ],
 );
 
 for my $c (@bad) {
@@ -82,6 +79,14 @@ for my $c (@bad) {
     my ($rc, $out) = $t->nginx_test_conf("server { listen 127.0.0.1:%%PORT%%; $lines location / { idempotency on; } }");
     isnt($rc, 0, "nginx -t fails: $name");
     like($out, qr/\[emerg\].*$re/, "nginx -t names the directive and the fault: $name") or diag($out);
+}
+
+# unique and lock on a cluster wait for replicas too (docs/business-keys.md)
+for my $c ([ 'idempotency_unique with a cluster and a WAIT', "$D 127.0.0.1:$dead; idempotency_redis_wait 1 100ms; idempotency_unique t:\$http_x_event;" ],
+           [ 'idempotency_lock with a cluster and a WAIT', "$D 127.0.0.1:$dead; idempotency_redis_wait 1 100ms; idempotency_lock deploy:\$http_x_env;" ]) {
+    my ($name, $lines) = @$c;
+    my ($rc, $out) = $t->nginx_test_conf("server { listen 127.0.0.1:%%PORT%%; $lines location / { idempotency on; } }");
+    is($rc, 0, "nginx -t accepts: $name") or diag($out);
 }
 
 {
