@@ -659,22 +659,17 @@ ngx_http_idem_bkeys_start(ngx_http_idem_ctx_t *ctx,
     }
 
     p = ngx_pcalloc(ctx->request->pool, sizeof(ngx_http_idem_bkeys_t));
-    if (p == NULL) {
-        return NGX_DECLINED;
-    }
 
-    p->ctx = ctx;
-    p->answer = answer;
-    p->done = done;
-    p->let = let;
-    ctx->bkeys = p;
-
-    /* the unique key first: a reused answer is never held up by a lock */
-    if ((ctx->ukey[0]
-         && ngx_http_idem_bkeys_name(ctx, &p->key[p->n++], ctx->ukey, 'u',
-                                     ctx->conf->loc_tag,
-                                     ngx_strlen(ctx->conf->loc_tag))
-            != NGX_OK)
+    /*
+     * the unique key first: a reused answer is never held up by a lock;
+     * no memory: refused, never run without its keys (nor its "sent")
+     */
+    if (p == NULL
+        || (ctx->ukey[0]
+            && ngx_http_idem_bkeys_name(ctx, &p->key[p->n++], ctx->ukey, 'u',
+                                        ctx->conf->loc_tag,
+                                        ngx_strlen(ctx->conf->loc_tag))
+               != NGX_OK)
         || (ctx->lkey[0]
             && ngx_http_idem_bkeys_name(ctx, &p->key[p->n++], ctx->lkey, 'l',
                                         ctx->stag, ngx_strlen(ctx->stag))
@@ -687,6 +682,11 @@ ngx_http_idem_bkeys_start(ngx_http_idem_ctx_t *ctx,
         return NGX_DECLINED;
     }
 
+    p->ctx = ctx;
+    p->answer = answer;
+    p->done = done;
+    p->let = let;
+    ctx->bkeys = p;
     p->deciding = 1;
 
     if (ngx_http_idem_bkeys_gate(p, "shut", ngx_http_idem_bkeys_shut)
