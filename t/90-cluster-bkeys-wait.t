@@ -1,5 +1,5 @@
 #!/usr/bin/perl
-# idempotency_redis_wait with idempotency_lock on a Redis Cluster
+# idempotency_redis_wait with idempotency_lock and idempotency_unique on a Redis Cluster
 # (docs/business-keys.md, "Reshards and failovers"): the step that takes
 # the business keys waits for a replica of each key's master, and of the
 # record's master once the gate is opened, before the request runs.
@@ -14,8 +14,8 @@
 #    effect.  Without the WAIT (IDEM_T90_NOWAIT=1 drops the directive) the
 #    request runs while S is stopped, S is promoted with the gate shut, and
 #    the retry takes the claim over as one that never ran: two effects.
-# 2. A replica that cannot acknowledge (stopped): the lock key's, or the
-#    record's once the gate is opened: 503 store-not-replicated, nothing
+# 2. A replica that cannot acknowledge (stopped): the lock key's, the
+#    unique key's, or the record's once the gate is opened: 503 store-not-replicated, nothing
 #    run, everything given back (the retry, with the replica back, runs).
 
 use strict;
@@ -45,6 +45,13 @@ server {
         $wait_l
         idempotency_lock deploy:\$environment;
         proxy_read_timeout 60s;
+        proxy_pass http://%%UPSTREAM%%;
+    }
+    location /u {
+        idempotency on;
+        idempotency_lease 2s;
+        idempotency_redis_wait 1 300ms;
+        idempotency_unique ev:\$environment shared=u;
         proxy_pass http://%%UPSTREAM%%;
     }
     location /s {
@@ -124,6 +131,26 @@ deploy('/s', $t->key("warm$_"), "warm-$$-$_") for 1 .. 3;
     ok($t->wait_for(sub { !defined get_at($ls->{master}, $L) }, 5), 'the lock key is given back');
     ok($t->wait_for(sub { !defined get_at($rs->{master}, $t->record_name($key)) }, 5), 'the record is given back');
     ok($t->wait_for(sub { deploy('/s', $key, $env)->{status} == 201 }, 10), 'with the replica back, the retry runs');
+    is(effects_of($env), 1, 'once');
+}
+
+# ---- 2a': the same with idempotency_unique: the unique key's replica
+{
+    my ($key, $env, $rs, $us);
+    for my $i (1 .. 500) {
+        ($env, $key) = ("us-$$-$i", $t->key("us$i"));
+        ($rs, $us) = (shard_of($t->record_name($key)), shard_of($t->unique_shared_name('u', "ev:$env")));
+        last if $rs->{master} != $us->{master};
+    }
+    my $U = $t->unique_shared_name('u', "ev:$env");
+    stop_replica($us->{replicas}[0]);
+    my $r = deploy('/u', $key, $env);
+    is(answer_of($r), '503 store-not-replicated', 'the unique key\'s replica stopped: 503 store-not-replicated');
+    cont_replica($us->{replicas}[0]);
+    is(effects_of($env), 0, 'nothing ran');
+    ok($t->wait_for(sub { !defined get_at($us->{master}, $U) }, 5), 'the unique key is given back');
+    ok($t->wait_for(sub { deploy('/u', $t->key('us-other'), $env)->{status} == 201 }, 10),
+       'with the replica back, another key with the same identity runs (nothing held it)');
     is(effects_of($env), 1, 'once');
 }
 
