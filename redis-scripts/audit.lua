@@ -91,8 +91,9 @@ local function audit_gate(at, stream, kind, basis, reply)
         now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
         late = math.abs(now - tonumber(ARGV[at + 3])) > 2000
     end
-    -- the XADD is the script's first write: nothing is written before it
-    -- and, when it fails, nothing at all
+    -- the XADD is the script's first write of the stream: nothing is
+    -- written there before it and, when it fails, nothing at all (a
+    -- script that wrote its change first gives it back: claimnew.lua)
     if late or tonumber(id) ~= (tonumber(string.match(head, '^%d+')) or -1) + 1
        or redis.call('GET', hk) ~= head
        or type(redis.pcall('XADD', stream, id, 'h', ARGV[at + 4],
