@@ -91,13 +91,26 @@ local function audit_gate(at, stream, kind, basis, reply)
         now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
         late = math.abs(now - tonumber(ARGV[at + 3])) > 2000
     end
-    -- the XADD is the script's first write of the stream: nothing is
-    -- written there before it and, when it fails, nothing at all (a
-    -- script that wrote its change first gives it back: claimnew.lua)
-    if late or tonumber(id) ~= (tonumber(string.match(head, '^%d+')) or -1) + 1
-       or redis.call('GET', hk) ~= head
+    -- The head key is checked and moved on in one call (SET ... GET: a
+    -- GET then a SET were one redis.call more per entry), and put back as
+    -- it was when the entry does not go in.  The XADD is the script's
+    -- first write of the stream: nothing is written there before it and,
+    -- when it fails, nothing at all (a script that wrote its change first
+    -- gives it back: claimnew.lua).
+    local mine, was, swapped = id .. ':' .. ARGV[at + 4], false, false
+    if not late
+       and tonumber(id) == (tonumber(string.match(head, '^%d+')) or -1) + 1
+    then
+        was, swapped = redis.call('SET', hk, mine, 'GET'), true
+    end
+    if was ~= head
        or type(redis.pcall('XADD', stream, id, 'h', ARGV[at + 4],
                            'e', ARGV[at + 5])) ~= 'string' then
+        if swapped and was then
+            redis.call('SET', hk, was)
+        elseif swapped then
+            redis.call('DEL', hk)
+        end
         local top = redis.call('XREVRANGE', stream, '+', '-', 'COUNT', 1)[1]
         local seq, hash = 0, string.rep('\0', 32)
         if top then
@@ -126,8 +139,8 @@ local function audit_gate(at, stream, kind, basis, reply)
             return {'audit-head', ms(last), hash, ms(now)}
         end
         redis.call('XADD', stream, id, 'h', ARGV[at + 4], 'e', ARGV[at + 5])
+        redis.call('SET', hk, mine)
     end
-    redis.call('SET', hk, id .. ':' .. ARGV[at + 4])
     audit_appended = true
     return nil
 end

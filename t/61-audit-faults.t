@@ -141,6 +141,28 @@ sub events { [ map { $_->{event} } grep { $_->{key} eq $_[0] } @{ $t->audit_entr
     $r = $t->redis('EVAL', $t->script_text('claimnew'), 3, $name, 'idem:f', 'idem:f:head',
                    $claim, 60000, 'claim', $seq + 1, "$seq:$head", $now, @entry);
     is(ref $r && "@$r", 'audit-look', 'claimnew.lua of a taken key: audit-look');
+
+    # the head key is checked and moved on in one call (SET ... GET), and
+    # put back as it was when the entry does not go in: here the head key
+    # says 1, and an entry 2 was added without it (an older module)
+    my ($g, $gh) = ('idem:g', 'idem:g:head');
+    $t->redis('XADD', $g, '1-0', 'h', 'a' x 32, 'e', 'x');
+    $t->redis('SET', $gh, '1:' . ('a' x 32));
+    $t->redis('XADD', $g, '2-0', 'h', 'b' x 32, 'e', 'y');
+    $r = $t->redis('EVAL', $t->script_text('claimnew'), 3, $fname, $g, $gh,
+                   $claim, 60000, 'claim', 2, '1:' . ('a' x 32), '', @entry);
+    is(ref $r && "$r->[0] $r->[1] $r->[2]", 'audit-head 2 ' . ('b' x 32),
+       'claimnew.lua on the head key when the stream is past it: audit-head, the stream\'s last entry');
+    is($t->redis('GET', $gh), '1:' . ('a' x 32), '... the head key as it was');
+    is($t->redis('XLEN', $g), 2, '... nothing appended');
+    ok(!defined $t->redis('GET', $fname), '... and the key is free again');
+    $t->redis('DEL', $gh);
+    $r = $t->redis('EVAL', $t->script_text('claimnew'), 3, $fname, $g, $gh,
+                   $claim, 60000, 'claim', 2, '1:' . ('a' x 32), '', @entry);
+    is(ref $r && "$r->[0] $r->[1]", 'audit-head 2', 'the same without a head key: audit-head');
+    is($t->redis('EXISTS', $gh), 0, '... and still no head key');
+    is($t->redis('XLEN', $g), 2, '... nothing appended');
+    $t->redis('DEL', $g);
     is($t->record($k)->{owner}, $rec->{owner}, '... and the claim is as it was');
     is(xlen(), $n, '... and nothing was appended');
 
