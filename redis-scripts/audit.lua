@@ -28,8 +28,9 @@
 -- The stream's head is kept in a key of its own, the last key of the
 -- script (<stream>:head, "<seq>:<hash>" of the last entry this module
 -- appended), so that the check reads 40 bytes instead of the stream's last
--- entry: the head key must say what the worker expects and XADD must
--- accept the ID (greater than the stream's last one).  When either fails
+-- entry: the head key must say what the worker expects (SET ... GET moves
+-- it on and says what it held, put back when the entry does not go in)
+-- and XADD must accept the ID (greater than the stream's last one).  When either fails
 -- (another writer was first, the head key is missing or was written by
 -- nobody but an older module, entries were added by hand), the stream
 -- itself says where its head is, as before the head key: its last entry,
@@ -44,8 +45,9 @@
 --       something the entries were not made for; nothing was written;
 --       the module makes the entries of "want" and calls it again
 --   {"audited", reply}: the entries were appended with the change; the
---       fenced scripts (complete, release, fail) answer 1 instead, which
---       only they answer once the change and the entries are made
+--       fenced scripts (complete, release, fail) and claimnew.lua answer
+--       1 instead, which only they answer once the change and the entries
+--       are made
 
 -- Every script that changes a record runs this file's text on each call,
 -- with or without the audit, so it defines as little as it can: two
