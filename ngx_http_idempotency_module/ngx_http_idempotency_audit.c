@@ -781,12 +781,28 @@ ngx_http_idem_audit_lean(ngx_http_idem_audit_t *audit,
 
 /*
  * The claim of a key the first look found free, with the stream and no
- * unique or lock key: claimnew.lua, claim.lua's free-key case alone (the
- * same arguments), instead of claim.lua, which defines what every other
- * case needs on each call.  The command stays claim.lua's: its replies
- * are, a NOSCRIPT resends claim.lua's text, and a key taken since the look
- * is given to claim.lua (ngx_http_idem_audit_look()).
+ * unique or lock key: claimnew.lua, claim.lua's free-key case alone,
+ * instead of claim.lua, which defines what every other case needs on each
+ * call.  The command stays claim.lua's, with all its arguments: Redis
+ * gets only those claimnew.lua reads ("skip" leaves out the others, each a
+ * Lua string made for nothing), a NOSCRIPT resends claim.lua's text with
+ * all of them, and a key taken since the look is given to claim.lua
+ * (ngx_http_idem_audit_look()).  Its reply 1 is claim.lua's
+ * {"audited", {"claimed"}}.
  */
+
+/* claimnew.lua's arguments are claim.lua's value and ttl, in this order */
+typedef char ngx_http_idem_audit_claimnew_args_t[
+    (NGX_HTTP_IDEM_CLAIMNEW_NARGS == 2 && NGX_HTTP_IDEM_CLAIMNEW_VALUE == 0
+     && NGX_HTTP_IDEM_CLAIMNEW_TTL == 1
+     && NGX_HTTP_IDEM_CLAIM_VALUE < NGX_HTTP_IDEM_CLAIM_TTL
+     && NGX_HTTP_IDEM_CLAIM_NARGS <= 32) ? 1 : -1];
+
+#define NGX_HTTP_IDEM_AUDIT_CLAIMNEW_SKIP                                    \
+    ((((uint32_t) 1 << NGX_HTTP_IDEM_CLAIM_NARGS) - 1)                       \
+     & ~((uint32_t) 1 << NGX_HTTP_IDEM_CLAIM_VALUE)                          \
+     & ~((uint32_t) 1 << NGX_HTTP_IDEM_CLAIM_TTL))
+
 static void
 ngx_http_idem_audit_claimnew(ngx_http_idem_cmd_t *cmd, ngx_str_t *expect)
 {
@@ -795,7 +811,35 @@ ngx_http_idem_audit_claimnew(ngx_http_idem_cmd_t *cmd, ngx_str_t *expect)
     {
         cmd->argv[1] = (const char *)
                        cmd->redis->scripts[NGX_HTTP_IDEM_SCRIPT_CLAIMNEW].sha1;
+        cmd->skip = NGX_HTTP_IDEM_AUDIT_CLAIMNEW_SKIP;
     }
+}
+
+
+static ngx_uint_t
+ngx_http_idem_audit_is_claimnew(ngx_http_idem_cmd_t *cmd)
+{
+    return !cmd->eval && cmd->script == NGX_HTTP_IDEM_SCRIPT_CLAIM
+           && cmd->argv[1] == (const char *)
+                  cmd->redis->scripts[NGX_HTTP_IDEM_SCRIPT_CLAIMNEW].sha1;
+}
+
+
+/* claim.lua's reply for claimnew.lua's 1: {"claimed"} */
+static redisReply *
+ngx_http_idem_audit_claimed(void)
+{
+    static redisReply   claimed, word, *elts[1];
+
+    word.type = REDIS_REPLY_STRING;
+    word.str = (char *) "claimed";
+    word.len = sizeof("claimed") - 1;
+    elts[0] = &word;
+    claimed.type = REDIS_REPLY_ARRAY;
+    claimed.elements = 1;
+    claimed.element = elts;
+
+    return &claimed;
 }
 
 
@@ -1100,6 +1144,7 @@ ngx_http_idem_audit_look(ngx_http_idem_cmd_t *cmd, ngx_http_idem_cmd_t **next)
     copy->argv[1] = (const char *) cmd->redis->scripts[cmd->script].sha1;
     copy->argvlen[1] = NGX_HTTP_IDEM_SHA1_HEX;
     copy->eval = 0;
+    copy->skip = 0;
 
     if (ngx_http_idem_cmd_send(copy, cmd->handler, cmd->data) == NGX_ERROR) {
         return NGX_ERROR;
@@ -1348,6 +1393,16 @@ ngx_http_idem_audit_reply(ngx_http_idem_cmd_t *cmd, redisReply **reply,
         if (meta.head->audit->on_stream) {
             ngx_http_idem_audit_appended(cmd, at, &meta);
         }
+
+        return ngx_http_idem_audit_to_file(cmd, meta.head->audit);
+    }
+
+    /* claimnew.lua's 1: claimed, with the entry */
+    if (ngx_http_idem_audit_is_claimnew(cmd)
+        && (*reply)->type == REDIS_REPLY_INTEGER && (*reply)->integer == 1)
+    {
+        ngx_http_idem_audit_appended(cmd, at, &meta);
+        *reply = ngx_http_idem_audit_claimed();
 
         return ngx_http_idem_audit_to_file(cmd, meta.head->audit);
     }

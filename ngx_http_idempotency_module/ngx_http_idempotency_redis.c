@@ -986,19 +986,36 @@ ngx_http_idem_cmd_timeout(ngx_event_t *ev)
  */
 #define NGX_HTTP_IDEM_CMD_STACK  2048
 
+static ngx_uint_t
+ngx_http_idem_cmd_skipped(ngx_http_idem_cmd_t *cmd, ngx_uint_t i)
+{
+    return cmd->skip && i >= cmd->arg0 && i - cmd->arg0 < 32
+           && (cmd->skip & ((uint32_t) 1 << (i - cmd->arg0)));
+}
+
+
 static int
 ngx_http_idem_cmd_write(redisAsyncContext *ac, ngx_http_idem_cmd_t *cmd)
 {
     u_char      stack[NGX_HTTP_IDEM_CMD_STACK], *buf, *p;
     size_t      len;
-    ngx_uint_t  i, argc;
+    ngx_uint_t  i, n, argc;
     int         rc;
 
-    /* the audit file's entries ride along for the reply, unsent */
+    /*
+     * the audit file's entries ride along for the reply, unsent; so do
+     * the script's own arguments a lighter script does not read (skip)
+     */
     argc = cmd->argc - cmd->hidden;
     len = sizeof("*\r\n") - 1 + NGX_SIZE_T_LEN;
+    n = argc;
 
     for (i = 0; i < argc; i++) {
+        if (ngx_http_idem_cmd_skipped(cmd, i)) {
+            n--;
+            continue;
+        }
+
         len += sizeof("$\r\n\r\n") - 1 + NGX_SIZE_T_LEN + cmd->argvlen[i];
     }
 
@@ -1007,9 +1024,13 @@ ngx_http_idem_cmd_write(redisAsyncContext *ac, ngx_http_idem_cmd_t *cmd)
         return REDIS_ERR;
     }
 
-    p = ngx_sprintf(buf, "*%ui\r\n", argc);
+    p = ngx_sprintf(buf, "*%ui\r\n", n);
 
     for (i = 0; i < argc; i++) {
+        if (ngx_http_idem_cmd_skipped(cmd, i)) {
+            continue;
+        }
+
         p = ngx_sprintf(p, "$%uz\r\n", cmd->argvlen[i]);
         p = ngx_cpymem(p, cmd->argv[i], cmd->argvlen[i]);
         *p++ = CR;
@@ -1220,7 +1241,9 @@ ngx_http_idem_cmd_eval(ngx_http_idem_link_t *lk, ngx_http_idem_cmd_t *cmd)
 
     s = &cmd->redis->scripts[cmd->script];
 
+    /* the text is the command's script's, which reads all its arguments */
     cmd->eval = 1;
+    cmd->skip = 0;
     cmd->argv[0] = "EVAL";
     cmd->argvlen[0] = sizeof("EVAL") - 1;
     cmd->argv[1] = (const char *) s->text.data;

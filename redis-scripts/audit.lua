@@ -28,8 +28,9 @@
 -- The stream's head is kept in a key of its own, the last key of the
 -- script (<stream>:head, "<seq>:<hash>" of the last entry this module
 -- appended), so that the check reads 40 bytes instead of the stream's last
--- entry: the head key must say what the worker expects and XADD must
--- accept the ID (greater than the stream's last one).  When either fails
+-- entry: the head key must say what the worker expects (SET ... GET moves
+-- it on and says what it held, put back when the entry does not go in)
+-- and XADD must accept the ID (greater than the stream's last one).  When either fails
 -- (another writer was first, the head key is missing or was written by
 -- nobody but an older module, entries were added by hand), the stream
 -- itself says where its head is, as before the head key: its last entry,
@@ -44,8 +45,9 @@
 --       something the entries were not made for; nothing was written;
 --       the module makes the entries of "want" and calls it again
 --   {"audited", reply}: the entries were appended with the change; the
---       fenced scripts (complete, release, fail) answer 1 instead, which
---       only they answer once the change and the entries are made
+--       fenced scripts (complete, release, fail) and claimnew.lua answer
+--       1 instead, which only they answer once the change and the entries
+--       are made
 
 -- Every script that changes a record runs this file's text on each call,
 -- with or without the audit, so it defines as little as it can: two
@@ -91,12 +93,26 @@ local function audit_gate(at, stream, kind, basis, reply)
         now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
         late = math.abs(now - tonumber(ARGV[at + 3])) > 2000
     end
-    -- the XADD is the script's first write: nothing is written before it
-    -- and, when it fails, nothing at all
-    if late or tonumber(id) ~= (tonumber(string.match(head, '^%d+')) or -1) + 1
-       or redis.call('GET', hk) ~= head
+    -- The head key is checked and moved on in one call (SET ... GET: a
+    -- GET then a SET were one redis.call more per entry), and put back as
+    -- it was when the entry does not go in.  The XADD is the script's
+    -- first write of the stream: nothing is written there before it and,
+    -- when it fails, nothing at all (a script that wrote its change first
+    -- gives it back: claimnew.lua).
+    local mine, was, swapped = id .. ':' .. ARGV[at + 4], false, false
+    if not late
+       and tonumber(id) == (tonumber(string.match(head, '^%d+')) or -1) + 1
+    then
+        was, swapped = redis.call('SET', hk, mine, 'GET'), true
+    end
+    if was ~= head
        or type(redis.pcall('XADD', stream, id, 'h', ARGV[at + 4],
                            'e', ARGV[at + 5])) ~= 'string' then
+        if swapped and was then
+            redis.call('SET', hk, was)
+        elseif swapped then
+            redis.call('DEL', hk)
+        end
         local top = redis.call('XREVRANGE', stream, '+', '-', 'COUNT', 1)[1]
         local seq, hash = 0, string.rep('\0', 32)
         if top then
@@ -125,8 +141,8 @@ local function audit_gate(at, stream, kind, basis, reply)
             return {'audit-head', ms(last), hash, ms(now)}
         end
         redis.call('XADD', stream, id, 'h', ARGV[at + 4], 'e', ARGV[at + 5])
+        redis.call('SET', hk, mine)
     end
-    redis.call('SET', hk, id .. ':' .. ARGV[at + 4])
     audit_appended = true
     return nil
 end

@@ -116,6 +116,56 @@ sub events { [ map { $_->{event} } grep { $_->{key} eq $_[0] } @{ $t->audit_entr
     ok(!defined $t->redis('GET', $fname), '... and wrote nothing');
     is(xlen(), $n, 'the stream is as it was');
 
+    # claimnew.lua takes the record first (SET NX) and gives it back when
+    # its entry cannot go in: a stale head, a wrong sequence number, an
+    # error inside the audit's part (a head key of another type)
+    for my $c ([ 'a stale head', $seq + 7, "$seq:$head" ],
+               [ 'a head the head key does not hold', $seq + 1, "$seq:" . ('f' x 32) ]) {
+        my ($what, $id, $h) = @$c;
+        $r = $t->redis('EVAL', $t->script_text('claimnew'), 3, $fname, 'idem:f', 'idem:f:head',
+                       $claim, 60000, 'claim', $id, $h, $now, @entry);
+        is(ref $r && $r->[0], 'audit-head', "claimnew.lua of a free key on $what: audit-head");
+        ok(!defined $t->redis('GET', $fname), '... and the key is free again');
+        is(xlen(), $n, '... and nothing was appended');
+    }
+    my $hv = $t->redis('GET', 'idem:f:head');
+    $t->redis('DEL', 'idem:f:head');
+    $t->redis('HSET', 'idem:f:head', 'x', 1);
+    $r = $t->redis('EVAL', $t->script_text('claimnew'), 3, $fname, 'idem:f', 'idem:f:head',
+                   $claim, 60000, 'claim', $seq + 1, "$seq:$head", $now, @entry);
+    like("$r", qr/WRONGTYPE/, 'claimnew.lua with a head key of another type: the error');
+    ok(!defined $t->redis('GET', $fname), '... and the key is free again');
+    is(xlen(), $n, '... and nothing was appended');
+    $t->redis('DEL', 'idem:f:head');
+    $t->redis('SET', 'idem:f:head', $hv) if defined $hv;
+    $r = $t->redis('EVAL', $t->script_text('claimnew'), 3, $name, 'idem:f', 'idem:f:head',
+                   $claim, 60000, 'claim', $seq + 1, "$seq:$head", $now, @entry);
+    is(ref $r && "@$r", 'audit-look', 'claimnew.lua of a taken key: audit-look');
+
+    # the head key is checked and moved on in one call (SET ... GET), and
+    # put back as it was when the entry does not go in: here the head key
+    # says 1, and an entry 2 was added without it (an older module)
+    my ($g, $gh) = ('idem:g', 'idem:g:head');
+    $t->redis('XADD', $g, '1-0', 'h', 'a' x 32, 'e', 'x');
+    $t->redis('SET', $gh, '1:' . ('a' x 32));
+    $t->redis('XADD', $g, '2-0', 'h', 'b' x 32, 'e', 'y');
+    $r = $t->redis('EVAL', $t->script_text('claimnew'), 3, $fname, $g, $gh,
+                   $claim, 60000, 'claim', 2, '1:' . ('a' x 32), '', @entry);
+    is(ref $r && "$r->[0] $r->[1] $r->[2]", 'audit-head 2 ' . ('b' x 32),
+       'claimnew.lua on the head key when the stream is past it: audit-head, the stream\'s last entry');
+    is($t->redis('GET', $gh), '1:' . ('a' x 32), '... the head key as it was');
+    is($t->redis('XLEN', $g), 2, '... nothing appended');
+    ok(!defined $t->redis('GET', $fname), '... and the key is free again');
+    $t->redis('DEL', $gh);
+    $r = $t->redis('EVAL', $t->script_text('claimnew'), 3, $fname, $g, $gh,
+                   $claim, 60000, 'claim', 2, '1:' . ('a' x 32), '', @entry);
+    is(ref $r && "$r->[0] $r->[1]", 'audit-head 2', 'the same without a head key: audit-head');
+    is($t->redis('EXISTS', $gh), 0, '... and still no head key');
+    is($t->redis('XLEN', $g), 2, '... nothing appended');
+    $t->redis('DEL', $g);
+    is($t->record($k)->{owner}, $rec->{owner}, '... and the claim is as it was');
+    is(xlen(), $n, '... and nothing was appended');
+
     is(($bg->result(10) // {})->{status}, 201, 'the request in flight completes');
     ok($t->wait_state($k, undef, 'completed'), 'recorded');
     is_deeply(events($k), [qw(attempted sent accepted completed)], 'its entries: once each');

@@ -102,6 +102,21 @@ is($rc, 0, 'verify: intact') or diag("$out$err");
          'show: the version-2 events by their entry and place');
 }
 
+# ---- Redis lost its scripts: claimnew.lua's NOSCRIPT resends claim.lua's
+# text, with the arguments claimnew.lua is not sent (claim.lua reads them)
+{
+    my $k3 = $t->key('noscript');
+    my $evals = $t->command_calls('eval');
+    is($t->redis('SCRIPT', 'FLUSH'), 'OK', 'the script cache emptied');
+    is($t->http(POST => '/pay', key => $k3, json => {})->{status}, 201, 'a first write after SCRIPT FLUSH');
+    ok($t->command_calls('eval') > $evals, '... sent as EVAL');
+    is($t->effects(key => $k3), 1, 'one effect');
+    ok($t->wait_state($k3, undef, 'completed'), 'recorded');
+    is(shown($k3), 'attempted sent accepted completed', 'its events, once each');
+    my ($rc, $out, $err) = $t->audit_tool('--stream', 'idem:look', 'verify');
+    is($rc, 0, 'verify: intact') or diag("$out$err");
+}
+
 $t2->check_logs;
 $t->check_logs;
 done_testing;
