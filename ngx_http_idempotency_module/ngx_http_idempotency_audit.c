@@ -16,6 +16,7 @@
 #include <ngx_config.h>
 #include <ngx_core.h>
 #include <openssl/evp.h>
+#include <openssl/rand.h>
 
 #include "ngx_http_idempotency.h"
 #include "ngx_http_idempotency_audit.h"
@@ -421,6 +422,61 @@ ngx_http_idem_audit_cut(ngx_pool_t *pool, ngx_str_t *dst, u_char *src,
 }
 
 
+/*
+ * $request_id made without nginx's 16 random bytes per request (OpenSSL's
+ * RAND_bytes, about a microsecond): 8 random bytes drawn once per worker
+ * process, then a counter of the process' requests, as 32 hex digits like
+ * nginx's.  Unique on the host while the random parts of two workers
+ * differ; given to the variable, so that the access log and a
+ * proxy_set_header of $request_id print the id the entries carry.
+ */
+static ngx_int_t
+ngx_http_idem_audit_request_id(ngx_http_request_t *r,
+    ngx_http_variable_value_t *vv)
+{
+    u_char           *p, raw[16];
+    static ngx_pid_t  pid;
+    static uint64_t   prefix, n;
+
+    if (pid != ngx_pid) {
+        if (RAND_bytes((u_char *) &prefix, sizeof(prefix)) != 1) {
+            return NGX_DECLINED;    /* nginx's own then */
+        }
+
+        pid = ngx_pid;
+        n = 0;
+    }
+
+    n++;
+    p = ngx_pnalloc(r->pool, NGX_HTTP_IDEM_TOKEN_HEX);
+
+    if (p == NULL) {
+        return NGX_ERROR;
+    }
+
+    ngx_memcpy(raw, &prefix, 8);
+
+    raw[8] = (u_char) (n >> 56);
+    raw[9] = (u_char) (n >> 48);
+    raw[10] = (u_char) (n >> 40);
+    raw[11] = (u_char) (n >> 32);
+    raw[12] = (u_char) (n >> 24);
+    raw[13] = (u_char) (n >> 16);
+    raw[14] = (u_char) (n >> 8);
+    raw[15] = (u_char) n;
+
+    (void) ngx_hex_dump(p, raw, sizeof(raw));
+
+    vv->len = NGX_HTTP_IDEM_TOKEN_HEX;
+    vv->valid = 1;
+    vv->no_cacheable = 0;
+    vv->not_found = 0;
+    vv->data = p;
+
+    return NGX_OK;
+}
+
+
 /* once per request: the caller's identity and the request's id */
 ngx_int_t
 ngx_http_idem_audit_prepare(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
@@ -445,6 +501,13 @@ ngx_http_idem_audit_prepare(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
     }
 
     mcf = ngx_http_get_module_main_conf(r, ngx_http_idempotency_module);
+    vv = &r->variables[mcf->request_id];
+
+    /* not evaluated yet: the entries' id is this request's $request_id */
+    if (!vv->valid && !vv->not_found) {
+        (void) ngx_http_idem_audit_request_id(r, vv);
+    }
+
     vv = ngx_http_get_indexed_variable(r, mcf->request_id);
 
     if (vv && !vv->not_found && vv->len == IDEM_TOKEN_LEN) {
@@ -1247,6 +1310,29 @@ ngx_http_idem_audit_direct(ngx_http_idem_audit_t *audit, idem_audit_entry_t *e,
     }
 
     return ngx_http_idem_audit_file_append(audit->file, e, n, log);
+}
+
+
+/*
+ * The same for a claim made, whose request waits for them: written with
+ * the turn's others, then w's handler is called (NGX_OK), or NGX_ERROR
+ * (counted and logged) when they cannot be taken.
+ */
+ngx_int_t
+ngx_http_idem_audit_direct_wait(ngx_http_idem_audit_t *audit,
+    idem_audit_entry_t *e, ngx_uint_t n, ngx_http_idem_audit_wait_t *w,
+    ngx_log_t *log)
+{
+    ngx_uint_t  i;
+    int64_t     now;
+
+    now = ngx_http_idem_now_ms();
+
+    for (i = 0; i < n; i++) {
+        e[i].time = now;
+    }
+
+    return ngx_http_idem_audit_file_wait(audit->file, e, n, w, log);
 }
 
 
