@@ -16,7 +16,6 @@
 #include <ngx_config.h>
 #include <ngx_core.h>
 #include <openssl/evp.h>
-#include <openssl/rand.h>
 
 #include "ngx_http_idempotency.h"
 #include "ngx_http_idempotency_audit.h"
@@ -26,6 +25,7 @@
 #include "ngx_http_idempotency_metrics.h"
 #include "ngx_http_idempotency_redis.h"
 #include "ngx_http_idempotency_request.h"
+#include "ngx_http_idempotency_tokens.h"
 
 
 #define NGX_HTTP_IDEM_AUDIT_STREAM   "idem:audit"
@@ -422,61 +422,6 @@ ngx_http_idem_audit_cut(ngx_pool_t *pool, ngx_str_t *dst, u_char *src,
 }
 
 
-/*
- * $request_id made without nginx's 16 random bytes per request (OpenSSL's
- * RAND_bytes, about a microsecond): 8 random bytes drawn once per worker
- * process, then a counter of the process' requests, as 32 hex digits like
- * nginx's.  Unique on the host while the random parts of two workers
- * differ; given to the variable, so that the access log and a
- * proxy_set_header of $request_id print the id the entries carry.
- */
-static ngx_int_t
-ngx_http_idem_audit_request_id(ngx_http_request_t *r,
-    ngx_http_variable_value_t *vv)
-{
-    u_char           *p, raw[16];
-    static ngx_pid_t  pid;
-    static uint64_t   prefix, n;
-
-    if (pid != ngx_pid) {
-        if (RAND_bytes((u_char *) &prefix, sizeof(prefix)) != 1) {
-            return NGX_DECLINED;    /* nginx's own then */
-        }
-
-        pid = ngx_pid;
-        n = 0;
-    }
-
-    n++;
-    p = ngx_pnalloc(r->pool, NGX_HTTP_IDEM_TOKEN_HEX);
-
-    if (p == NULL) {
-        return NGX_ERROR;
-    }
-
-    ngx_memcpy(raw, &prefix, 8);
-
-    raw[8] = (u_char) (n >> 56);
-    raw[9] = (u_char) (n >> 48);
-    raw[10] = (u_char) (n >> 40);
-    raw[11] = (u_char) (n >> 32);
-    raw[12] = (u_char) (n >> 24);
-    raw[13] = (u_char) (n >> 16);
-    raw[14] = (u_char) (n >> 8);
-    raw[15] = (u_char) n;
-
-    (void) ngx_hex_dump(p, raw, sizeof(raw));
-
-    vv->len = NGX_HTTP_IDEM_TOKEN_HEX;
-    vv->valid = 1;
-    vv->no_cacheable = 0;
-    vv->not_found = 0;
-    vv->data = p;
-
-    return NGX_OK;
-}
-
-
 /* once per request: the caller's identity and the request's id */
 ngx_int_t
 ngx_http_idem_audit_prepare(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
@@ -505,7 +450,7 @@ ngx_http_idem_audit_prepare(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
 
     /* not evaluated yet: the entries' id is this request's $request_id */
     if (!vv->valid && !vv->not_found) {
-        (void) ngx_http_idem_audit_request_id(r, vv);
+        (void) ngx_http_idem_request_id(r, vv);
     }
 
     vv = ngx_http_get_indexed_variable(r, mcf->request_id);

@@ -310,6 +310,18 @@ is("@anchors", '4 8 12 16 20 24 28', 'solo: the head anchored every 4 entries (a
 is(scalar(() = $out =~ /\n/g), 2, 'export --file --from 27: the last two lines');
 like($out, qr/^\{"approver":"","event":"attempted".*"seq":27,/, 'export --file prints the lines as they are');
 
+# $request_id made by the module from its reserve of random bytes (docs/audit.md,
+# "The request id"): what the access log prints, one id per request
+my %rid_file;
+for (grep { /\S/ } split /\n/, Idem::Test::_slurp($SOLO)) {
+    my $o = decode_json($_);
+    $rid_file{ $o->{request_id} } = 1 if $o->{key} eq $ks;
+}
+my %rid_log = map { /^rid=([0-9a-f]{32}) key="\Q$ks\E"/ ? ($1 => 1) : () } $t->access_log;
+is(join(' ', sort keys %rid_file), join(' ', sort keys %rid_log),
+   'solo: the lines\' request_id is the access log\'s $request_id');
+is(scalar(keys %rid_file), 3, 'solo: one id per request (first write, replay, conflict)');
+
 # ---- a restart: the chain goes on from the file's last line
 my $m = $t->http(GET => '/metrics');
 like($m->{content}, qr/^idempotency_audit_errors_total\{device="file"\} 0$/m, 'no audit error counted');
