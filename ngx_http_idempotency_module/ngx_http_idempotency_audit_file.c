@@ -996,8 +996,10 @@ ngx_http_idem_audit_file_flush_batch(ngx_http_idem_audit_file_t *f,
 }
 
 
-/* the end of the event loop's turn: the entries left for it, and then
- * the requests that waited for them */
+/*
+ * The end of the event loop's turn: the entries left for it, then the
+ * requests that waited for them.
+ */
 static void
 ngx_http_idem_audit_file_posted(ngx_event_t *ev)
 {

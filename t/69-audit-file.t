@@ -100,6 +100,13 @@ server {
         idempotency_audit_stream idem:solo anchor=4;
         proxy_pass http://%%UPSTREAM%%;
     }
+    location /solorep {
+        idempotency on;
+        idempotency_redis %%REDIS%%;
+        idempotency_redis_wait 1 50ms;
+        idempotency_audit file=$P/rep.log;
+        proxy_pass http://%%UPSTREAM%%;
+    }
     location /solowait {
         idempotency on;
         idempotency_redis %%REDIS%%;
@@ -321,6 +328,18 @@ my %rid_log = map { /^rid=([0-9a-f]{32}) key="\Q$ks\E"/ ? ($1 => 1) : () } $t->a
 is(join(' ', sort keys %rid_file), join(' ', sort keys %rid_log),
    'solo: the lines\' request_id is the access log\'s $request_id');
 is(scalar(keys %rid_file), 3, 'solo: one id per request (first write, replay, conflict)');
+
+# a claim waiting for its lines (written with the turn's others), then for a
+# replica that is not there: released, 503, never executed
+my $kr = $t->key('solorep');
+$r = $t->http(POST => '/solorep', key => $kr, json => { r => 1 });
+is("$r->{status} " . $t->ptype($r), '503 store-not-replicated',
+   'solo WAIT: the claim written, then not replicated: 503 store-not-replicated');
+is($t->effects(key => $kr), 0, 'solo WAIT: never executed');
+ok($t->wait_for(sub { ($t->audit_tool('show', $kr, '--file', "$P/rep.log"))[1] =~ /released/ }, 5),
+   'solo WAIT: the release is written');
+($rc, $out) = $t->audit_tool('show', $kr, '--file', "$P/rep.log");
+is_deeply(events($out), [qw(attempted sent released)], 'solo WAIT: attempted, sent, released');
 
 # ---- a restart: the chain goes on from the file's last line
 my $m = $t->http(GET => '/metrics');
