@@ -64,7 +64,8 @@ typedef struct {
  * A request waiting for lines of its own to be in the audit file (a
  * claim's "sent": fail closed), written with the others of the event
  * loop's turn: the handler is called from a posted event, rc NGX_OK when
- * they are all in the file, NGX_ERROR when none is.
+ * they are all in the file, NGX_ERROR when the write failed (none is) or
+ * its fdatasync() did (they may not be on the disk).
  */
 typedef struct ngx_http_idem_audit_wait_s  ngx_http_idem_audit_wait_t;
 
