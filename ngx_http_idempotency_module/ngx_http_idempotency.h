@@ -61,6 +61,35 @@ typedef struct {
 
 
 /*
+ * A request waiting for lines of its own to be in the audit file (a
+ * claim's "sent": fail closed), written with the others of the event
+ * loop's turn: the handler is called from a posted event, rc NGX_OK when
+ * they are all in the file, NGX_ERROR when the write failed (none is) or
+ * its fdatasync() did (they may not be on the disk).
+ */
+typedef struct ngx_http_idem_audit_wait_s  ngx_http_idem_audit_wait_t;
+
+struct ngx_http_idem_audit_wait_s {
+    ngx_queue_t                  queue;
+    void                       (*handler)(ngx_http_idem_audit_wait_t *w);
+    void                        *data;
+    ngx_int_t                    rc;
+    unsigned                     linked:1;
+};
+
+
+/* a request gone while it waited: its handler is not called */
+static ngx_inline void
+ngx_http_idem_audit_wait_cancel(ngx_http_idem_audit_wait_t *w)
+{
+    if (w->linked) {
+        ngx_queue_remove(&w->queue);
+        w->linked = 0;
+    }
+}
+
+
+/*
  * The audit devices of one Redis server (idempotency_audit): the stream
  * when "stream" is set, the file when "file" is; every location that
  * writes them shares this, so a chain has one key.
@@ -398,6 +427,9 @@ struct ngx_http_idem_ctx_s {
 
     /* a claim or a completion waiting for replicas (idempotency_redis_wait) */
     ngx_http_idem_replicas_t     replicas;
+
+    /* a claim waiting for its lines in the audit file (file=, alone) */
+    ngx_http_idem_audit_wait_t   audit_wait;
 
     /* waiting for an in-flight duplicate to finish (idempotency_wait) */
     ngx_http_idem_waiter_t       waiter;

@@ -25,6 +25,7 @@
 #include "ngx_http_idempotency_metrics.h"
 #include "ngx_http_idempotency_redis.h"
 #include "ngx_http_idempotency_request.h"
+#include "ngx_http_idempotency_tokens.h"
 
 
 #define NGX_HTTP_IDEM_AUDIT_STREAM   "idem:audit"
@@ -445,6 +446,13 @@ ngx_http_idem_audit_prepare(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
     }
 
     mcf = ngx_http_get_module_main_conf(r, ngx_http_idempotency_module);
+    vv = &r->variables[mcf->request_id];
+
+    /* not evaluated yet: the entries' id is this request's $request_id */
+    if (!vv->valid && !vv->not_found) {
+        (void) ngx_http_idem_request_id(r, vv);
+    }
+
     vv = ngx_http_get_indexed_variable(r, mcf->request_id);
 
     if (vv && !vv->not_found && vv->len == IDEM_TOKEN_LEN) {
@@ -1292,6 +1300,29 @@ ngx_http_idem_audit_direct(ngx_http_idem_audit_t *audit, idem_audit_entry_t *e,
     }
 
     return ngx_http_idem_audit_file_append(audit->file, e, n, log);
+}
+
+
+/*
+ * The same for a claim made, whose request waits for them: written with
+ * the turn's others, then w's handler is called (NGX_OK), or NGX_ERROR
+ * (counted and logged) when they cannot be taken.
+ */
+ngx_int_t
+ngx_http_idem_audit_direct_wait(ngx_http_idem_audit_t *audit,
+    idem_audit_entry_t *e, ngx_uint_t n, ngx_http_idem_audit_wait_t *w,
+    ngx_log_t *log)
+{
+    ngx_uint_t  i;
+    int64_t     now;
+
+    now = ngx_http_idem_now_ms();
+
+    for (i = 0; i < n; i++) {
+        e[i].time = now;
+    }
+
+    return ngx_http_idem_audit_file_wait(audit->file, e, n, w, log);
 }
 
 

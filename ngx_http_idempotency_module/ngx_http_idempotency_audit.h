@@ -43,5 +43,8 @@ ngx_uint_t ngx_http_idem_audit_entries(ngx_http_idem_cmd_t *cmd,
 ngx_http_idem_audit_t *ngx_http_idem_audit_of(ngx_http_idem_cmd_t *cmd);
 ngx_int_t ngx_http_idem_audit_direct(ngx_http_idem_audit_t *audit,
     idem_audit_entry_t *e, ngx_uint_t n, ngx_log_t *log);
+ngx_int_t ngx_http_idem_audit_direct_wait(ngx_http_idem_audit_t *audit,
+    idem_audit_entry_t *e, ngx_uint_t n, ngx_http_idem_audit_wait_t *w,
+    ngx_log_t *log);
 
 #endif /* NGX_HTTP_IDEMPOTENCY_AUDIT_H */

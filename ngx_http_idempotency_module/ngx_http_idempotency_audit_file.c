@@ -47,14 +47,18 @@ typedef struct {
 
 /*
  * This process' entries not yet written: those after the execution (a
- * completion's) wait for the end of the event loop's turn, so that the
- * completions of one turn go with one write(); any write writes them
- * first, so the file keeps the order in which they happened.
+ * completion's) and the claims' (whose requests wait: "pending") wait for
+ * the end of the event loop's turn, so that the lines of one turn go with
+ * one write(); any write writes them first, so the file keeps the order
+ * in which they happened.  The requests a write decided ("decided") go on
+ * from the posted event, never from inside another request's write.
  */
 typedef struct {
     idem_audit_entry_t           e[NGX_HTTP_IDEM_AUDIT_BATCH];
     ngx_uint_t                   n;
     ngx_uint_t                   appends;   /* calls they came with */
+    ngx_queue_t                  pending;   /* waiting for the write */
+    ngx_queue_t                  decided;   /* written, or failed */
     size_t                       used;      /* of arena */
     size_t                       size;      /* of buf */
     u_char                      *buf;       /* where the lines are made */
@@ -68,6 +72,8 @@ static ngx_int_t ngx_http_idem_audit_file_init_zone(ngx_shm_zone_t *zone,
 static void ngx_http_idem_audit_file_flush(ngx_open_file_t *file,
     ngx_log_t *log);
 static void ngx_http_idem_audit_file_posted(ngx_event_t *ev);
+static void ngx_http_idem_audit_file_decide(ngx_http_idem_audit_batch_t *b,
+    ngx_int_t rc);
 
 
 /* ---- configuration */
@@ -747,6 +753,9 @@ ngx_http_idem_audit_file_batch(ngx_http_idem_audit_file_t *f, ngx_log_t *log)
         return NULL;
     }
 
+    ngx_queue_init(&b->pending);
+    ngx_queue_init(&b->decided);
+
     b->ev.handler = ngx_http_idem_audit_file_posted;
     b->ev.data = f;
     b->ev.log = ngx_cycle->log;
@@ -899,6 +908,34 @@ ngx_http_idem_audit_file_unpack(u_char *p, size_t len, idem_audit_entry_t *e)
 }
 
 
+/* the requests whose lines a write put in the file (or failed to) */
+static void
+ngx_http_idem_audit_file_decide(ngx_http_idem_audit_batch_t *b, ngx_int_t rc)
+{
+    ngx_queue_t                 *q;
+    ngx_http_idem_audit_wait_t  *w;
+
+    for (q = ngx_queue_head(&b->pending);
+         q != ngx_queue_sentinel(&b->pending);
+         q = ngx_queue_next(q))
+    {
+        w = ngx_queue_data(q, ngx_http_idem_audit_wait_t, queue);
+        w->rc = rc;
+    }
+
+    if (ngx_queue_empty(&b->pending)) {
+        return;
+    }
+
+    ngx_queue_add(&b->decided, &b->pending);
+    ngx_queue_init(&b->pending);
+
+    if (!b->ev.posted) {
+        ngx_post_event(&b->ev, &ngx_posted_events);
+    }
+}
+
+
 /*
  * The batch into the file, or none of it: NGX_ERROR (logged, counted once
  * per call that gave entries) when its lines are not all there.
@@ -917,6 +954,7 @@ ngx_http_idem_audit_file_flush_batch(ngx_http_idem_audit_file_t *f,
     }
 
     if (b->n == 0) {
+        ngx_http_idem_audit_file_decide(b, NGX_OK);
         return NGX_OK;
     }
 
@@ -952,17 +990,40 @@ ngx_http_idem_audit_file_flush_batch(ngx_http_idem_audit_file_t *f,
     b->appends = 0;
     b->used = 0;
 
+    ngx_http_idem_audit_file_decide(b, rc);
+
     return rc;
 }
 
 
-/* the end of the event loop's turn: the entries left for it */
+/*
+ * The end of the event loop's turn: the entries left for it, then the
+ * requests that waited for them.
+ */
 static void
 ngx_http_idem_audit_file_posted(ngx_event_t *ev)
 {
-    ngx_http_idem_audit_file_t  *f = ev->data;
+    ngx_queue_t                  *q;
+    ngx_http_idem_audit_file_t   *f = ev->data;
+    ngx_http_idem_audit_wait_t   *w;
+    ngx_http_idem_audit_batch_t  *b;
 
-    (void) ngx_http_idem_audit_file_flush_batch(f, f->batch, ev->log);
+    b = f->batch;
+
+    (void) ngx_http_idem_audit_file_flush_batch(f, b, ev->log);
+
+    while (!ngx_queue_empty(&b->decided)) {
+        q = ngx_queue_head(&b->decided);
+        ngx_queue_remove(q);
+
+        w = ngx_queue_data(q, ngx_http_idem_audit_wait_t, queue);
+        w->linked = 0;
+        w->handler(w);      /* may add to the batch, and post ev again */
+    }
+
+    if (ev->posted && b->n == 0 && ngx_queue_empty(&b->decided)) {
+        ngx_delete_posted_event(ev);
+    }
 }
 
 
@@ -1046,4 +1107,38 @@ ngx_http_idem_audit_file_later(ngx_http_idem_audit_file_t *f,
     if (!b->ev.posted) {
         ngx_post_event(&b->ev, &ngx_posted_events);
     }
+}
+
+
+/*
+ * A claim's entries (at most 4), which its request waits for: written at
+ * the end of this turn of the event loop with the others of the turn (or
+ * with the next entries written now); w's handler is called then, from
+ * the posted event.  NGX_ERROR (counted) when they cannot be taken: the
+ * handler will not be called.
+ */
+ngx_int_t
+ngx_http_idem_audit_file_wait(ngx_http_idem_audit_file_t *f,
+    idem_audit_entry_t *e, ngx_uint_t n, ngx_http_idem_audit_wait_t *w,
+    ngx_log_t *log)
+{
+    ngx_http_idem_audit_batch_t  *b;
+
+    b = ngx_http_idem_audit_file_room(f, e, n, log);
+    if (b == NULL || n == 0) {
+        ngx_http_idem_metrics_audit_error();
+        return NGX_ERROR;
+    }
+
+    ngx_http_idem_audit_file_add(b, e, n);
+
+    ngx_queue_insert_tail(&b->pending, &w->queue);
+    w->linked = 1;
+    w->rc = NGX_ERROR;
+
+    if (!b->ev.posted) {
+        ngx_post_event(&b->ev, &ngx_posted_events);
+    }
+
+    return NGX_OK;
 }

@@ -19,6 +19,9 @@ ngx_int_t ngx_http_idem_audit_file_append(ngx_http_idem_audit_file_t *file,
     idem_audit_entry_t *e, ngx_uint_t n, ngx_log_t *log);
 void ngx_http_idem_audit_file_later(ngx_http_idem_audit_file_t *file,
     idem_audit_entry_t *e, ngx_uint_t n, ngx_log_t *log);
+ngx_int_t ngx_http_idem_audit_file_wait(ngx_http_idem_audit_file_t *file,
+    idem_audit_entry_t *e, ngx_uint_t n, ngx_http_idem_audit_wait_t *w,
+    ngx_log_t *log);
 size_t ngx_http_idem_audit_file_packed(idem_audit_entry_t *e);
 u_char *ngx_http_idem_audit_file_pack(u_char *p, idem_audit_entry_t *e);
 ngx_int_t ngx_http_idem_audit_file_unpack(u_char *p, size_t len,

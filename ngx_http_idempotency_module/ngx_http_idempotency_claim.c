@@ -867,7 +867,15 @@ ngx_http_idem_claim_done(ngx_http_idem_cmd_t *cmd, redisReply *reply)
         ctx->answer = NGX_HTTP_IDEM_ANS_STORE_DOWN;
     }
 
-    if (ngx_http_idem_claim_replicate(r, ctx) == NGX_OK) {
+    ngx_http_idem_claim_made_on(ctx);
+}
+
+
+/* a claim made (the parts have had their say): replicas, then on */
+void
+ngx_http_idem_claim_made_on(ngx_http_idem_ctx_t *ctx)
+{
+    if (ngx_http_idem_claim_replicate(ctx->request, ctx) == NGX_OK) {
         return;
     }
 

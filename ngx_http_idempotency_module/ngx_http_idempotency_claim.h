@@ -83,6 +83,7 @@ void ngx_http_idem_resume(ngx_http_idem_ctx_t *ctx);
 
 /* for the parts */
 void ngx_http_idem_claim_answered(ngx_http_idem_ctx_t *ctx);
+void ngx_http_idem_claim_made_on(ngx_http_idem_ctx_t *ctx);
 void ngx_http_idem_set_state(ngx_http_idem_ctx_t *ctx, char state);
 ngx_int_t ngx_http_idem_claim_op(ngx_http_request_t *r,
     ngx_http_idem_ctx_t *ctx, const char *id);

@@ -423,8 +423,36 @@ ngx_http_idem_claim_audit_parse(ngx_http_request_t *r,
 }
 
 
-/* a native claim made with the audit file alone: its entries, now */
+static void ngx_http_idem_claim_unrecorded(ngx_http_request_t *r,
+    ngx_http_idem_ctx_t *ctx);
+
+
+/*
+ * The claim's lines are in the file (or none is): the request goes on to
+ * the upstream, or is answered 503 with the claim given back.
+ */
 static void
+ngx_http_idem_claim_audit_written(ngx_http_idem_audit_wait_t *w)
+{
+    ngx_http_idem_ctx_t  *ctx = w->data;
+
+    if (w->rc == NGX_OK) {
+        ngx_http_idem_claim_made_on(ctx);
+        return;
+    }
+
+    ctx->audit_unrecorded = 1;
+    ngx_http_idem_claim_unrecorded(ctx->request, ctx);
+    ngx_http_idem_claim_answered(ctx);
+}
+
+
+/*
+ * A native claim made with the audit file alone: its entries go with the
+ * turn's others in one write(), and the request waits for it (NGX_OK), or
+ * NGX_ERROR when they cannot be written.
+ */
+static ngx_int_t
 ngx_http_idem_claim_native_entries(ngx_http_request_t *r,
     ngx_http_idem_ctx_t *ctx)
 {
@@ -433,15 +461,20 @@ ngx_http_idem_claim_native_entries(ngx_http_request_t *r,
 
     ctx->audit_kind = NGX_HTTP_IDEM_AUDIT_CLAIM;
     n = ngx_http_idem_claim_entries(r, ctx, e);
+    ctx->audit_attempted = 1;
 
-    if (ngx_http_idem_audit_direct(ctx->conf->audit, e, n,
-                                   r->connection->log)
-        == NGX_ERROR)
+    ctx->audit_wait.handler = ngx_http_idem_claim_audit_written;
+    ctx->audit_wait.data = ctx;
+
+    if (ngx_http_idem_audit_direct_wait(ctx->conf->audit, e, n,
+                                        &ctx->audit_wait, r->connection->log)
+        != NGX_OK)
     {
         ctx->audit_unrecorded = 1;
+        return NGX_ERROR;
     }
 
-    ctx->audit_attempted = 1;
+    return NGX_OK;
 }
 
 
@@ -474,9 +507,10 @@ ngx_http_idem_claim_audit_answered(ngx_http_request_t *r,
     }
 
     if (!ctx->conf->audit->on_stream
-        && cmd->script != NGX_HTTP_IDEM_SCRIPT_CLAIM)
+        && cmd->script != NGX_HTTP_IDEM_SCRIPT_CLAIM
+        && ngx_http_idem_claim_native_entries(r, ctx) == NGX_OK)
     {
-        ngx_http_idem_claim_native_entries(r, ctx);
+        return NGX_DONE;    /* until the turn's lines are written */
     }
 
     if (!ctx->audit_unrecorded) {

@@ -45,6 +45,14 @@ ngx_http_idem_cleanup(void *data)
         }
     }
 
+    if (ctx->audit_wait.linked) {
+        ngx_http_idem_audit_wait_cancel(&ctx->audit_wait);
+
+        /* a claim waiting for its lines in the audit file: nobody uses it */
+        (void) ngx_http_idem_finish(ctx->request, ctx,
+                                    NGX_HTTP_IDEM_END_RELEASE);
+    }
+
     /* business keys being taken on a cluster: given back, with the claim */
     ngx_http_idem_bkeys_cleanup(ctx);
 

@@ -15,5 +15,7 @@
 
 ngx_int_t ngx_http_idem_tokens(ngx_http_request_t *r,
     ngx_http_idem_ctx_t *ctx);
+ngx_int_t ngx_http_idem_request_id(ngx_http_request_t *r,
+    ngx_http_variable_value_t *vv);
 
 #endif /* NGX_HTTP_IDEMPOTENCY_TOKENS_H */

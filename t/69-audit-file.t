@@ -100,6 +100,13 @@ server {
         idempotency_audit_stream idem:solo anchor=4;
         proxy_pass http://%%UPSTREAM%%;
     }
+    location /solorep {
+        idempotency on;
+        idempotency_redis %%REDIS%%;
+        idempotency_redis_wait 1 50ms;
+        idempotency_audit file=$P/rep.log;
+        proxy_pass http://%%UPSTREAM%%;
+    }
     location /solowait {
         idempotency on;
         idempotency_redis %%REDIS%%;
@@ -309,6 +316,30 @@ is("@anchors", '4 8 12 16 20 24 28', 'solo: the head anchored every 4 entries (a
 ($rc, $out) = $t->audit_tool('export', '--file', $SOLO, '--from', 27);
 is(scalar(() = $out =~ /\n/g), 2, 'export --file --from 27: the last two lines');
 like($out, qr/^\{"approver":"","event":"attempted".*"seq":27,/, 'export --file prints the lines as they are');
+
+# $request_id made by the module from its reserve of random bytes (docs/audit.md,
+# "The request id"): what the access log prints, one id per request
+my %rid_file;
+for (grep { /\S/ } split /\n/, Idem::Test::_slurp($SOLO)) {
+    my $o = decode_json($_);
+    $rid_file{ $o->{request_id} } = 1 if $o->{key} eq $ks;
+}
+my %rid_log = map { /^rid=([0-9a-f]{32}) key="\Q$ks\E"/ ? ($1 => 1) : () } $t->access_log;
+is(join(' ', sort keys %rid_file), join(' ', sort keys %rid_log),
+   'solo: the lines\' request_id is the access log\'s $request_id');
+is(scalar(keys %rid_file), 3, 'solo: one id per request (first write, replay, conflict)');
+
+# a claim waiting for its lines (written with the turn's others), then for a
+# replica that is not there: released, 503, never executed
+my $kr = $t->key('solorep');
+$r = $t->http(POST => '/solorep', key => $kr, json => { r => 1 });
+is("$r->{status} " . $t->ptype($r), '503 store-not-replicated',
+   'solo WAIT: the claim written, then not replicated: 503 store-not-replicated');
+is($t->effects(key => $kr), 0, 'solo WAIT: never executed');
+ok($t->wait_for(sub { ($t->audit_tool('show', $kr, '--file', "$P/rep.log"))[1] =~ /released/ }, 5),
+   'solo WAIT: the release is written');
+($rc, $out) = $t->audit_tool('show', $kr, '--file', "$P/rep.log");
+is_deeply(events($out), [qw(attempted sent released)], 'solo WAIT: attempted, sent, released');
 
 # ---- a restart: the chain goes on from the file's last line
 my $m = $t->http(GET => '/metrics');

@@ -15,6 +15,12 @@
 #     `verify --file` passes; a replay still answers; the retry executes
 #     once the disk syncs again. Skipped under the sanitizers (they own
 #     LD_PRELOAD) or without a C compiler.
+#   - Several first writes whose claims are written with one write() (the
+#     claims of one turn of the event loop; Redis stopped while they are
+#     sent, so that its replies come back together), and that write's
+#     fdatasync() fails: every request of the batch is refused 503
+#     audit-unavailable, none reaches the upstream, and the failure is
+#     logged once for the batch, not once per request.
 #   - A restart (not a reload) after a rotation, before a line went to the
 #     new empty file: a new chain starts at entry 1 and says so in the error
 #     log; `verify --file old new` fails at the new file's first line, each
@@ -49,6 +55,7 @@ my $FILE = "$DISK/audit.log";
 my $FILL = "$DISK/fill";
 
 my $SYNC = "$P/sync.log";
+my $BATCH = "$P/batch.log";
 my $FAILFLAG = "$P/fail-fdatasync";
 
 # fdatasync() fails with EIO while $FAILFLAG exists (a worker's environment
@@ -82,6 +89,12 @@ server {
         idempotency on;
         idempotency_redis %%REDIS%%;
         idempotency_audit file=$FILE fsync=every;
+        proxy_pass http://%%UPSTREAM%%;
+    }
+    location /batch {
+        idempotency on;
+        idempotency_redis %%REDIS%% timeout=20s;
+        idempotency_audit file=$BATCH fsync=every;
         proxy_pass http://%%UPSTREAM%%;
     }
     location /sync {
@@ -196,6 +209,47 @@ SKIP: {
     ($rc, $out, $err) = $t->audit_tool('verify', '--file', $SYNC);
     is($rc, 0, 'sync: verify --file passes after the retry') or diag("$out$err");
     ok(whole($SYNC), 'sync: every line complete');
+}
+
+# ---- the claims of one turn in one write(), whose fdatasync() fails
+SKIP: {
+    skip 'the sanitizers own LD_PRELOAD: no fdatasync() shim', 7 if $t->{sanitize};
+    skip 'no C compiler for the fdatasync() shim', 7 unless $SHIM;
+    my $N = 6;
+    my $kb = $t->key('batch-before');
+    $r = $t->http(POST => '/batch/x', key => $kb, json => { b => 0 });
+    is($r->{status}, 201, 'batch: a first write while fdatasync() works');
+    $t->wait_state($kb, '', 'completed');
+
+    my $alerts = () = $t->error_log =~ /fdatasync\(\) of audit file "\Q$BATCH\E" failed/g;
+    Idem::Test::_spew($FAILFLAG, '');
+    my @keys = map { $t->key("batch-$_") } 1 .. $N;
+    my $stall = $t->redis_stall(3, how => 'stop');
+    my $res = $t->parallel($N, sub {
+        my $x = $t->http(POST => '/batch/x', key => $keys[$_[0]], json => { b => $_[0] + 1 },
+                         timeout => 30);
+        return { status => $x->{status}, type => $t->ptype($x) // '' };
+    }, timeout => 60);
+    $t->redis_stall_end($stall);
+    unlink $FAILFLAG or die;
+
+    is(join(' ', map { $_ ? "$_->{status} $_->{type}" : 'none' } @$res),
+       join(' ', ('503 audit-unavailable') x $N),
+       "batch: the $N claims of the failed write are all refused 503 audit-unavailable");
+    is(join(' ', map { $t->effects(key => $_) } @keys), join(' ', (0) x $N),
+       'batch: none reached the upstream');
+    my $after = () = $t->error_log =~ /fdatasync\(\) of audit file "\Q$BATCH\E" failed/g;
+    ok($after - $alerts >= 1 && $after - $alerts < $N,
+       "batch: the claims went with fewer write()s than requests ("
+       . ($after - $alerts) . " failed fdatasync() for $N claims)");
+    my %sent = map { my $e = decode_json($_); $e->{event} eq 'sent' ? ($e->{key} => 1) : () }
+               split /\n/, Idem::Test::_slurp($BATCH);
+    is(scalar(grep { $sent{$_} } @keys), $N, 'batch: their lines are in the file (written, not synced)');
+
+    $r = $t->http(POST => '/batch/x', key => $keys[0], json => { b => 1 });
+    is($r->{status}, 201, 'batch: fdatasync() works again: a refused key executes');
+    $t->wait_state($keys[0], '', 'completed');
+    is($t->effects(key => $keys[0]), 1, 'batch: once');
 }
 
 # ---- a restart after a rotation, before a line went to the new file
