@@ -450,7 +450,11 @@ ngx_http_idem_claim_audit_written(ngx_http_idem_audit_wait_t *w)
 /*
  * A native claim made with the audit file alone: its entries go with the
  * turn's others in one write(), and the request waits for it (NGX_OK), or
- * NGX_ERROR when they cannot be written.
+ * NGX_ERROR when they cannot be written.  With idempotency_redis_wait they
+ * are written now (NGX_DECLINED, or NGX_ERROR): the WAIT that follows must
+ * go on the connection whose reply this is, which only this reply's
+ * handler knows (from the posted event it would never be sent, and every
+ * claim would be answered 503).
  */
 static ngx_int_t
 ngx_http_idem_claim_native_entries(ngx_http_request_t *r,
@@ -462,6 +466,18 @@ ngx_http_idem_claim_native_entries(ngx_http_request_t *r,
     ctx->audit_kind = NGX_HTTP_IDEM_AUDIT_CLAIM;
     n = ngx_http_idem_claim_entries(r, ctx, e);
     ctx->audit_attempted = 1;
+
+    if (ctx->conf->wait_replicas) {
+        if (ngx_http_idem_audit_direct(ctx->conf->audit, e, n,
+                                       r->connection->log)
+            == NGX_ERROR)
+        {
+            ctx->audit_unrecorded = 1;
+            return NGX_ERROR;
+        }
+
+        return NGX_DECLINED;
+    }
 
     ctx->audit_wait.handler = ngx_http_idem_claim_audit_written;
     ctx->audit_wait.data = ctx;

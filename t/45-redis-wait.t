@@ -18,7 +18,8 @@ use POSIX ();
 use Idem::Test;
 
 my $t = Idem::Test->new;
-$t->start_stack(<<'EOF', workers => 2);
+my $P = $t->prefix;
+$t->start_stack(<<"EOF", workers => 2);
 server {
     listen 127.0.0.1:%%PORT%%;
     idempotency on;
@@ -33,6 +34,11 @@ server {
         proxy_pass http://%%UPSTREAM%%;
     }
     location /plain/ {
+        proxy_pass http://%%UPSTREAM%%;
+    }
+    location /file/ {
+        idempotency_redis_wait 1 500ms;
+        idempotency_audit file=$P/wait.log;
         proxy_pass http://%%UPSTREAM%%;
     }
 }
@@ -80,6 +86,19 @@ sub freeze_replica {
     my $again = $t->http(POST => '/x', @req);
     is($again->{headers}{'idempotent-replayed'}, 'true', 'with a replica: the retry replays');
     is($t->effects(key => $k), 1, 'with a replica: one effect');
+}
+
+# ---- the audit file alone: the claim waits for its lines (written at the
+# end of the event loop's turn), then for the replica, on the connection
+# that carried it
+{
+    my $k = $t->key('filewait');
+    my @req = (key => $k, json => { a => 1 });
+    my $r = $t->http(POST => '/file/x', @req);
+    is($r->{status}, 201, 'audit file, with a replica: the first write executes') or diag($t->show($r));
+    my $again = $t->http(POST => '/file/x', @req);
+    is($again->{headers}{'idempotent-replayed'}, 'true', 'audit file, with a replica: the retry replays');
+    is($t->effects(key => $k), 1, 'audit file, with a replica: one effect');
 }
 
 # ---- a claim waits for the replica: the upstream sees nothing before
