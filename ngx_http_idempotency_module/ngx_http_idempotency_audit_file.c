@@ -923,14 +923,17 @@ ngx_http_idem_audit_file_decide(ngx_http_idem_audit_batch_t *b, ngx_int_t rc)
         w->rc = rc;
     }
 
-    if (ngx_queue_empty(&b->pending)) {
-        return;
+    if (!ngx_queue_empty(&b->pending)) {
+        ngx_queue_add(&b->decided, &b->pending);
+        ngx_queue_init(&b->pending);
     }
 
-    ngx_queue_add(&b->decided, &b->pending);
-    ngx_queue_init(&b->pending);
-
-    if (!b->ev.posted) {
+    /*
+     * also when none was pending: a write took the event back (flush_batch
+     * deletes it), and those a write of this turn decided before wait in
+     * "decided" for it
+     */
+    if (!ngx_queue_empty(&b->decided) && !b->ev.posted) {
         ngx_post_event(&b->ev, &ngx_posted_events);
     }
 }
