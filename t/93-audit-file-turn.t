@@ -54,6 +54,9 @@ for my $round (1 .. 3) {
         is($rb->{headers}{'idempotent-replayed'}, 'true', "round $round: replay " . ($i + 1) . ' in the same turn');
     }
     is($t->effects(key => $k), 1, "round $round: the claim executed once");
+    # the completion's lines go at the end of the turn that answered it
+    ok($t->wait_for(sub { ($t->audit_tool('show', $k, '--file', "$P/turn.log"))[1] =~ /completed/ }, 5),
+       "round $round: its completion is written");
     my ($rc, $out) = $t->audit_tool('show', $k, '--file', "$P/turn.log");
     like($out, qr/attempted.*sent.*accepted.*completed/s, "round $round: its lines are in the file") or diag($out);
 }
