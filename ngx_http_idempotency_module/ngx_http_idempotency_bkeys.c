@@ -382,7 +382,7 @@ ngx_http_idem_bkeys_replicated(ngx_http_idem_replicas_t *w, ngx_int_t acked)
                   "replicas within %Mms (-1: no WAIT answer); everything is "
                   "given back and answered 503",
                   p->i < p->n ? "business key" : "gate's opening",
-                  &ctx->key, acked, ctx->conf->wait_replicas,
+                  ngx_http_idem_log_key(ctx), acked, ctx->conf->wait_replicas,
                   ctx->conf->wait_replicas_timeout);
 
     ngx_http_idem_bkeys_answered(p, NGX_HTTP_IDEM_ANS_NOT_REPLICATED);

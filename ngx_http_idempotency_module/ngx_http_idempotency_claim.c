@@ -739,7 +739,7 @@ ngx_http_idem_claim_unreplicated(ngx_http_request_t *r,
         ngx_log_error(NGX_LOG_WARN, r->connection->log, 0,
                       "idempotency: no WAIT answer for the claim of key "
                       "\"%V\" (the redis connection failed or changed); "
-                      "it is released and answered 503", &ctx->key);
+                      "it is released and answered 503", ngx_http_idem_log_key(ctx));
     } else {
         ngx_log_error(NGX_LOG_WARN, r->connection->log, 0,
                       "idempotency: the claim of key \"%V\" reached %i of "

@@ -506,7 +506,7 @@ ngx_http_idem_claim_unrecorded(ngx_http_request_t *r,
     ngx_log_error(NGX_LOG_ALERT, r->connection->log, 0,
                   "idempotency: the audit file could not record the claim "
                   "of key \"%V\"; it is released and answered 503",
-                  &ctx->key);
+                  ngx_http_idem_log_key(ctx));
 
     ctx->answer = NGX_HTTP_IDEM_ANS_AUDIT_DOWN;
     (void) ngx_http_idem_finish(r, ctx, NGX_HTTP_IDEM_END_RELEASE);
@@ -569,7 +569,7 @@ ngx_http_idem_claim_audit_let(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
     ngx_log_error(NGX_LOG_ALERT, r->connection->log, 0,
                   "idempotency: the audit file could not record the claim "
                   "of key \"%V\"; it is given back and answered 503",
-                  &ctx->key);
+                  ngx_http_idem_log_key(ctx));
 
     ctx->answer = NGX_HTTP_IDEM_ANS_AUDIT_DOWN;
 

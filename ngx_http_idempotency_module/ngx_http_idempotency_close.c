@@ -190,7 +190,7 @@ ngx_http_idem_closed_replicated(ngx_http_idem_replicas_t *w, ngx_int_t acked)
                       "idempotency: no WAIT answer for the record of key "
                       "\"%V\" (the redis connection failed or changed); "
                       "it is kept, and a failover before the replicas have "
-                      "it may lose it", &ctx->key);
+                      "it may lose it", ngx_http_idem_log_key(ctx));
 
     } else if (acked < (ngx_int_t) ctx->conf->wait_replicas) {
         ngx_log_error(NGX_LOG_WARN, ctx->request->connection->log, 0,
