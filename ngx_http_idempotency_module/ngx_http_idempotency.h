@@ -452,6 +452,7 @@ struct ngx_http_idem_ctx_s {
     unsigned                     reused:1;     /* another key's operation */
     unsigned                     business:1;   /* ukey, lkey, hkey set */
     unsigned                     lock_missing:1;  /* no lock value */
+    unsigned                     undo:1;  /* claim.lua gives back first */
     void                        *bkeys;   /* on a cluster (_bkeys.c) */
 
     /* idempotency_audit */

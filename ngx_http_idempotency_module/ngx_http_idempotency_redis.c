@@ -987,18 +987,17 @@ ngx_http_idem_cmd_timeout(ngx_event_t *ev)
 #define NGX_HTTP_IDEM_CMD_STACK  2048
 
 static int
-ngx_http_idem_cmd_write(redisAsyncContext *ac, ngx_http_idem_cmd_t *cmd)
+ngx_http_idem_cmd_format(redisAsyncContext *ac, ngx_http_idem_cmd_t *cmd,
+    ngx_uint_t from, ngx_uint_t argc, redisCallbackFn *fn)
 {
     u_char      stack[NGX_HTTP_IDEM_CMD_STACK], *buf, *p;
     size_t      len;
-    ngx_uint_t  i, argc;
+    ngx_uint_t  i;
     int         rc;
 
-    /* the audit file's entries ride along for the reply, unsent */
-    argc = cmd->argc - cmd->hidden;
     len = sizeof("*\r\n") - 1 + NGX_SIZE_T_LEN;
 
-    for (i = 0; i < argc; i++) {
+    for (i = from; i < from + argc; i++) {
         len += sizeof("$\r\n\r\n") - 1 + NGX_SIZE_T_LEN + cmd->argvlen[i];
     }
 
@@ -1009,14 +1008,14 @@ ngx_http_idem_cmd_write(redisAsyncContext *ac, ngx_http_idem_cmd_t *cmd)
 
     p = ngx_sprintf(buf, "*%ui\r\n", argc);
 
-    for (i = 0; i < argc; i++) {
+    for (i = from; i < from + argc; i++) {
         p = ngx_sprintf(p, "$%uz\r\n", cmd->argvlen[i]);
         p = ngx_cpymem(p, cmd->argv[i], cmd->argvlen[i]);
         *p++ = CR;
         *p++ = LF;
     }
 
-    rc = redisAsyncFormattedCommand(ac, ngx_http_idem_redis_reply, cmd,
+    rc = redisAsyncFormattedCommand(ac, fn, fn ? cmd : NULL,
                                     (const char *) buf, p - buf);
 
     if (buf != stack) {
@@ -1024,6 +1023,45 @@ ngx_http_idem_cmd_write(redisAsyncContext *ac, ngx_http_idem_cmd_t *cmd)
     }
 
     return rc;
+}
+
+
+/*
+ * A batch (cmd->batch arguments per command) goes inside MULTI ... EXEC:
+ * the commands run as one step, and EXEC's one reply, the array of
+ * theirs, is the command's.  The "QUEUED"s are nobody's.
+ */
+static int
+ngx_http_idem_cmd_write(redisAsyncContext *ac, ngx_http_idem_cmd_t *cmd)
+{
+    static const char  multi[] = "*1\r\n$5\r\nMULTI\r\n";
+    static const char  exec[] = "*1\r\n$4\r\nEXEC\r\n";
+    ngx_uint_t         i, argc;
+
+    /* the audit file's entries ride along for the reply, unsent */
+    argc = cmd->argc - cmd->hidden;
+
+    if (cmd->batch == 0) {
+        return ngx_http_idem_cmd_format(ac, cmd, 0, argc,
+                                        ngx_http_idem_redis_reply);
+    }
+
+    if (redisAsyncFormattedCommand(ac, NULL, NULL, multi, sizeof(multi) - 1)
+        != REDIS_OK)
+    {
+        return REDIS_ERR;
+    }
+
+    for (i = 0; i + cmd->batch <= argc; i += cmd->batch) {
+        if (ngx_http_idem_cmd_format(ac, cmd, i, cmd->batch, NULL)
+            != REDIS_OK)
+        {
+            return REDIS_ERR;
+        }
+    }
+
+    return redisAsyncFormattedCommand(ac, ngx_http_idem_redis_reply, cmd,
+                                      exec, sizeof(exec) - 1);
 }
 
 

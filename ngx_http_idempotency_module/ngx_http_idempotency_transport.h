@@ -223,6 +223,8 @@ struct ngx_http_idem_cmd_s {
     u_char                      *key;       /* IDEM_RECORD_KEY_LEN */
     ngx_uint_t                   arg0;      /* argv index of argument 0 */
     ngx_uint_t                   hidden;    /* the last ones, never sent */
+    ngx_uint_t                   batch;     /* >0: MULTI, commands of this
+                                               many arguments each, EXEC */
     ngx_msec_t                   timeout;   /* 0: the server's timeout */
     ngx_uint_t                   redirects; /* MOVED and ASK followed */
     uint64_t                     sent;      /* us, for idempotency_metrics */
