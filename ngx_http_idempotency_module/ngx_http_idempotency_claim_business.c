@@ -170,9 +170,9 @@ ngx_http_idem_claim_business_reply(ngx_http_idem_cmd_t *cmd,
         return NGX_DECLINED;
     }
 
-    if (rp == NULL
-        || (rp->type == REDIS_REPLY_ARRAY && rp->elements
-            && rp->element[0]->type == REDIS_REPLY_NIL))
+    /* an error may be a refused MULTI, whose SETs ran one by one */
+    if (rp == NULL || rp->type != REDIS_REPLY_ARRAY || rp->elements == 0
+        || rp->element[0]->type == REDIS_REPLY_NIL)
     {
         key = ngx_http_idem_cmd_key(cmd);
         value = ngx_http_idem_cmd_get(cmd, 0);

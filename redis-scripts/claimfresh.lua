@@ -1,11 +1,15 @@
--- claim.lua's first case, before its needs are defined: a first write
+-- claim.lua's first cases, before its needs are defined.  With undo: the
+-- give-back of the module's native claim (below).  Then a first write
 -- with idempotency_unique or idempotency_lock whose record, unique key and
 -- lock key are all absent, without the audit.  claim.lua would find each
 -- of them absent, hold nothing against the claim, and write the same
 -- values with the same TTLs; here each absent key is taken by the SET
 -- that finds it absent (NX ... GET), and no function of fields.lua,
 -- layout1.lua, audit.lua or claim.lua is made for it (bench/RESULTS.md,
--- "idempotency_unique and idempotency_lock: the fresh claim").
+-- "idempotency_unique and idempotency_lock: the fresh claim").  On one
+-- server the module claims such a write natively (MULTI, SET ... NX GET
+-- of each key, EXEC) and comes here only when that did not take them
+-- all, or where it does not apply (a duplicate that waits).
 --
 -- A key present (a retry, the identity or lock of another operation, a
 -- record of layout 1 or another type: the SET answers its value or an

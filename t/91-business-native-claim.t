@@ -22,7 +22,13 @@ use Idem::Test;
 
 my $t = Idem::Test->new;
 
-$t->start_stack(<<'EOF');
+# the ACL user of docs/redis.md before the native claim: no +multi +exec
+$t->start_redis;
+$t->redis('ACL', 'SETUSER', 'old', split ' ', 'on >old-pw ~idem:* &idem:done +evalsha +eval '
+          . '+script|load +select +subscribe +set +get +pttl +pexpire +del +type +time +publish '
+          . '+hmget +hset +hdel');
+$t->start_upstream;
+$t->start_nginx(<<'EOF');
 idempotency_json_var $event /event;
 idempotency_json_var $environment /environment;
 
@@ -36,6 +42,13 @@ server {
         proxy_ignore_client_abort on;
         proxy_pass http://%%UPSTREAM%%;
     }
+    location /old-acl {
+        idempotency on;
+        idempotency_redis %%REDIS%% user=old password=old-pw db=5;
+        idempotency_unique jobs:$event;
+        idempotency_lock deploy:$environment;
+        proxy_pass http://%%UPSTREAM%%;
+    }
     location = /status {
         idempotency_status;
     }
@@ -45,7 +58,7 @@ EOF
 sub job {
     my ($key, $event, $env, %o) = @_;
     my @h = $o{delay} ? ('X-Delay' => $o{delay}) : ();
-    my @a = (POST => '/jobs', key => $key, timeout => 20, headers => \@h,
+    my @a = (POST => $o{path} // '/jobs', key => $key, timeout => 20, headers => \@h,
              json => JSON::PP->new->canonical->encode({ event => $event, environment => $env }));
     return $o{bg} ? $t->http_bg(@a) : $t->http(@a);
 }
@@ -213,6 +226,23 @@ my ($kx, $bgx) = ($t->key('holder'));
     $r = $t->redis('EVALSHA', $claim, 4, $R2, $U, $Lk, $H2,
                    $fp, $owner2, $value2, 86400000, 0, '', 0, $scope, $loc, '');
     is(ref $r && $r->[0], 'in_progress', 'no undo: this attempt\'s own claim is met');
+}
+
+# ---- an ACL user without +multi +exec: MULTI is refused, the SETs run
+# one by one (the record first), and claim.lua with undo decides: the
+# same answers, only slower
+{
+    my $k = $t->key('old-acl');
+    my $r = job($k, 'ev-old', 'old-1', path => '/old-acl');
+    is($r->{status}, 201, 'old ACL user: a first write executes');
+    my $again = job($k, 'ev-old', 'old-1', path => '/old-acl');
+    is($again->{headers}{'idempotent-replayed'}, 'true', '... its retry is a replay');
+    my $other = job($t->key('old-acl-2'), 'ev-old', 'old-2', path => '/old-acl');
+    is($other->{headers}{'idempotent-reused'}, 'true', '... another key of the same event: reused');
+    is($t->effects(key => $k), 1, '... executed once');
+    my $log = $t->redis('ACL', 'LOG');
+    ok((grep { my %e = @$_; ($e{username} // '') eq 'old' && ($e{object} // '') eq 'multi' } @$log),
+       '... Redis refused its MULTI (ACL LOG)');
 }
 
 done_testing;
