@@ -142,7 +142,7 @@ ngx_http_idem_claim_value(u_char *p, ngx_http_idem_ctx_t *ctx)
 
 /*
  * The first look's SET, followed by room for "more" arguments of "size"
- * bytes (a part's commands after it in one MULTI ... EXEC)
+ * bytes (a part's commands, pipelined after it)
  */
 ngx_http_idem_cmd_t *
 ngx_http_idem_claim_set_more(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,

@@ -6,10 +6,10 @@
  * the request, an identity of another location is a conflict.
  *
  * On one server or behind Sentinel the first look of a first write is
- * native (docs/business-keys.md, "The native claim"): MULTI, SET NX PX GET
- * of the record, then of the unique key, the lock key and the h key, with
- * exactly the values claim.lua writes, EXEC.  All taken: claimed, as
- * claim.lua would have answered.  None of the business keys taken: the
+ * native (docs/business-keys.md, "The native claim"): SET NX PX GET of the
+ * record, then of the unique key, the lock key and the h key, with
+ * exactly the values claim.lua writes, pipelined in this order.  All
+ * taken: claimed, as claim.lua would have answered.  None of the business keys taken: the
  * record's reply is the answer, as the native first look of a request
  * without them.  Otherwise claim.lua, which first deletes by a compare
  * what this attempt took ("undo"), then decides on the keys as they are.
@@ -24,6 +24,10 @@
 #include "ngx_http_idempotency_business.h"
 #include "ngx_http_idempotency_command.h"
 #include "ngx_http_idempotency_close.h"
+
+
+static void ngx_http_idem_claim_business_part(ngx_http_idem_cmd_t *cmd,
+    ngx_uint_t i, redisReply *reply);
 
 
 typedef char  ngx_http_idem_claim_keys_check[
@@ -129,6 +133,8 @@ ngx_http_idem_claim_business_look(ngx_http_request_t *r,
     }
 
     c->batch = NGX_HTTP_IDEM_BATCH_ARGS;
+    c->part_handler = ngx_http_idem_claim_business_part;
+    ctx->bkeys_look_type = 0;
     bttl = 2 * ngx_http_idem_claim_record_ttl(ctx);
     at = NGX_HTTP_IDEM_CLAIM_SET_NARGS;
 
@@ -152,28 +158,65 @@ ngx_http_idem_claim_business_look(ngx_http_request_t *r,
 }
 
 
+/* the record SET's reply, kept with the request for the last reply */
+static void
+ngx_http_idem_claim_business_part(ngx_http_idem_cmd_t *cmd, ngx_uint_t i,
+    redisReply *reply)
+{
+    ngx_http_idem_ctx_t  *ctx = cmd->data;
+
+    if (i != 0 || ctx == NULL || reply == NULL) {
+        return;
+    }
+
+    ctx->bkeys_look_type = reply->type;
+
+    if (reply->type != REDIS_REPLY_STRING && reply->type != REDIS_REPLY_ERROR) {
+        return;
+    }
+
+    ctx->bkeys_look.data = ngx_pnalloc(ctx->request->pool, reply->len + 1);
+    if (ctx->bkeys_look.data == NULL) {
+        /* claim.lua reads the record again */
+        ctx->bkeys_look_type = REDIS_REPLY_ERROR;
+        ctx->bkeys_look.len = 0;
+        return;
+    }
+
+    ngx_memcpy(ctx->bkeys_look.data, reply->str, reply->len);
+    ctx->bkeys_look.len = reply->len;
+}
+
+
+/* bit i: the batch's command i took its key (answered NIL) */
+static ngx_uint_t
+ngx_http_idem_claim_batch_taken(ngx_http_idem_cmd_t *cmd, redisReply *last,
+    ngx_uint_t *n)
+{
+    *n = cmd->argc / NGX_HTTP_IDEM_BATCH_ARGS;
+
+    return cmd->nil | ((ngx_uint_t) (last && last->type == REDIS_REPLY_NIL)
+                       << (*n - 1));
+}
+
+
 /*
- * A native claim whose request has gone, or whose EXEC got no answer: its
- * record is given back as any such claim (ngx_http_idem_give_back); a
- * business key left naming it holds nothing once its record does not.
+ * A native claim whose request has gone, or whose last reply did not
+ * come: its record, unless its SET is known to have found the key held,
+ * is given back as any such claim (ngx_http_idem_give_back); a business
+ * key left naming it holds nothing once its record does not.
  */
 static ngx_int_t
 ngx_http_idem_claim_business_reply(ngx_http_idem_cmd_t *cmd,
     redisReply **reply)
 {
-    ngx_str_t    key, value;
-    redisReply  *rp;
+    ngx_str_t  key, value;
 
-    rp = *reply;
-
-    if (cmd->batch == 0 || (cmd->data && rp)) {
+    if (cmd->batch == 0 || (cmd->data && *reply)) {
         return NGX_DECLINED;
     }
 
-    /* an error may be a refused MULTI, whose SETs ran one by one */
-    if (rp == NULL || rp->type != REDIS_REPLY_ARRAY || rp->elements == 0
-        || rp->element[0]->type == REDIS_REPLY_NIL)
-    {
+    if ((cmd->nil & 1) || !(cmd->got & 1)) {
         key = ngx_http_idem_cmd_key(cmd);
         value = ngx_http_idem_cmd_get(cmd, 0);
         ngx_http_idem_give_back(cmd, &key, &value);
@@ -184,57 +227,44 @@ ngx_http_idem_claim_business_reply(ngx_http_idem_cmd_t *cmd,
 
 
 /*
- * EXEC's reply: the record's SET then each business key's, NIL when it
- * took the key.  An error instead (EXECABORT; or NOPERM: an ACL user
- * without +multi +exec, whose SETs then ran one by one) may have taken
- * any of them: claim.lua, with "undo".
+ * The last reply: with the record's (kept by the part hook) and the
+ * others' (cmd->nil), whether each SET took its key.
  */
 static ngx_int_t
 ngx_http_idem_claim_business_parse(ngx_http_request_t *r,
     ngx_http_idem_ctx_t *ctx, ngx_http_idem_cmd_t *cmd, redisReply *reply,
     ngx_http_idem_answer_e *answer)
 {
-    size_t      i, want, taken;
+    ngx_uint_t  taken, n, all;
+    redisReply  look;
 
     if (cmd->batch == 0) {
         return NGX_DECLINED;
     }
 
-    want = (cmd->argc - cmd->arg0 + 2) / NGX_HTTP_IDEM_BATCH_ARGS;
+    taken = ngx_http_idem_claim_batch_taken(cmd, reply, &n);
+    all = ((ngx_uint_t) 1 << n) - 1;
     *answer = NGX_HTTP_IDEM_ANS_NONE;
 
-    if (reply->type != REDIS_REPLY_ARRAY || reply->elements != want) {
-        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
-                      "idempotency: the native claim of key \"%V\" failed"
-                      "%s%*s (the ACL user needs +multi +exec); claim.lua "
-                      "decides", ngx_http_idem_log_key(ctx),
-                      reply->type == REDIS_REPLY_ERROR ? ": " : "",
-                      (size_t) (reply->type == REDIS_REPLY_ERROR
-                                ? reply->len : 0),
-                      reply->type == REDIS_REPLY_ERROR ? reply->str : "");
-        ctx->undo = 1;
-        return NGX_OK;
-    }
-
-    taken = 0;
-
-    for (i = 1; i < want; i++) {
-        taken += reply->element[i]->type == REDIS_REPLY_NIL;
-    }
-
-    if (reply->element[0]->type == REDIS_REPLY_NIL && taken == want - 1) {
+    if (taken == all) {
         ngx_http_idem_set_state(ctx, 'i');
         *answer = NGX_HTTP_IDEM_ANS_CLAIMED;
         return NGX_OK;
     }
 
-    if (taken || reply->element[0]->type == REDIS_REPLY_NIL) {
+    if (taken) {
         ctx->undo = 1;
         return NGX_OK;
     }
 
     /* nothing taken: the record that holds the key, as a first look */
-    *answer = ngx_http_idem_claim_decode(r, ctx, cmd, reply->element[0]);
+    ngx_memzero(&look, sizeof(redisReply));
+    look.type = ctx->bkeys_look_type ? ctx->bkeys_look_type
+                                     : REDIS_REPLY_ERROR;
+    look.str = (char *) ctx->bkeys_look.data;
+    look.len = ctx->bkeys_look.len;
+
+    *answer = ngx_http_idem_claim_decode(r, ctx, cmd, &look);
 
     return NGX_OK;
 }

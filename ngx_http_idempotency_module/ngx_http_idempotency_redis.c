@@ -1015,8 +1015,7 @@ ngx_http_idem_cmd_format(redisAsyncContext *ac, ngx_http_idem_cmd_t *cmd,
         *p++ = LF;
     }
 
-    rc = redisAsyncFormattedCommand(ac, fn, fn ? cmd : NULL,
-                                    (const char *) buf, p - buf);
+    rc = redisAsyncFormattedCommand(ac, fn, cmd, (const char *) buf, p - buf);
 
     if (buf != stack) {
         ngx_free(buf);
@@ -1027,16 +1026,40 @@ ngx_http_idem_cmd_format(redisAsyncContext *ac, ngx_http_idem_cmd_t *cmd,
 
 
 /*
- * A batch (cmd->batch arguments per command) goes inside MULTI ... EXEC:
- * the commands run as one step, and EXEC's one reply, the array of
- * theirs, is the command's.  The "QUEUED"s are nobody's.
+ * A reply of a batch's command before its last: kept as the batch's
+ * (cmd->nil, cmd->got) and shown to its sender's hook while anyone is
+ * told; the last one's reply is the command's.  The callbacks of one link
+ * run in order and the last frees the command, so it is alive here.
+ */
+static void
+ngx_http_idem_redis_part(redisAsyncContext *ac, void *r, void *privdata)
+{
+    redisReply           *reply = r;
+    ngx_http_idem_cmd_t  *cmd = privdata;
+
+    if (reply) {
+        cmd->got |= (ngx_uint_t) 1 << cmd->part;
+        cmd->nil |= (ngx_uint_t) (reply->type == REDIS_REPLY_NIL)
+                    << cmd->part;
+    }
+
+    if (!cmd->told && cmd->part_handler) {
+        cmd->part_handler(cmd, cmd->part, reply);
+    }
+
+    cmd->part++;
+}
+
+
+/*
+ * A batch (cmd->batch arguments per command): its commands written one
+ * after the other, in one write, in this order; each gets its own reply
+ * (ngx_http_idem_redis_part), the last one's is the command's.
  */
 static int
 ngx_http_idem_cmd_write(redisAsyncContext *ac, ngx_http_idem_cmd_t *cmd)
 {
-    static const char  multi[] = "*1\r\n$5\r\nMULTI\r\n";
-    static const char  exec[] = "*1\r\n$4\r\nEXEC\r\n";
-    ngx_uint_t         i, argc;
+    ngx_uint_t  i, argc;
 
     /* the audit file's entries ride along for the reply, unsent */
     argc = cmd->argc - cmd->hidden;
@@ -1046,22 +1069,21 @@ ngx_http_idem_cmd_write(redisAsyncContext *ac, ngx_http_idem_cmd_t *cmd)
                                         ngx_http_idem_redis_reply);
     }
 
-    if (redisAsyncFormattedCommand(ac, NULL, NULL, multi, sizeof(multi) - 1)
-        != REDIS_OK)
-    {
-        return REDIS_ERR;
-    }
+    cmd->part = 0;
+    cmd->got = 0;
+    cmd->nil = 0;
 
-    for (i = 0; i + cmd->batch <= argc; i += cmd->batch) {
-        if (ngx_http_idem_cmd_format(ac, cmd, i, cmd->batch, NULL)
+    for (i = 0; i + cmd->batch < argc; i += cmd->batch) {
+        if (ngx_http_idem_cmd_format(ac, cmd, i, cmd->batch,
+                                     ngx_http_idem_redis_part)
             != REDIS_OK)
         {
             return REDIS_ERR;
         }
     }
 
-    return redisAsyncFormattedCommand(ac, ngx_http_idem_redis_reply, cmd,
-                                      exec, sizeof(exec) - 1);
+    return ngx_http_idem_cmd_format(ac, cmd, i, argc - i,
+                                    ngx_http_idem_redis_reply);
 }
 
 

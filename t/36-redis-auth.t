@@ -20,8 +20,7 @@ my $BAD = 'wrongpw-' . int(rand 1e9);
 
 # docs/redis.md, "ACL user": keep the two in step
 my $MIN_ACL = '~idem:* &idem:done +evalsha +eval +script|load +select +subscribe '
-            . '+set +get +pttl +pexpire +del +type +time +publish +hmget +hset +hdel '
-            . '+multi +exec';
+            . '+set +get +pttl +pexpire +del +type +time +publish +hmget +hset +hdel';
 
 my $t = Idem::Test->new;
 $t->start_redis(auth => [$PW], args => [
