@@ -36,8 +36,8 @@
 -- loc      with an identity: the location's tag, kept with the identity
 --          so that only a request of the holder's location is given the
 --          holder's answer (idempotency_unique shared=)
--- undo     "1" after the module's native claim (MULTI, SET ... NX GET of
---          the record and each business key, EXEC) did not take them
+-- undo     "1" after the module's native claim (SET ... NX GET of the
+--          record, then of each business key, pipelined) did not take them
 --          all: what it took, each key still holding exactly what this
 --          attempt wrote there, is deleted first (claimfresh.lua), then
 --          the claim is decided on the keys as they are

@@ -7,8 +7,8 @@
 -- that finds it absent (NX ... GET), and no function of fields.lua,
 -- layout1.lua, audit.lua or claim.lua is made for it (bench/RESULTS.md,
 -- "idempotency_unique and idempotency_lock: the fresh claim").  On one
--- server the module claims such a write natively (MULTI, SET ... NX GET
--- of each key, EXEC) and comes here only when that did not take them
+-- server the module claims such a write natively (SET ... NX GET of
+-- each key, pipelined) and comes here only when that did not take them
 -- all, or where it does not apply (a duplicate that waits).
 --
 -- A key present (a retry, the identity or lock of another operation, a
@@ -20,10 +20,10 @@
 -- the documented ACL user (docs/redis.md).
 
 -- The give-back of the module's native claim (ngx_http_idempotency_
--- claim_business.c: MULTI, SET ... NX PX ... GET of the record, then of
--- the unique key, the lock key and the h key, EXEC) when it did not take
+-- claim_business.c: SET ... NX PX ... GET of the record, then of the
+-- unique key, the lock key and the h key, pipelined) when it did not take
 -- every key: each key that still holds exactly what this attempt wrote
--- there is deleted, by a compare, never a plain DEL (between the EXEC and
+-- there is deleted, by a compare, never a plain DEL (between the SETs and
 -- this, a competitor may have replaced a name of ours, and its name must
 -- stay: docs/business-keys.md, "The native claim").  The business keys
 -- first, then the record; all in this one atomic script, before the claim
