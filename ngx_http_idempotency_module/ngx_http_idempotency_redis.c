@@ -1078,12 +1078,32 @@ ngx_http_idem_cmd_write(redisAsyncContext *ac, ngx_http_idem_cmd_t *cmd)
                                      ngx_http_idem_redis_part)
             != REDIS_OK)
         {
-            return REDIS_ERR;
+            goto failed;
         }
     }
 
-    return ngx_http_idem_cmd_format(ac, cmd, i, argc - i,
-                                    ngx_http_idem_redis_reply);
+    if (ngx_http_idem_cmd_format(ac, cmd, i, argc - i,
+                                 ngx_http_idem_redis_reply)
+        == REDIS_OK)
+    {
+        return REDIS_OK;
+    }
+
+failed:
+
+    if (i == 0) {
+        return REDIS_ERR;
+    }
+
+    /*
+     * hiredis holds callbacks naming the command already: it must outlive
+     * them, so it counts as written, its timer answers "no reply", and it
+     * is never freed (an allocation failed inside hiredis: not seen yet)
+     */
+    ngx_log_error(NGX_LOG_ERR, cmd->redis->log, 0,
+                  "idempotency: a pipelined claim was written in part");
+
+    return REDIS_OK;
 }
 
 
