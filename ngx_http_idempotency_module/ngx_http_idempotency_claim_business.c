@@ -9,10 +9,11 @@
  * native (docs/business-keys.md, "The native claim"): SET NX PX GET of the
  * record, then of the unique key, the lock key and the h key, with
  * exactly the values claim.lua writes, pipelined in this order.  All
- * taken: claimed, as claim.lua would have answered.  None of the business keys taken: the
- * record's reply is the answer, as the native first look of a request
- * without them.  Otherwise claim.lua, which first deletes by a compare
- * what this attempt took ("undo"), then decides on the keys as they are.
+ * taken: claimed, as claim.lua would have answered.  None of the business
+ * keys taken: the record's reply is the answer, as the native first look
+ * of a request without them.  Otherwise claim.lua, which first deletes by
+ * a compare what this attempt took ("undo"), then decides on the keys as
+ * they are.
  */
 
 #include <ngx_config.h>
