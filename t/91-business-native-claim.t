@@ -147,6 +147,21 @@ my ($kx, $bgx) = ($t->key('holder'));
     is($t->redis('EXISTS', hkey($kb)), 0, '... no h key');
     is($t->effects(key => $kb), 0, '... and did not run');
 
+    # the holder's key again with a changed body naming another identity
+    # and another lock: a conflict; the holder's h key still names its lock,
+    # the keys the retry took are given back
+    my $hbefore = $t->redis('GET', hkey($kx));
+    like($hbefore // '', qr/\Q$L\E$/, 'the holder\'s h key names its lock');
+    my $changed = job($kx, 'ev-y', 'canary');
+    $t->is_problem($changed, 409, 'fingerprint-mismatch', key => $kx,
+                   name => 'the holder\'s key with a changed body');
+    is($t->redis('GET', hkey($kx)), $hbefore, '... the holder\'s h key is untouched');
+    is($t->redis('EXISTS', $t->lock_name('deploy:canary')), 0, '... the lock the retry took is given back');
+    is($t->redis('EXISTS', $t->unique_shared_name('jobs', 'jobs:ev-y')), 0, '... and its identity');
+    my $st = $t->http(GET => '/status', key => $kx);
+    like($st->{content} // '', qr/"lock":"\Q$L\E"/, '... the status still shows the holder\'s lock')
+        or diag($st->{content});
+
     # the same event under another key while the holder runs: in progress
     my $kc = $t->key('same-event');
     my $c = job($kc, 'ev-x', 'staging');
