@@ -779,6 +779,11 @@ ngx_http_idem_audit_lean(ngx_http_idem_audit_t *audit,
 }
 
 
+/* claimnew.lua is sent claim.lua's arguments: the two must name the same */
+typedef char  ngx_http_idem_claimnew_args_check[
+    (int) NGX_HTTP_IDEM_CLAIMNEW_NARGS == (int) NGX_HTTP_IDEM_CLAIM_NARGS
+    ? 1 : -1];
+
 /*
  * The claim of a key the first look found free, with the stream and no
  * unique or lock key: claimnew.lua, claim.lua's free-key case alone (the

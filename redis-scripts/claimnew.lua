@@ -8,7 +8,7 @@
 -- (ngx_http_idempotency_audit.c).
 --
 --: needs audit
---: args fp owner value ttl wait waited approved scope loc
+--: args fp owner value ttl wait waited approved scope loc undo
 --
 -- KEYS[1]  record key
 -- KEYS[2]  the stream
