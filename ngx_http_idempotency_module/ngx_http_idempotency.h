@@ -484,6 +484,10 @@ struct ngx_http_idem_ctx_s {
     unsigned                     reused:1;     /* another key's operation */
     unsigned                     business:1;   /* ukey, lkey, hkey set */
     unsigned                     lock_missing:1;  /* no lock value */
+    unsigned                     undo:1;  /* claim.lua gives back first */
+    /* the native claim: its record SET's reply, type and string */
+    int                          bkeys_look_type;
+    ngx_str_t                    bkeys_look;
     void                        *bkeys;   /* on a cluster (_bkeys.c) */
 
     /* idempotency_audit */

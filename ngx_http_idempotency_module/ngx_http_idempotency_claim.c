@@ -48,6 +48,9 @@ enum {
 
 static ngx_str_t  ngx_http_idem_set = ngx_string("SET");
 
+typedef char  ngx_http_idem_claim_set_nargs_check[
+    NGX_HTTP_IDEM_SET_NARGS == NGX_HTTP_IDEM_CLAIM_SET_NARGS ? 1 : -1];
+
 
 /* the parts, in the order they were added (once: a reload adds them again) */
 #define NGX_HTTP_IDEM_CLAIM_PARTS  8
@@ -137,16 +140,21 @@ ngx_http_idem_claim_value(u_char *p, ngx_http_idem_ctx_t *ctx)
 #define NGX_HTTP_IDEM_CLAIM_VALUE_MAX  (IDEM_HEAD_LEN + 3 * (2 + 2 * 19))
 
 
-static ngx_http_idem_cmd_t *
-ngx_http_idem_claim_set_cmd(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
+/*
+ * The first look's SET, followed by room for "more" arguments of "size"
+ * bytes (a part's commands, pipelined after it)
+ */
+ngx_http_idem_cmd_t *
+ngx_http_idem_claim_set_more(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
+    ngx_uint_t more, size_t size)
 {
     u_char               *p;
     ngx_http_idem_cmd_t  *cmd;
 
     cmd = ngx_http_idem_cmd_native(ctx->conf->redis, &ngx_http_idem_set,
-                                   NGX_HTTP_IDEM_SET_NARGS, ctx->rkey,
+                                   NGX_HTTP_IDEM_SET_NARGS + more, ctx->rkey,
                                    NGX_HTTP_IDEM_CLAIM_VALUE_MAX
-                                   + NGX_INT64_LEN + 8,
+                                   + NGX_INT64_LEN + 8 + size,
                                    r->connection->log);
     if (cmd == NULL) {
         return NULL;
@@ -162,6 +170,21 @@ ngx_http_idem_claim_set_cmd(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
     ngx_http_idem_cmd_set(cmd, NGX_HTTP_IDEM_SET_GET, "GET", 3);
 
     return cmd;
+}
+
+
+static ngx_http_idem_cmd_t *
+ngx_http_idem_claim_set_cmd(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
+{
+    return ngx_http_idem_claim_set_more(r, ctx, 0, 0);
+}
+
+
+/* the TTL of the record this attempt writes, in ms */
+int64_t
+ngx_http_idem_claim_record_ttl(ngx_http_idem_ctx_t *ctx)
+{
+    return ngx_http_idem_claim_ttl(ctx);
 }
 
 
@@ -214,7 +237,8 @@ ngx_http_idem_claim_script_cmd(ngx_http_request_t *r,
                                              + 2 * NGX_HTTP_IDEM_TOKEN_HEX
                                              + NGX_HTTP_IDEM_CLAIM_VALUE_MAX
                                              + NGX_INT64_LEN + 2
-                                             + 2 * IDEM_RECORD_KEY_LEN);
+                                             + 2 * IDEM_RECORD_KEY_LEN
+                                             + 1 /* a part's flag */);
     if (cmd == NULL) {
         return NULL;
     }

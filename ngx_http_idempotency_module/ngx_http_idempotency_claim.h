@@ -95,4 +95,11 @@ ngx_http_idem_answer_e ngx_http_idem_claim_decode(ngx_http_request_t *r,
     ngx_http_idem_ctx_t *ctx, ngx_http_idem_cmd_t *cmd, redisReply *reply);
 ngx_uint_t ngx_http_idem_claim_native(ngx_http_idem_cmd_t *cmd);
 
+/* SET key value NX PX ttl GET: its arguments after the key */
+#define NGX_HTTP_IDEM_CLAIM_SET_NARGS  5
+
+ngx_http_idem_cmd_t *ngx_http_idem_claim_set_more(ngx_http_request_t *r,
+    ngx_http_idem_ctx_t *ctx, ngx_uint_t more, size_t size);
+int64_t ngx_http_idem_claim_record_ttl(ngx_http_idem_ctx_t *ctx);
+
 #endif /* NGX_HTTP_IDEMPOTENCY_CLAIM_H */

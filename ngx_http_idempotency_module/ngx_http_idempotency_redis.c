@@ -995,22 +995,19 @@ ngx_http_idem_cmd_skipped(ngx_http_idem_cmd_t *cmd, ngx_uint_t i)
 
 
 static int
-ngx_http_idem_cmd_write(redisAsyncContext *ac, ngx_http_idem_cmd_t *cmd)
+ngx_http_idem_cmd_format(redisAsyncContext *ac, ngx_http_idem_cmd_t *cmd,
+    ngx_uint_t from, ngx_uint_t argc, redisCallbackFn *fn)
 {
     u_char      stack[NGX_HTTP_IDEM_CMD_STACK], *buf, *p;
     size_t      len;
-    ngx_uint_t  i, n, argc;
+    ngx_uint_t  i, n;
     int         rc;
 
-    /*
-     * the audit file's entries ride along for the reply, unsent; so do
-     * the script's own arguments a lighter script does not read (skip)
-     */
-    argc = cmd->argc - cmd->hidden;
+    /* the script's own arguments a lighter script does not read: skip */
     len = sizeof("*\r\n") - 1 + NGX_SIZE_T_LEN;
     n = argc;
 
-    for (i = 0; i < argc; i++) {
+    for (i = from; i < from + argc; i++) {
         if (ngx_http_idem_cmd_skipped(cmd, i)) {
             n--;
             continue;
@@ -1026,7 +1023,7 @@ ngx_http_idem_cmd_write(redisAsyncContext *ac, ngx_http_idem_cmd_t *cmd)
 
     p = ngx_sprintf(buf, "*%ui\r\n", n);
 
-    for (i = 0; i < argc; i++) {
+    for (i = from; i < from + argc; i++) {
         if (ngx_http_idem_cmd_skipped(cmd, i)) {
             continue;
         }
@@ -1037,14 +1034,95 @@ ngx_http_idem_cmd_write(redisAsyncContext *ac, ngx_http_idem_cmd_t *cmd)
         *p++ = LF;
     }
 
-    rc = redisAsyncFormattedCommand(ac, ngx_http_idem_redis_reply, cmd,
-                                    (const char *) buf, p - buf);
+    rc = redisAsyncFormattedCommand(ac, fn, cmd, (const char *) buf, p - buf);
 
     if (buf != stack) {
         ngx_free(buf);
     }
 
     return rc;
+}
+
+
+/*
+ * A reply of a batch's command before its last: kept as the batch's
+ * (cmd->nil, cmd->got) and shown to its sender's hook while anyone is
+ * told; the last one's reply is the command's.  The callbacks of one link
+ * run in order and the last frees the command, so it is alive here.
+ */
+static void
+ngx_http_idem_redis_part(redisAsyncContext *ac, void *r, void *privdata)
+{
+    redisReply           *reply = r;
+    ngx_http_idem_cmd_t  *cmd = privdata;
+
+    if (reply) {
+        cmd->got |= (ngx_uint_t) 1 << cmd->part;
+        cmd->nil |= (ngx_uint_t) (reply->type == REDIS_REPLY_NIL)
+                    << cmd->part;
+    }
+
+    if (!cmd->told && cmd->part_handler) {
+        cmd->part_handler(cmd, cmd->part, reply);
+    }
+
+    cmd->part++;
+}
+
+
+/*
+ * A batch (cmd->batch arguments per command): its commands written one
+ * after the other, in one write, in this order; each gets its own reply
+ * (ngx_http_idem_redis_part), the last one's is the command's.
+ */
+static int
+ngx_http_idem_cmd_write(redisAsyncContext *ac, ngx_http_idem_cmd_t *cmd)
+{
+    ngx_uint_t  i, argc;
+
+    /* the audit file's entries ride along for the reply, unsent */
+    argc = cmd->argc - cmd->hidden;
+
+    if (cmd->batch == 0) {
+        return ngx_http_idem_cmd_format(ac, cmd, 0, argc,
+                                        ngx_http_idem_redis_reply);
+    }
+
+    cmd->part = 0;
+    cmd->got = 0;
+    cmd->nil = 0;
+
+    for (i = 0; i + cmd->batch < argc; i += cmd->batch) {
+        if (ngx_http_idem_cmd_format(ac, cmd, i, cmd->batch,
+                                     ngx_http_idem_redis_part)
+            != REDIS_OK)
+        {
+            goto failed;
+        }
+    }
+
+    if (ngx_http_idem_cmd_format(ac, cmd, i, argc - i,
+                                 ngx_http_idem_redis_reply)
+        == REDIS_OK)
+    {
+        return REDIS_OK;
+    }
+
+failed:
+
+    if (i == 0) {
+        return REDIS_ERR;
+    }
+
+    /*
+     * hiredis holds callbacks naming the command already: it must outlive
+     * them, so it counts as written, its timer answers "no reply", and it
+     * is never freed (an allocation failed inside hiredis: not seen yet)
+     */
+    ngx_log_error(NGX_LOG_ERR, cmd->redis->log, 0,
+                  "idempotency: a pipelined claim was written in part");
+
+    return REDIS_OK;
 }
 
 

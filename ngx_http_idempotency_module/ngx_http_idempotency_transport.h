@@ -201,6 +201,10 @@ struct ngx_http_idem_redis_s {
 typedef void (*ngx_http_idem_reply_pt)(ngx_http_idem_cmd_t *cmd,
     redisReply *reply);
 
+/* the reply of command i of a batch but its last (NULL: none came) */
+typedef void (*ngx_http_idem_part_pt)(ngx_http_idem_cmd_t *cmd, ngx_uint_t i,
+    redisReply *reply);
+
 /*
  * A command outlives the request that sent it (a reply may come after the
  * client has gone), so it is allocated outside any pool; whoever set
@@ -224,6 +228,12 @@ struct ngx_http_idem_cmd_s {
     ngx_uint_t                   arg0;      /* argv index of argument 0 */
     ngx_uint_t                   hidden;    /* the last ones, never sent */
     uint32_t                     skip;      /* own args not sent: bit i */
+    ngx_uint_t                   batch;     /* >0: commands of this many
+                                               arguments each, pipelined */
+    ngx_http_idem_part_pt        part_handler;  /* a batch's earlier replies */
+    ngx_uint_t                   part;      /* the next reply's command */
+    ngx_uint_t                   got;       /* bit i: command i answered */
+    ngx_uint_t                   nil;       /* bit i: ... with NIL */
     ngx_msec_t                   timeout;   /* 0: the server's timeout */
     ngx_uint_t                   redirects; /* MOVED and ASK followed */
     uint64_t                     sent;      /* us, for idempotency_metrics */

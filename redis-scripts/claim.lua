@@ -6,7 +6,7 @@
 --
 --: first claimfresh
 --: needs fields layout1 audit
---: args fp owner value ttl wait waited approved scope loc
+--: args fp owner value ttl wait waited approved scope loc undo
 --
 -- KEYS[1]  record key
 -- KEYS[2]  idempotency_unique: the unique key of the request's business
@@ -36,6 +36,11 @@
 -- loc      with an identity: the location's tag, kept with the identity
 --          so that only a request of the holder's location is given the
 --          holder's answer (idempotency_unique shared=)
+-- undo     "1" after the module's native claim (SET ... NX GET of the
+--          record, then of each business key, pipelined) did not take them
+--          all: what it took, each key still holding exactly what this
+--          attempt wrote there, is deleted first (claimfresh.lua), then
+--          the claim is decided on the keys as they are
 --
 -- Replies: {"claimed"} | {"claimed", op[, approver]}: a proposal claimed,
 --            its operation id (and, with the approval it recorded, the

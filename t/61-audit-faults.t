@@ -106,12 +106,12 @@ sub events { [ map { $_->{event} } grep { $_->{key} eq $_[0] } @{ $t->audit_entr
     my $fname = $t->record_name($free);
     my $claim = $t->encode_record({ %$rec, op => 'a' x 32, owner => 'b' x 32 });
     my $r = $t->redis('EVAL', $t->script_text('claim'), 6, $fname, '', '', '', 'idem:f', 'idem:f:head',
-                      $rec->{fp}, 'b' x 32, $claim, 60000, '0', '', '0', '', '',
+                      $rec->{fp}, 'b' x 32, $claim, 60000, '0', '', '0', '', '', '',
                       'claim', $seq + 7, "$seq:$head", $now, @entry);
     is(ref $r && $r->[0], 'audit-head', 'claim.lua of a free key on a stale head: audit-head');
     ok(!defined $t->redis('GET', $fname), '... and the key is still free');
     $r = $t->redis('EVAL', $t->script_text('claim'), 6, $fname, '', '', '', 'idem:f', 'idem:f:head',
-                   $rec->{fp}, 'b' x 32, $claim, 60000, '0', '', '0', '', '', '-', $seq + 1, "$seq:$head", $now);
+                   $rec->{fp}, 'b' x 32, $claim, 60000, '0', '', '0', '', '', '', '-', $seq + 1, "$seq:$head", $now);
     is(ref $r && "$r->[0] $r->[2]", 'audit-decide claim', 'claim.lua asked to decide: it would claim');
     ok(!defined $t->redis('GET', $fname), '... and wrote nothing');
     is(xlen(), $n, 'the stream is as it was');
