@@ -113,8 +113,9 @@ ngx_http_idem_claim_fill(ngx_http_idem_ctx_t *ctx, idem_value_t *v)
 }
 
 
-static int64_t
-ngx_http_idem_claim_ttl(ngx_http_idem_ctx_t *ctx)
+/* the TTL of the record this attempt writes, in ms */
+int64_t
+ngx_http_idem_claim_record_ttl(ngx_http_idem_ctx_t *ctx)
 {
     idem_value_t  v;
 
@@ -166,25 +167,10 @@ ngx_http_idem_claim_set_more(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
     ngx_http_idem_cmd_set(cmd, NGX_HTTP_IDEM_SET_NX, "NX", 2);
     ngx_http_idem_cmd_set(cmd, NGX_HTTP_IDEM_SET_PX, "PX", 2);
     ngx_http_idem_cmd_set_num(cmd, NGX_HTTP_IDEM_SET_TTL,
-                              ngx_http_idem_claim_ttl(ctx));
+                              ngx_http_idem_claim_record_ttl(ctx));
     ngx_http_idem_cmd_set(cmd, NGX_HTTP_IDEM_SET_GET, "GET", 3);
 
     return cmd;
-}
-
-
-static ngx_http_idem_cmd_t *
-ngx_http_idem_claim_set_cmd(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
-{
-    return ngx_http_idem_claim_set_more(r, ctx, 0, 0);
-}
-
-
-/* the TTL of the record this attempt writes, in ms */
-int64_t
-ngx_http_idem_claim_record_ttl(ngx_http_idem_ctx_t *ctx)
-{
-    return ngx_http_idem_claim_ttl(ctx);
 }
 
 
@@ -251,7 +237,7 @@ ngx_http_idem_claim_script_cmd(ngx_http_request_t *r,
     ngx_http_idem_cmd_end(cmd, NGX_HTTP_IDEM_CLAIM_VALUE,
                           ngx_http_idem_claim_value(p, ctx));
     ngx_http_idem_cmd_set_num(cmd, NGX_HTTP_IDEM_CLAIM_TTL,
-                              ngx_http_idem_claim_ttl(ctx));
+                              ngx_http_idem_claim_record_ttl(ctx));
     ngx_http_idem_cmd_set(cmd, NGX_HTTP_IDEM_CLAIM_WAIT,
                           lcf->wait ? "1" : "0", 1);
     ngx_http_idem_cmd_set(cmd, NGX_HTTP_IDEM_CLAIM_WAITED, ctx->waited_op,
@@ -294,7 +280,7 @@ ngx_http_idem_claim_look(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx)
     }
 
     return ctx->waiting ? ngx_http_idem_claim_script_cmd(r, ctx)
-                        : ngx_http_idem_claim_set_cmd(r, ctx);
+                        : ngx_http_idem_claim_set_more(r, ctx, 0, 0);
 }
 
 
@@ -763,7 +749,8 @@ ngx_http_idem_claim_unreplicated(ngx_http_request_t *r,
         ngx_log_error(NGX_LOG_WARN, r->connection->log, 0,
                       "idempotency: no WAIT answer for the claim of key "
                       "\"%V\" (the redis connection failed or changed); "
-                      "it is released and answered 503", ngx_http_idem_log_key(ctx));
+                      "it is released and answered 503",
+                      ngx_http_idem_log_key(ctx));
     } else {
         ngx_log_error(NGX_LOG_WARN, r->connection->log, 0,
                       "idempotency: the claim of key \"%V\" reached %i of "
