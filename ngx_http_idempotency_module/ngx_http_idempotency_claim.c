@@ -141,10 +141,7 @@ ngx_http_idem_claim_value(u_char *p, ngx_http_idem_ctx_t *ctx)
 #define NGX_HTTP_IDEM_CLAIM_VALUE_MAX  (IDEM_HEAD_LEN + 3 * (2 + 2 * 19))
 
 
-/*
- * The first look's SET, followed by room for "more" arguments of "size"
- * bytes (a part's commands, pipelined after it)
- */
+/* the first look's SET, and room for a part's commands pipelined after it */
 ngx_http_idem_cmd_t *
 ngx_http_idem_claim_set_more(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
     ngx_uint_t more, size_t size)
@@ -618,6 +615,10 @@ ngx_http_idem_claim_made(ngx_http_idem_cmd_t *cmd, redisReply *reply)
     idem_rv_t     el[IDEM_CLAIM_ELEMS];
     idem_claim_t  c;
 
+    if (cmd->batch) {       /* the record's SET; no reply: its part's */
+        return reply != NULL && (cmd->nil & 1);
+    }
+
     if (cmd->script != NGX_HTTP_IDEM_SCRIPT_CLAIM
         && !ngx_http_idem_claim_native(cmd))
     {
@@ -875,6 +876,8 @@ ngx_http_idem_claim_done(ngx_http_idem_cmd_t *cmd, redisReply *reply)
             return;
         }
 
+        /* what a native batch took, which claim.lua was to undo */
+        ngx_http_idem_claim_orphan(cmd, reply);
         ctx->answer = NGX_HTTP_IDEM_ANS_STORE_DOWN;
     }
 
