@@ -211,9 +211,17 @@ sub dep { my ($k, $env, @h) = @_; $t->http_bg(POST => '/deploy', key => $k, json
     rename $FULL, "$FULL.1" or die;
     symlink '/dev/full', $FULL or die;
     kill 'USR1', $t->nginx_pid;
-    my $k = $t->key('full');
-    my @req = (json => { source_event_id => "f-$$" }, headers => [ 'X-Env' => "f-$$" ]);
-    ok($t->wait_for(sub { $r = $t->http(POST => '/full', key => $k, @req); $r->{status} != 201 }, 10), 'H: the file fails');
+    # the workers reopen the file when their loop next turns: a request
+    # before that still goes to the old file and runs, so each try is a new
+    # action (key, event, environment), and the one refused is checked
+    my ($k, @req);
+    my $try = 0;
+    ok($t->wait_for(sub {
+        $try++;
+        $k = $t->key("full-$try");
+        @req = (json => { source_event_id => "f-$$-$try" }, headers => [ 'X-Env' => "f-$$-$try" ]);
+        $r = $t->http(POST => '/full', key => $k, @req);
+        $r->{status} != 201 }, 10), 'H: the file fails');
     is($r->{status} . ' ' . $t->ptype($r), '503 audit-unavailable', 'H: 503 audit-unavailable');
     is($t->effects(key => $k), 0, 'H: nothing ran');
     unlink $FULL;
