@@ -1276,6 +1276,21 @@ ngx_http_idem_audit_ctx_reply(ngx_http_idem_cmd_t *cmd, redisReply **reply,
 }
 
 
+/* the time of entries that go to the file alone: now */
+static void
+ngx_http_idem_audit_stamp(idem_audit_entry_t *e, ngx_uint_t n)
+{
+    ngx_uint_t  i;
+    int64_t     now;
+
+    now = ngx_http_idem_now_ms();
+
+    for (i = 0; i < n; i++) {
+        e[i].time = now;
+    }
+}
+
+
 /*
  * Entries Redis has nothing to do with when the file is the only device
  * (an answer that changes no record, a native claim made): they go to the
@@ -1286,18 +1301,11 @@ ngx_int_t
 ngx_http_idem_audit_direct(ngx_http_idem_audit_t *audit, idem_audit_entry_t *e,
     ngx_uint_t n, ngx_log_t *log)
 {
-    ngx_uint_t  i;
-    int64_t     now;
-
     if (audit->on_stream || audit->file == NULL) {
         return NGX_DECLINED;
     }
 
-    now = ngx_http_idem_now_ms();
-
-    for (i = 0; i < n; i++) {
-        e[i].time = now;
-    }
+    ngx_http_idem_audit_stamp(e, n);
 
     return ngx_http_idem_audit_file_append(audit->file, e, n, log);
 }
@@ -1313,14 +1321,7 @@ ngx_http_idem_audit_direct_wait(ngx_http_idem_audit_t *audit,
     idem_audit_entry_t *e, ngx_uint_t n, ngx_http_idem_audit_wait_t *w,
     ngx_log_t *log)
 {
-    ngx_uint_t  i;
-    int64_t     now;
-
-    now = ngx_http_idem_now_ms();
-
-    for (i = 0; i < n; i++) {
-        e[i].time = now;
-    }
+    ngx_http_idem_audit_stamp(e, n);
 
     return ngx_http_idem_audit_file_wait(audit->file, e, n, w, log);
 }
