@@ -108,7 +108,11 @@ typedef struct {
 
 #define IDEM_AUDIT_V2          '\x02'
 #define IDEM_AUDIT_DIGEST_LEN  32      /* a version-2 "h": the raw digest */
-#define IDEM_AUDIT_BATCH_MAX   4       /* events of one version-2 entry */
+/*
+ * events of one version-2 entry: a step has at most 4; the completions of
+ * one turn of a worker (at most 16, two events each) share one
+ */
+#define IDEM_AUDIT_BATCH_MAX   32
 #define IDEM_AUDIT_MASK_BITS   11
 
 /* the events of one stream entry, either version, decoded */

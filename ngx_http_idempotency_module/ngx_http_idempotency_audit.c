@@ -37,6 +37,11 @@
 /* events of one command at most: one stream entry (idem_audit.h) */
 #define NGX_HTTP_IDEM_AUDIT_MAX      IDEM_AUDIT_BATCH_MAX
 
+/* completes.lua: two events a completion, one entry; no named args */
+typedef char ngx_http_idem_audit_batch_fits_t[
+    (NGX_HTTP_IDEM_AUDIT_BATCH * 2 <= IDEM_AUDIT_BATCH_MAX
+     && NGX_HTTP_IDEM_COMPLETES_NARGS == 0) ? 1 : -1];
+
 
 /* a worker's view of one stream */
 typedef struct {
@@ -767,8 +772,27 @@ static ngx_uint_t
 ngx_http_idem_audit_fenced(ngx_http_idem_script_e script)
 {
     return script == NGX_HTTP_IDEM_SCRIPT_COMPLETE
+           || script == NGX_HTTP_IDEM_SCRIPT_COMPLETES
            || script == NGX_HTTP_IDEM_SCRIPT_RELEASE
            || script == NGX_HTTP_IDEM_SCRIPT_FAIL;
+}
+
+
+/*
+ * A completion with the stream as the only device waits for the end of
+ * the event loop's turn, when the turn's completions go to Redis in one
+ * completes.lua and one entry (ngx_http_idempotency_close_batch.c): a
+ * script call, the audit's arguments, a head check and an XADD per first
+ * write were most of what the stream cost Redis (bench/RESULTS.md).  Its
+ * entry is hashed on a head of its own here, and on the stream's then.
+ */
+static ngx_uint_t
+ngx_http_idem_audit_batched(ngx_http_idem_audit_t *audit,
+    ngx_http_idem_script_e script, ngx_uint_t nentries)
+{
+    return script == NGX_HTTP_IDEM_SCRIPT_COMPLETE && audit->on_stream
+           && audit->file == NULL && nentries != 0
+           && nentries <= IDEM_AUDIT_BATCH_MAX / NGX_HTTP_IDEM_AUDIT_BATCH;
 }
 
 
@@ -851,6 +875,40 @@ ngx_http_idem_audit_claimed(void)
 }
 
 
+/*
+ * The audit arguments of a new command; a completion that waits for its
+ * turn's others is hashed on a head of its own (audit_batched()), the
+ * stream's prediction left as it is.
+ */
+static ngx_int_t
+ngx_http_idem_audit_write_first(ngx_http_idem_cmd_t *cmd,
+    ngx_http_idem_audit_meta_t *meta, ngx_str_t *expect,
+    idem_audit_entry_t *e, ngx_uint_t n)
+{
+    u_char                      *start;
+    ngx_http_idem_audit_head_t   own, *real;
+
+    real = meta->head;
+
+    if (!ngx_http_idem_audit_batched(real->audit, cmd->script, n)) {
+        return ngx_http_idem_audit_write(cmd, meta, expect, e, n);
+    }
+
+    start = cmd->pos;
+    own = *real;
+    meta->head = &own;
+
+    if (ngx_http_idem_audit_write(cmd, meta, expect, e, n) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
+    meta->head = real;
+    ngx_memcpy(start, meta, sizeof(ngx_http_idem_audit_meta_t));
+
+    return NGX_OK;
+}
+
+
 ngx_http_idem_cmd_t *
 ngx_http_idem_audit_cmd(ngx_http_idem_audit_t *audit,
     ngx_http_idem_script_e script, const u_char *key, u_char **keys,
@@ -902,7 +960,9 @@ ngx_http_idem_audit_cmd(ngx_http_idem_audit_t *audit,
     /* the script's own arguments go after the room kept for these */
     start = cmd->pos;
 
-    if (ngx_http_idem_audit_write(cmd, &meta, expect, e, nentries) != NGX_OK) {
+    if (ngx_http_idem_audit_write_first(cmd, &meta, expect, e, nentries)
+        != NGX_OK)
+    {
         ngx_free(cmd);
         return NULL;
     }
@@ -940,7 +1000,7 @@ ngx_http_idem_audit_at(ngx_http_idem_cmd_t *cmd)
 {
     ngx_uint_t  at;
 
-    if (cmd->script == NGX_HTTP_IDEM_NSCRIPTS) {
+    if (cmd->script == NGX_HTTP_IDEM_NSCRIPTS || cmd->batched) {
         return NGX_ERROR;
     }
 
@@ -1077,16 +1137,151 @@ ngx_http_idem_audit_lost(redisReply *reply, ngx_http_idem_audit_meta_t *meta)
 }
 
 
-/* the same entries, hashed anew on the head predicted now, sent again */
-static ngx_int_t
-ngx_http_idem_audit_again(ngx_http_idem_cmd_t *cmd, ngx_uint_t at,
-    ngx_http_idem_audit_meta_t *meta, ngx_http_idem_cmd_t **next)
+/* a copy of the command, its entries hashed anew on the head predicted now */
+static ngx_http_idem_cmd_t *
+ngx_http_idem_audit_rewrite(ngx_http_idem_cmd_t *cmd, ngx_uint_t at,
+    ngx_http_idem_audit_meta_t *meta)
 {
     u_char               *start;
     ngx_str_t             expect;
     ngx_uint_t            n;
     ngx_http_idem_cmd_t  *copy;
     idem_audit_entry_t    e[NGX_HTTP_IDEM_AUDIT_MAX];
+
+    n = ngx_http_idem_audit_entries(cmd, e, NGX_HTTP_IDEM_AUDIT_MAX);
+
+    copy = ngx_http_idem_cmd_copy(cmd);
+    if (copy == NULL) {
+        return NULL;
+    }
+
+    expect = ngx_http_idem_cmd_get(cmd, at + NGX_HTTP_IDEM_AUDIT_EXPECT);
+
+    start = (u_char *) copy->argv[copy->arg0 + at + NGX_HTTP_IDEM_AUDIT_EXPECT]
+            - sizeof(ngx_http_idem_audit_meta_t);
+    copy->pos = start;
+
+    if (ngx_http_idem_audit_write(copy, meta, &expect, e, n) != NGX_OK) {
+        ngx_free(copy);
+        return NULL;
+    }
+
+    copy->pos = start + meta->room;
+
+    return copy;
+}
+
+
+/*
+ * Each waiting completion's events, in order, into e; their strings point
+ * into the commands and into ev (one decoding per command: the hex of
+ * its digests is kept there).
+ */
+static ngx_uint_t
+ngx_http_idem_audit_gather(ngx_http_idem_cmd_t **m, ngx_uint_t n,
+    idem_audit_entry_t *e, size_t *size)
+{
+    ngx_str_t   enc;
+    ngx_uint_t  i, k, ne, at;
+
+    static idem_audit_events_t  ev[NGX_HTTP_IDEM_AUDIT_BATCH];
+
+    ne = 0;
+    *size = 0;
+
+    for (i = 0; i < n; i++) {
+        at = m[i]->redis->scripts[m[i]->script].nargs;
+        enc = ngx_http_idem_cmd_get(m[i], at + NGX_HTTP_IDEM_AUDIT_ENTRIES + 1);
+
+        if (idem_audit_events_decode((char *) enc.data, enc.len, &ev[i]) != 0
+            || ne + ev[i].n > NGX_HTTP_IDEM_AUDIT_MAX)
+        {
+            return 0;
+        }
+
+        for (k = 0; k < ev[i].n; k++) {
+            e[ne++] = ev[i].e[k];
+        }
+
+        for (k = 0; k < NGX_HTTP_IDEM_COMPLETE_NARGS; k++) {
+            *size += ngx_http_idem_cmd_get(m[i], k).len;
+        }
+    }
+
+    return ne;
+}
+
+
+/* completes.lua: the records, the stream, its head; the entry; each's args */
+static ngx_http_idem_cmd_t *
+ngx_http_idem_audit_completes(ngx_http_idem_cmd_t **m, ngx_uint_t n,
+    ngx_http_idem_audit_meta_t *meta)
+{
+    u_char                 *start, *keys[NGX_HTTP_IDEM_AUDIT_BATCH + 1];
+    u_char                  rk[NGX_HTTP_IDEM_AUDIT_BATCH][IDEM_RECORD_KEY_LEN + 1];
+    size_t                  size;
+    ngx_str_t               expect = ngx_null_string, arg;
+    ngx_uint_t              i, k, ne;
+    ngx_http_idem_cmd_t    *cmd;
+    ngx_http_idem_audit_t  *audit;
+    idem_audit_entry_t      e[NGX_HTTP_IDEM_AUDIT_MAX];
+
+    ne = ngx_http_idem_audit_gather(m, n, e, &size);
+    if (ne == 0) {
+        return NULL;
+    }
+
+    audit = meta->head->audit;
+
+    for (i = 1; i < n; i++) {
+        ngx_memcpy(rk[i], m[i]->key, IDEM_RECORD_KEY_LEN);
+        rk[i][IDEM_RECORD_KEY_LEN] = '\0';
+        keys[i - 1] = rk[i];
+    }
+
+    keys[n - 1] = audit->stream.data;
+    keys[n] = audit->head_key.data;
+    meta->room = ngx_http_idem_audit_room(audit, &expect, e, ne);
+
+    cmd = ngx_http_idem_cmd_create_more(m[0]->redis,
+                                        NGX_HTTP_IDEM_SCRIPT_COMPLETES,
+                                        m[0]->key, keys, n + 1,
+                                        NGX_HTTP_IDEM_AUDIT_ENTRIES + 2
+                                        + NGX_HTTP_IDEM_COMPLETE_NARGS * n,
+                                        size + meta->room, m[0]->redis->log);
+    if (cmd == NULL) {
+        return NULL;
+    }
+
+    start = cmd->pos;
+
+    if (ngx_http_idem_audit_write(cmd, meta, &expect, e, ne) != NGX_OK) {
+        ngx_free(cmd);
+        return NULL;
+    }
+
+    cmd->pos = start + meta->room;
+    cmd->durable = 1;
+
+    for (i = 0; i < n; i++) {
+        for (k = 0; k < NGX_HTTP_IDEM_COMPLETE_NARGS; k++) {
+            arg = ngx_http_idem_cmd_get(m[i], k);
+            ngx_http_idem_cmd_set(cmd, NGX_HTTP_IDEM_AUDIT_ENTRIES + 2
+                                       + NGX_HTTP_IDEM_COMPLETE_NARGS * i + k,
+                                  arg.data, arg.len);
+        }
+    }
+
+    return cmd;
+}
+
+
+/* the same entries, hashed anew on the head predicted now, sent again */
+static ngx_int_t
+ngx_http_idem_audit_again(ngx_http_idem_cmd_t *cmd, ngx_uint_t at,
+    ngx_http_idem_audit_meta_t *meta, ngx_http_idem_cmd_t **next)
+{
+    ngx_http_idem_cmd_t  *copy;
 
     if (++meta->tries > NGX_HTTP_IDEM_AUDIT_TRIES) {
         ngx_log_error(NGX_LOG_ERR, cmd->redis->log, 0,
@@ -1098,25 +1293,10 @@ ngx_http_idem_audit_again(ngx_http_idem_cmd_t *cmd, ngx_uint_t at,
         return NGX_ERROR;
     }
 
-    n = ngx_http_idem_audit_entries(cmd, e, NGX_HTTP_IDEM_AUDIT_MAX);
-
-    copy = ngx_http_idem_cmd_copy(cmd);
+    copy = ngx_http_idem_audit_rewrite(cmd, at, meta);
     if (copy == NULL) {
         return NGX_ERROR;
     }
-
-    expect = ngx_http_idem_cmd_get(cmd, at + NGX_HTTP_IDEM_AUDIT_EXPECT);
-
-    start = (u_char *) copy->argv[copy->arg0 + at + NGX_HTTP_IDEM_AUDIT_EXPECT]
-            - sizeof(ngx_http_idem_audit_meta_t);
-    copy->pos = start;
-
-    if (ngx_http_idem_audit_write(copy, meta, &expect, e, n) != NGX_OK) {
-        ngx_free(copy);
-        return NGX_ERROR;
-    }
-
-    copy->pos = start + meta->room;
 
     if (ngx_http_idem_cmd_send(copy, cmd->handler, cmd->data) == NGX_ERROR) {
         return NGX_ERROR;
@@ -1362,6 +1542,55 @@ ngx_http_idem_audit_to_file(ngx_http_idem_cmd_t *cmd,
     }
 
     return NGX_ABORT;
+}
+
+
+/* a completion that waits for the end of the turn (audit_batched()) */
+ngx_uint_t
+ngx_http_idem_audit_deferred(ngx_http_idem_cmd_t *cmd)
+{
+    ngx_int_t                   at;
+    ngx_http_idem_audit_meta_t  meta;
+
+    at = ngx_http_idem_audit_at(cmd);
+
+    if (at == NGX_ERROR
+        || cmd->argc != cmd->arg0 + at + NGX_HTTP_IDEM_AUDIT_ENTRIES + 2)
+    {
+        return 0;
+    }
+
+    ngx_http_idem_audit_meta(cmd, at, &meta);
+
+    return ngx_http_idem_audit_batched(meta.head->audit, cmd->script, 1);
+}
+
+
+/*
+ * The waiting completions m[0..n) of one stream, ready to send: one
+ * (n == 1) as a copy of its complete.lua hashed on the head predicted
+ * now, more as one completes.lua whose entry carries the events of all,
+ * in order.  NULL when there is no memory.
+ */
+ngx_http_idem_cmd_t *
+ngx_http_idem_audit_batch(ngx_http_idem_cmd_t **m, ngx_uint_t n)
+{
+    ngx_int_t                   at;
+    ngx_http_idem_audit_meta_t  meta;
+
+    at = ngx_http_idem_audit_at(m[0]);
+    if (at == NGX_ERROR || n == 0 || n > NGX_HTTP_IDEM_AUDIT_BATCH) {
+        return NULL;
+    }
+
+    ngx_http_idem_audit_meta(m[0], at, &meta);
+    meta.tries = 0;
+
+    if (n == 1) {
+        return ngx_http_idem_audit_rewrite(m[0], at, &meta);
+    }
+
+    return ngx_http_idem_audit_completes(m, n, &meta);
 }
 
 

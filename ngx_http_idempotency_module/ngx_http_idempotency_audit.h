@@ -11,6 +11,10 @@
 #include "ngx_http_idempotency.h"
 
 
+/* completions of one turn sent in one completes.lua at most */
+#define NGX_HTTP_IDEM_AUDIT_BATCH  16
+
+
 char *ngx_http_idem_audit_stream_conf(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 char *ngx_http_idem_audit_key_conf(ngx_conf_t *cf, ngx_command_t *cmd,
@@ -41,6 +45,9 @@ ngx_int_t ngx_http_idem_audit_ctx_reply(ngx_http_idem_cmd_t *cmd,
 ngx_uint_t ngx_http_idem_audit_entries(ngx_http_idem_cmd_t *cmd,
     idem_audit_entry_t *e, ngx_uint_t max);
 ngx_http_idem_audit_t *ngx_http_idem_audit_of(ngx_http_idem_cmd_t *cmd);
+ngx_uint_t ngx_http_idem_audit_deferred(ngx_http_idem_cmd_t *cmd);
+ngx_http_idem_cmd_t *ngx_http_idem_audit_batch(ngx_http_idem_cmd_t **m,
+    ngx_uint_t n);
 ngx_int_t ngx_http_idem_audit_direct(ngx_http_idem_audit_t *audit,
     idem_audit_entry_t *e, ngx_uint_t n, ngx_log_t *log);
 ngx_int_t ngx_http_idem_audit_direct_wait(ngx_http_idem_audit_t *audit,

@@ -16,6 +16,7 @@
 #include <ngx_core.h>
 #include "ngx_http_idempotency.h"
 #include "ngx_http_idempotency_close.h"
+#include "ngx_http_idempotency_close_batch.h"
 #include "ngx_http_idempotency_audit.h"
 #include "ngx_http_idempotency_business.h"
 #include "ngx_http_idempotency_command.h"
@@ -594,7 +595,7 @@ ngx_http_idem_finish(ngx_http_request_t *r, ngx_http_idem_ctx_t *ctx,
     }
 
     rc = (cmd == NULL) ? NGX_ERROR
-                       : ngx_http_idem_cmd_send(cmd, ngx_http_idem_closed, ack);
+                       : ngx_http_idem_close_send(cmd, ngx_http_idem_closed, ack);
 
     if (rc != NGX_ERROR && end == NGX_HTTP_IDEM_END_COMPLETE) {
         ngx_http_idem_metrics_stored(ctx->headers.len

@@ -87,7 +87,10 @@ ngx_http_idem_cmd_create_more(ngx_http_idem_redis_t *rd,
     ngx_uint_t            i;
     ngx_http_idem_cmd_t  *cmd;
 
-    static const char    *numkeys[] = { "1", "2", "3", "4", "5", "6" };
+    /* 18: the records of a batch of completions, the stream, its head */
+    static const char    *numkeys[] = { "1", "2", "3", "4", "5", "6", "7",
+                                        "8", "9", "10", "11", "12", "13",
+                                        "14", "15", "16", "17", "18" };
 
     if (n >= sizeof(numkeys) / sizeof(numkeys[0])) {
         return NULL;
@@ -111,7 +114,7 @@ ngx_http_idem_cmd_create_more(ngx_http_idem_redis_t *rd,
     cmd->argv[1] = (const char *) rd->scripts[script].sha1;
     cmd->argvlen[1] = NGX_HTTP_IDEM_SHA1_HEX;
     cmd->argv[2] = numkeys[n];
-    cmd->argvlen[2] = 1;
+    cmd->argvlen[2] = ngx_strlen(numkeys[n]);
     cmd->argv[3] = (const char *) cmd->key;
     cmd->argvlen[3] = IDEM_RECORD_KEY_LEN;
 

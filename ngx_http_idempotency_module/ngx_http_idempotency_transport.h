@@ -244,6 +244,8 @@ struct ngx_http_idem_cmd_s {
     unsigned                     held:1;    /* waited for locate */
     unsigned                     pinned:1;  /* goes on "link" only */
     unsigned                     asking:1;  /* ASK: after ASKING */
+    unsigned                     batched:1; /* its change went in a batch:
+                                               its audit part is unused */
 };
 
 
