@@ -723,7 +723,7 @@ ngx_http_idem_audit_file_put(ngx_http_idem_audit_file_t *f,
     {
         /* nothing of it stays: the head and "torn" are as they were */
         ngx_log_error(NGX_LOG_ALERT, log, 0,
-                      "idempotency: write() of %ui audit lines to \"%V\" "
+                      "idempotency: write() of %ui audit entries to \"%V\" "
                       "cut short (%z of %z bytes), undone", n, &f->path,
                       w, (ssize_t) (p - start));
         return NGX_ERROR;
@@ -747,7 +747,7 @@ ngx_http_idem_audit_file_put(ngx_http_idem_audit_file_t *f,
     }
 
     ngx_log_error(NGX_LOG_ALERT, log, w == -1 ? ngx_errno : 0,
-                  "idempotency: write() of %ui audit lines to \"%V\" "
+                  "idempotency: write() of %ui audit entries to \"%V\" "
                   "failed (%z of %z bytes written)", n - done, &f->path,
                   w, (ssize_t) (p - start));
 
