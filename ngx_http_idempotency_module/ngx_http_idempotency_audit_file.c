@@ -60,9 +60,9 @@ typedef struct {
     idem_audit_entry_t           e[NGX_HTTP_IDEM_AUDIT_BATCH];
     ngx_uint_t                   n;
     u_char                       steps[NGX_HTTP_IDEM_AUDIT_BATCH];
-    ngx_uint_t                   nsteps;    /* calls they came with: each
-                                               its step's line, steps[i]
-                                               events */
+    ngx_uint_t                   nsteps;    /* the calls they came with,
+                                               one a step: its line has
+                                               steps[i] of the events */
     ngx_queue_t                  pending;   /* waiting for the write */
     ngx_queue_t                  decided;   /* written, or failed */
     size_t                       used;      /* of arena */
