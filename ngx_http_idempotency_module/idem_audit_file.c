@@ -832,9 +832,9 @@ idem_audit_file_events(cJSON *f[M_N], const idem_audit_entry_t *top,
 
     n = cJSON_GetArraySize(f[M_EVENTS]);
 
-    if (n < 1 || n > IDEM_AUDIT_BATCH_MAX) {
+    if (n < 1 || n > IDEM_AUDIT_FILE_EVENTS) {
         return idem_audit_file_why(why, len, "\"events\" has %d events, not "
-                                   "1 to %d", n, IDEM_AUDIT_BATCH_MAX);
+                                   "1 to %d", n, IDEM_AUDIT_FILE_EVENTS);
     }
 
     ev->n = 0;

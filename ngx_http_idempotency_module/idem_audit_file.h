@@ -29,6 +29,16 @@
 #define IDEM_AUDIT_FILE_VERSION  2
 
 /*
+ * The events of one line: a step's, at most 4 (a stream entry may carry
+ * more, the completions of a turn together; a line never does)
+ */
+#define IDEM_AUDIT_FILE_EVENTS   4
+
+#if (IDEM_AUDIT_BATCH_MAX < IDEM_AUDIT_FILE_EVENTS)
+#error "a line's events are read into idem_audit_events_t"
+#endif
+
+/*
  * The most the line of the events e[0..n) takes (seq, times and prev at
  * their longest): a byte of a field is at most 6 in JSON (\u00XX).
  */
@@ -36,7 +46,7 @@ size_t idem_audit_file_line_max(const idem_audit_entry_t *e, size_t n);
 
 /*
  * Writes the line of the events e[0..n) of one step (1 <= n <=
- * IDEM_AUDIT_BATCH_MAX; with e[0].seq and e[0].prev, 64 hex) at p and its
+ * IDEM_AUDIT_FILE_EVENTS; with e[0].seq and e[0].prev, 64 hex) at p and its
  * hash into hash; returns the end, or NULL when hashing fails.  A byte of
  * a field that is not UTF-8 is written as the character U+00XX of its
  * value.

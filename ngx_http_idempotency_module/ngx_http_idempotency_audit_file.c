@@ -1057,7 +1057,7 @@ ngx_http_idem_audit_file_room(ngx_http_idem_audit_file_t *f,
     ngx_http_idem_audit_batch_t  *b;
 
     b = ngx_http_idem_audit_file_batch(f, log);
-    if (b == NULL || n > 4) {
+    if (b == NULL || n > IDEM_AUDIT_FILE_EVENTS) {
         return NULL;
     }
 
