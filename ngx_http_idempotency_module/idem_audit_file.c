@@ -4,6 +4,7 @@
  */
 
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,27 +21,101 @@
 #include "idem_text.h"
 
 
-/* the members in RFC 8785 order (all ASCII), "hash" apart */
+/*
+ * The ten fields of a request an event carries, by their members' names
+ * in RFC 8785 order (all ASCII); "status", a number or null, last.
+ */
 enum {
-    F_APPROVER = 0, F_EVENT, F_FP, F_IDENTITY, F_KEY, F_OP, F_PREV, F_REF,
-    F_REQUEST, F_RESPONSE, F_ROUTE, F_SEQ, F_STATUS, F_TIME, F_V, F_HASH,
-    F_N
+    R_APPROVER = 0, R_FP, R_IDENTITY, R_KEY, R_OP, R_REF, R_REQUEST,
+    R_RESPONSE, R_ROUTE, R_STATUS, R_N
 };
 
-static const char  *idem_audit_file_names[F_N] = {
-    "approver", "event", "fingerprint", "identity", "key", "operation_id",
-    "prev", "ref", "request_id", "response_sha256", "route", "seq",
-    "status", "time", "v", "hash"
+typedef struct {
+    const char  *name;
+    size_t       len;
+    size_t       off;       /* of its idem_str_t in idem_audit_entry_t */
+    size_t       hex;       /* a digest: "" or lowercase hex this long */
+} idem_audit_file_field_t;
+
+#define idem_audit_file_def(name, member, hex)                               \
+    { name, sizeof(name) - 1, offsetof(idem_audit_entry_t, member), hex }
+
+static const idem_audit_file_field_t  idem_audit_file_fields[R_STATUS] = {
+    idem_audit_file_def("approver", approver, 0),
+    idem_audit_file_def("fingerprint", fp, IDEM_FP_LEN),
+    idem_audit_file_def("identity", identity, 0),
+    idem_audit_file_def("key", key, 0),
+    idem_audit_file_def("operation_id", op, IDEM_TOKEN_LEN),
+    idem_audit_file_def("ref", ref, 0),
+    idem_audit_file_def("request_id", request, IDEM_TOKEN_LEN),
+    idem_audit_file_def("response_sha256", response, IDEM_AUDIT_HASH_LEN),
+    idem_audit_file_def("route", route, 0)
 };
+
+#define idem_audit_file_cs(e, i)                                             \
+    ((const idem_str_t *) ((const char *) (e)                                \
+                           + idem_audit_file_fields[i].off))
+
+#define idem_audit_file_s(e, i)                                              \
+    ((idem_str_t *) ((char *) (e) + idem_audit_file_fields[i].off))
+
+
+/*
+ * A line's members in RFC 8785 order, "hash" apart, of both versions:
+ * version 1 has "event" and "time", version 2 "events" instead.
+ */
+enum {
+    M_APPROVER = 0, M_EVENT, M_EVENTS, M_FP, M_IDENTITY, M_KEY, M_OP,
+    M_PREV, M_REF, M_REQUEST, M_RESPONSE, M_ROUTE, M_SEQ, M_STATUS, M_TIME,
+    M_V, M_HASH, M_N
+};
+
+static const char  *idem_audit_file_names[M_N] = {
+    "approver", "event", "events", "fingerprint", "identity", "key",
+    "operation_id", "prev", "ref", "request_id", "response_sha256", "route",
+    "seq", "status", "time", "v", "hash"
+};
+
+/* the versions (bit 1 << v) that have the member */
+static const unsigned char  idem_audit_file_in[M_N] = {
+    6, 2, 4, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 2, 6, 6
+};
+
+/* the request's field a member is (R_*), or -1 */
+static const signed char  idem_audit_file_field_of[M_N] = {
+    R_APPROVER, -1, -1, R_FP, R_IDENTITY, R_KEY, R_OP, -1, R_REF, R_REQUEST,
+    R_RESPONSE, R_ROUTE, -1, R_STATUS, -1, -1, -1
+};
+
+
+static size_t
+idem_audit_file_strings(const idem_audit_entry_t *e)
+{
+    int     i;
+    size_t  n;
+
+    for (n = 0, i = 0; i < R_STATUS; i++) {
+        n += idem_audit_file_cs(e, i)->len;
+    }
+
+    return n;
+}
 
 
 size_t
-idem_audit_file_line_max(const idem_audit_entry_t *e)
+idem_audit_file_line_max(const idem_audit_entry_t *e, size_t n)
 {
-    return 400 + 2 * IDEM_AUDIT_HASH_LEN
-           + 6 * (e->approver.len + e->identity.len + e->key.len
-                  + e->ref.len + e->route.len + e->op.len + e->fp.len
-                  + e->request.len + e->response.len);
+    size_t  i, max;
+
+    /* the line's own members; each event's names, numbers and strings */
+    max = 400 + 2 * IDEM_AUDIT_HASH_LEN
+          + 6 * idem_audit_file_strings(&e[n - 1]);
+
+    for (i = 0; i < n; i++) {
+        max += 300 + 6 * idem_audit_file_strings(&e[i]);
+    }
+
+    return max;
 }
 
 
@@ -159,30 +234,35 @@ idem_audit_file_num(char *p, uint64_t n)
     idem_audit_file_str(p, name, sizeof(name) - 1, s)
 
 
-/* the canonical form without "hash" at p; returns its end */
-static char *
-idem_audit_file_body(char *p, const idem_audit_entry_t *e)
+static int
+idem_audit_file_same(const idem_audit_entry_t *a, const idem_audit_entry_t *b,
+    int i)
 {
-    idem_str_t  ev;
+    const idem_str_t  *x, *y;
 
-    ev.data = idem_audit_event_name(e->event);
-    ev.len = strlen(ev.data);
+    if (i == R_STATUS) {
+        return a->status == b->status;
+    }
 
-    *p++ = '{';
-    p = idem_audit_file_field(p, "approver", &e->approver);
-    p = idem_audit_file_field(p, "event", &ev);
-    p = idem_audit_file_field(p, "fingerprint", &e->fp);
-    p = idem_audit_file_field(p, "identity", &e->identity);
-    p = idem_audit_file_field(p, "key", &e->key);
-    p = idem_audit_file_field(p, "operation_id", &e->op);
-    p = idem_audit_file_field(p, "prev", &e->prev);
-    p = idem_audit_file_field(p, "ref", &e->ref);
-    p = idem_audit_file_field(p, "request_id", &e->request);
-    p = idem_audit_file_field(p, "response_sha256", &e->response);
-    p = idem_audit_file_field(p, "route", &e->route);
-    p = idem_audit_file_put(p, "\"seq\":");
-    p = idem_audit_file_num(p, e->seq);
-    p = idem_audit_file_put(p, ",\"status\":");
+    x = idem_audit_file_cs(a, i);
+    y = idem_audit_file_cs(b, i);
+
+    return x->len == y->len
+           && (x->len == 0 || memcmp(x->data, y->data, x->len) == 0);
+}
+
+
+/* field i of e as a member, with its comma */
+static char *
+idem_audit_file_put_field(char *p, const idem_audit_entry_t *e, int i)
+{
+    if (i != R_STATUS) {
+        return idem_audit_file_str(p, idem_audit_file_fields[i].name,
+                                   idem_audit_file_fields[i].len,
+                                   idem_audit_file_cs(e, i));
+    }
+
+    p = idem_audit_file_put(p, "\"status\":");
 
     if (e->status) {
         p = idem_audit_file_num(p, (uint64_t) e->status);
@@ -190,11 +270,86 @@ idem_audit_file_body(char *p, const idem_audit_entry_t *e)
         p = idem_audit_file_put(p, "null");
     }
 
-    p = idem_audit_file_put(p, ",\"time\":");
-    p = idem_audit_file_num(p, (uint64_t) e->time);
-    p = idem_audit_file_put(p, ",\"v\":1}");
+    *p++ = ',';
 
     return p;
+}
+
+
+/* an event of the line: its name, time and the fields not the line's */
+static char *
+idem_audit_file_event(char *p, const idem_audit_entry_t *ev,
+    const idem_audit_entry_t *top)
+{
+    int         i;
+    idem_str_t  name;
+
+    *p++ = '{';
+
+    if (!idem_audit_file_same(ev, top, R_APPROVER)) {
+        p = idem_audit_file_put_field(p, ev, R_APPROVER);
+    }
+
+    name.data = idem_audit_event_name(ev->event);
+    name.len = strlen(name.data);
+    p = idem_audit_file_field(p, "event", &name);
+
+    for (i = R_FP; i < R_N; i++) {
+        if (!idem_audit_file_same(ev, top, i)) {
+            p = idem_audit_file_put_field(p, ev, i);
+        }
+    }
+
+    p = idem_audit_file_put(p, "\"time\":");
+    p = idem_audit_file_num(p, (uint64_t) ev->time);
+    *p++ = '}';
+
+    return p;
+}
+
+
+/*
+ * The canonical form without "hash" of the line of e[0..n) at p (the
+ * request's fields the last event's, e[0]'s seq and prev); its end.
+ */
+static char *
+idem_audit_file_body(char *p, const idem_audit_entry_t *e, size_t n)
+{
+    int                        f;
+    size_t                     i;
+    const idem_audit_entry_t  *top;
+
+    top = &e[n - 1];
+
+    *p++ = '{';
+    p = idem_audit_file_put_field(p, top, R_APPROVER);
+    p = idem_audit_file_put(p, "\"events\":[");
+
+    for (i = 0; i < n; i++) {
+        p = idem_audit_file_event(p, &e[i], top);
+        *p++ = ',';
+    }
+
+    p[-1] = ']';
+    *p++ = ',';
+
+    for (f = R_FP; f <= R_OP; f++) {
+        p = idem_audit_file_put_field(p, top, f);
+    }
+
+    p = idem_audit_file_field(p, "prev", &e[0].prev);
+
+    for (f = R_REF; f < R_N; f++) {
+        if (f == R_STATUS) {
+            p = idem_audit_file_put(p, "\"seq\":");
+            p = idem_audit_file_num(p, e[0].seq);
+            *p++ = ',';
+        }
+
+        p = idem_audit_file_put_field(p, top, f);
+    }
+
+    return idem_audit_file_put(p, "\"v\":2}");
 }
 
 
@@ -212,14 +367,14 @@ idem_audit_file_end(char *p, const char hash[IDEM_AUDIT_HASH_LEN + 1])
 
 
 char *
-idem_audit_file_line(char *p, const idem_audit_entry_t *e,
+idem_audit_file_line(char *p, const idem_audit_entry_t *e, size_t n,
     const unsigned char *key, size_t key_len,
     char hash[IDEM_AUDIT_HASH_LEN + 1])
 {
     char  *start;
 
     start = p;
-    p = idem_audit_file_body(p, e);
+    p = idem_audit_file_body(p, e, n);
 
     if (idem_audit_hash(start, p - start, key, key_len, hash) != 0) {
         return NULL;
@@ -230,13 +385,13 @@ idem_audit_file_line(char *p, const idem_audit_entry_t *e,
 
 
 char *
-idem_audit_file_line_h(char *p, const idem_audit_entry_t *e,
+idem_audit_file_line_h(char *p, const idem_audit_entry_t *e, size_t n,
     idem_audit_file_hasher_t *h, char hash[IDEM_AUDIT_HASH_LEN + 1])
 {
     char  *start;
 
     start = p;
-    p = idem_audit_file_body(p, e);
+    p = idem_audit_file_body(p, e, n);
 
     if (idem_audit_file_hash(h, start, p - start, hash) != 0) {
         return NULL;
@@ -390,7 +545,7 @@ idem_audit_file_member(const char *name)
 {
     int  i;
 
-    for (i = 0; i < F_N; i++) {
+    for (i = 0; i < M_N; i++) {
         if (strcmp(idem_audit_file_names[i], name) == 0) {
             return i;
         }
@@ -430,14 +585,67 @@ idem_audit_file_set(idem_str_t *s, cJSON *m)
 }
 
 
-/* the members, each once, of the right type */
 static int
-idem_audit_file_members(cJSON *o, cJSON *f[F_N], char *why, size_t len)
+idem_audit_file_hex(const idem_str_t *s, size_t len, int empty)
 {
-    int     i;
-    cJSON  *m;
+    return (empty && s->len == 0)
+           || (s->len == len && idem_is_hex(s->data, s->len));
+}
 
-    memset(f, 0, F_N * sizeof(cJSON *));
+
+/* field i of e from member m: a string (a digest as hex), or the status */
+static int
+idem_audit_file_value(cJSON *m, int i, idem_audit_entry_t *e, char *why,
+    size_t len)
+{
+    uint64_t     n;
+    idem_str_t  *s;
+
+    if (i == R_STATUS) {
+        if (cJSON_IsNull(m)) {
+            e->status = 0;
+            return 0;
+        }
+
+        if (idem_audit_file_int(m, 100, &n) != 0 || n > 999) {
+            return idem_audit_file_why(why, len, "\"status\" is neither "
+                                       "null nor a status");
+        }
+
+        e->status = (int) n;
+        return 0;
+    }
+
+    if (!cJSON_IsString(m)) {
+        return idem_audit_file_why(why, len, "\"%s\" is not a string",
+                                   idem_audit_file_fields[i].name);
+    }
+
+    s = idem_audit_file_s(e, i);
+    idem_audit_file_set(s, m);
+
+    if (idem_audit_file_fields[i].hex
+        && !idem_audit_file_hex(s, idem_audit_file_fields[i].hex, 1))
+    {
+        return idem_audit_file_why(why, len, "a digest or id that is not "
+                                   "lowercase hex of its length: \"%s\"",
+                                   idem_audit_file_fields[i].name);
+    }
+
+    return 0;
+}
+
+
+/* the members, each once, and those of the line's version ("v") */
+static int
+idem_audit_file_members(cJSON *o, cJSON *f[M_N], int *version, char *why,
+    size_t len)
+{
+    int       i, in;
+    cJSON    *m;
+    uint64_t  v;
+
+    memset(f, 0, M_N * sizeof(cJSON *));
 
     for (m = o->child; m; m = m->next) {
         i = idem_audit_file_member(m->string);
@@ -454,16 +662,26 @@ idem_audit_file_members(cJSON *o, cJSON *f[F_N], char *why, size_t len)
         f[i] = m;
     }
 
-    for (i = 0; i < F_N; i++) {
-        if (f[i] == NULL) {
-            return idem_audit_file_why(why, len, "no \"%s\"",
-                                       idem_audit_file_names[i]);
+    if (f[M_V] == NULL || idem_audit_file_int(f[M_V], 1, &v) != 0
+        || v > IDEM_AUDIT_FILE_VERSION)
+    {
+        return idem_audit_file_why(why, len, "\"v\" is neither 1 nor %d",
+                                   IDEM_AUDIT_FILE_VERSION);
+    }
+
+    *version = (int) v;
+
+    for (i = 0; i < M_N; i++) {
+        in = idem_audit_file_in[i] & (1 << v);
+
+        if (f[i] && !in) {
+            return idem_audit_file_why(why, len, "a member the format does "
+                                       "not define in version %d: \"%s\"",
+                                       (int) v, idem_audit_file_names[i]);
         }
 
-        if (i != F_SEQ && i != F_STATUS && i != F_TIME && i != F_V
-            && !cJSON_IsString(f[i]))
-        {
-            return idem_audit_file_why(why, len, "\"%s\" is not a string",
+        if (f[i] == NULL && in) {
+            return idem_audit_file_why(why, len, "no \"%s\"",
                                        idem_audit_file_names[i]);
         }
     }
@@ -472,73 +690,170 @@ idem_audit_file_members(cJSON *o, cJSON *f[F_N], char *why, size_t len)
 }
 
 
+/* the line's request fields, seq and prev: version 2's last event's */
 static int
-idem_audit_file_hex(const idem_str_t *s, size_t len, int empty)
+idem_audit_file_top(cJSON *f[M_N], idem_audit_entry_t *top, char *why,
+    size_t len)
 {
-    return (empty && s->len == 0)
-           || (s->len == len && idem_is_hex(s->data, s->len));
+    int  i, r;
+
+    memset(top, 0, sizeof(idem_audit_entry_t));
+
+    for (i = 0; i < M_N; i++) {
+        r = idem_audit_file_field_of[i];
+
+        if (r >= 0 && idem_audit_file_value(f[i], r, top, why, len) != 0) {
+            return -1;
+        }
+    }
+
+    if (idem_audit_file_int(f[M_SEQ], 1, &top->seq) != 0) {
+        return idem_audit_file_why(why, len, "\"seq\" is not a whole number "
+                                   "from 1");
+    }
+
+    if (!cJSON_IsString(f[M_PREV])) {
+        return idem_audit_file_why(why, len, "\"prev\" is not a string");
+    }
+
+    idem_audit_file_set(&top->prev, f[M_PREV]);
+
+    if (!idem_audit_file_hex(&top->prev, IDEM_AUDIT_HASH_LEN, 0)) {
+        return idem_audit_file_why(why, len, "\"prev\" is not 64 lowercase "
+                                   "hex");
+    }
+
+    return 0;
 }
 
 
+/* an event's name and time */
 static int
-idem_audit_file_values(cJSON *f[F_N], idem_audit_entry_t *e, char *why,
-    size_t len)
+idem_audit_file_what(cJSON *name, cJSON *time, idem_audit_entry_t *e,
+    char *why, size_t len)
 {
     int       ev;
     uint64_t  n;
 
-    if (idem_audit_file_int(f[F_V], 0, &n) != 0
-        || n != IDEM_AUDIT_FILE_VERSION)
-    {
-        return idem_audit_file_why(why, len, "\"v\" is not %d",
-                                   IDEM_AUDIT_FILE_VERSION);
+    ev = -1;
+
+    if (cJSON_IsString(name)) {
+        ev = idem_audit_event_parse(name->valuestring,
+                                    strlen(name->valuestring));
     }
 
-    if (idem_audit_file_int(f[F_SEQ], 1, &e->seq) != 0
-        || idem_audit_file_int(f[F_TIME], 0, &n) != 0)
-    {
-        return idem_audit_file_why(why, len, "\"seq\" or \"time\" is not a "
-                                   "whole number");
-    }
-
-    e->time = (int64_t) n;
-
-    if (!cJSON_IsNull(f[F_STATUS])) {
-        if (idem_audit_file_int(f[F_STATUS], 100, &n) != 0 || n > 999) {
-            return idem_audit_file_why(why, len, "\"status\" is neither "
-                                       "null nor a status");
-        }
-
-        e->status = (int) n;
-    }
-
-    ev = idem_audit_event_parse(f[F_EVENT]->valuestring,
-                                strlen(f[F_EVENT]->valuestring));
     if (ev < 0) {
         return idem_audit_file_why(why, len, "\"event\" is not an event");
     }
 
+    if (idem_audit_file_int(time, 0, &n) != 0) {
+        return idem_audit_file_why(why, len, "\"time\" is not a whole "
+                                   "number");
+    }
+
     e->event = (idem_audit_event_e) ev;
+    e->time = (int64_t) n;
 
-    idem_audit_file_set(&e->approver, f[F_APPROVER]);
-    idem_audit_file_set(&e->fp, f[F_FP]);
-    idem_audit_file_set(&e->identity, f[F_IDENTITY]);
-    idem_audit_file_set(&e->key, f[F_KEY]);
-    idem_audit_file_set(&e->op, f[F_OP]);
-    idem_audit_file_set(&e->prev, f[F_PREV]);
-    idem_audit_file_set(&e->ref, f[F_REF]);
-    idem_audit_file_set(&e->request, f[F_REQUEST]);
-    idem_audit_file_set(&e->response, f[F_RESPONSE]);
-    idem_audit_file_set(&e->route, f[F_ROUTE]);
+    return 0;
+}
 
-    if (!idem_audit_file_hex(&e->prev, IDEM_AUDIT_HASH_LEN, 0)
-        || !idem_audit_file_hex(&e->op, IDEM_TOKEN_LEN, 1)
-        || !idem_audit_file_hex(&e->request, IDEM_TOKEN_LEN, 1)
-        || !idem_audit_file_hex(&e->fp, IDEM_FP_LEN, 1)
-        || !idem_audit_file_hex(&e->response, IDEM_AUDIT_HASH_LEN, 1))
-    {
-        return idem_audit_file_why(why, len, "a digest or id that is not "
-                                   "lowercase hex of its length");
+
+/*
+ * Event k (from 0) of a version-2 line: the line's fields but those it
+ * has, each of which must differ from the line's (one encoding per line).
+ */
+static int
+idem_audit_file_one(cJSON *o, size_t k, const idem_audit_entry_t *top,
+    idem_audit_entry_t *e, char *why, size_t len)
+{
+    int        i, r;
+    cJSON     *m, *at[M_N];
+
+    if (!cJSON_IsObject(o)) {
+        return idem_audit_file_why(why, len, "event %zu is not an object",
+                                   k + 1);
+    }
+
+    *e = *top;
+    memset(at, 0, sizeof(at));
+
+    for (m = o->child; m; m = m->next) {
+        i = idem_audit_file_member(m->string);
+        r = i < 0 ? -1 : idem_audit_file_field_of[i];
+
+        if (r < 0 && i != M_EVENT && i != M_TIME) {
+            return idem_audit_file_why(why, len, "event %zu: a member the "
+                                       "format does not define: \"%.64s\"",
+                                       k + 1, m->string);
+        }
+
+        if (at[i]) {
+            return idem_audit_file_why(why, len, "event %zu: \"%s\" twice",
+                                       k + 1, m->string);
+        }
+
+        at[i] = m;
+
+        if (r < 0) {
+            continue;       /* "event" and "time": read below */
+        }
+
+        if (idem_audit_file_value(m, r, e, why, len) != 0) {
+            return -1;
+        }
+
+        if (idem_audit_file_same(e, top, r)) {
+            return idem_audit_file_why(why, len, "event %zu: \"%s\" is the "
+                                       "line's (an event has only the fields "
+                                       "that differ)", k + 1, m->string);
+        }
+    }
+
+    if (at[M_EVENT] == NULL || at[M_TIME] == NULL) {
+        return idem_audit_file_why(why, len, "event %zu has no \"%s\"", k + 1,
+                                   at[M_EVENT] ? "time" : "event");
+    }
+
+    return idem_audit_file_what(at[M_EVENT], at[M_TIME], e, why, len);
+}
+
+
+/* the events of a version-2 line: 1 to 4, the last one the line's own */
+static int
+idem_audit_file_events(cJSON *f[M_N], const idem_audit_entry_t *top,
+    idem_audit_events_t *ev, char *why, size_t len)
+{
+    int     n;
+    cJSON  *m;
+
+    if (!cJSON_IsArray(f[M_EVENTS])) {
+        return idem_audit_file_why(why, len, "\"events\" is not an array");
+    }
+
+    n = cJSON_GetArraySize(f[M_EVENTS]);
+
+    if (n < 1 || n > IDEM_AUDIT_FILE_EVENTS) {
+        return idem_audit_file_why(why, len, "\"events\" has %d events, not "
+                                   "1 to %d", n, IDEM_AUDIT_FILE_EVENTS);
+    }
+
+    ev->n = 0;
+
+    cJSON_ArrayForEach(m, f[M_EVENTS]) {
+        if (idem_audit_file_one(m, ev->n, top, &ev->e[ev->n], why, len)
+            != 0)
+        {
+            return -1;
+        }
+
+        ev->e[ev->n].index = (unsigned) ev->n + 1;
+        ev->n++;
+    }
+
+    /* the line's fields are the last event's: it has no others */
+    if (cJSON_GetArraySize(cJSON_GetArrayItem(f[M_EVENTS], n - 1)) != 2) {
+        return idem_audit_file_why(why, len, "event %d has fields of its "
+                                   "own: the line's are the last event's", n);
     }
 
     return 0;
@@ -546,14 +861,18 @@ idem_audit_file_values(cJSON *f[F_N], idem_audit_entry_t *e, char *why,
 
 
 int
-idem_audit_file_parse(const char *line, size_t len, idem_audit_entry_t *e,
+idem_audit_file_parse(const char *line, size_t len, idem_audit_events_t *ev,
     char hash[IDEM_AUDIT_HASH_LEN + 1], void **tree, char *why,
     size_t why_len)
 {
-    cJSON       *o, *f[F_N];
-    idem_str_t   h;
+    int                  version, rc;
+    cJSON               *o, *f[M_N];
+    idem_str_t           h;
+    idem_audit_entry_t   top;
 
-    memset(e, 0, sizeof(idem_audit_entry_t));
+    ev->n = 0;
+    ev->version = 0;
+    version = 0;
 
     o = cJSON_ParseWithLength(line, len);
     *tree = o;
@@ -562,13 +881,30 @@ idem_audit_file_parse(const char *line, size_t len, idem_audit_entry_t *e,
         return idem_audit_file_why(why, why_len, "not a JSON object");
     }
 
-    if (idem_audit_file_members(o, f, why, why_len) != 0
-        || idem_audit_file_values(f, e, why, why_len) != 0)
+    if (idem_audit_file_members(o, f, &version, why, why_len) != 0
+        || idem_audit_file_top(f, &top, why, why_len) != 0)
     {
         return -1;
     }
 
-    idem_audit_file_set(&h, f[F_HASH]);
+    if (version == 1) {
+        ev->e[0] = top;
+        ev->n = 1;
+        rc = idem_audit_file_what(f[M_EVENT], f[M_TIME], &ev->e[0], why,
+                                  why_len);
+
+    } else {
+        rc = idem_audit_file_events(f, &top, ev, why, why_len);
+    }
+
+    if (rc != 0) {
+        return -1;
+    }
+
+    ev->version = version;
+
+    h.data = cJSON_IsString(f[M_HASH]) ? f[M_HASH]->valuestring : "";
+    h.len = strlen(h.data);
 
     if (!idem_audit_file_hex(&h, IDEM_AUDIT_HASH_LEN, 0)) {
         return idem_audit_file_why(why, why_len, "\"hash\" is not 64 "
@@ -717,9 +1053,9 @@ idem_audit_file_verify_next(idem_audit_file_verify_t *v, const char *line,
     char                 want[IDEM_AUDIT_HASH_LEN + 1];
     char                 plain[IDEM_AUDIT_HASH_LEN + 1];
     void                *tree;
-    idem_audit_entry_t   e;
+    idem_audit_events_t  ev;
 
-    rc = idem_audit_file_parse(line, len, &e, hash, &tree, why, sizeof(why));
+    rc = idem_audit_file_parse(line, len, &ev, hash, &tree, why, sizeof(why));
 
     if (rc != 0) {
         idem_audit_file_free(tree);
@@ -744,7 +1080,7 @@ idem_audit_file_verify_next(idem_audit_file_verify_t *v, const char *line,
                                  "idempotency_audit_key needs --key-file)");
 
     } else {
-        rc = idem_audit_file_place(v, &e);
+        rc = idem_audit_file_place(v, &ev.e[0]);
     }
 
     idem_audit_file_free(tree);
@@ -755,8 +1091,9 @@ idem_audit_file_verify_next(idem_audit_file_verify_t *v, const char *line,
 
     memcpy(v->before, v->hash, sizeof(v->before));
     memcpy(v->hash, hash, sizeof(v->hash));
-    v->seq = e.seq;
+    v->seq = ev.e[0].seq;
     v->count++;
+    v->events += ev.n;
 
     return 0;
 }

@@ -1,9 +1,13 @@
 /*
  * The audit file device (idempotency_audit file=PATH, docs/audit.md):
- * one JSON object per line, the fields of a stream entry (idem_audit.h)
- * under the names of idempotency-audit export, plus "seq", "prev" and
- * "hash".  "hash" is SHA-256 (or HMAC-SHA256 with the chain key) of the
- * line's RFC 8785 canonical form without "hash"; the writer emits that
+ * one JSON object per line, one line per step (version 2): "events", the
+ * step's events (1 to 4, each {"event", "time"} and those of the
+ * request's fields that are not the line's), the request's fields under
+ * the names of idempotency-audit export with the last event's values,
+ * plus "seq", "prev", "v" and "hash".  Version 1 (one line per event,
+ * "event" and "time" instead of "events") is still read.  "hash" is
+ * SHA-256 (or HMAC-SHA256 with the chain key) of the line's RFC 8785
+ * canonical form without "hash"; the writer emits that
  * canonical form itself and puts "hash" last, so the line is
  *
  *   <canonical object without hash, its closing brace left out>,"hash":"<64 hex>"}\n
@@ -21,21 +25,33 @@
 #include "idem_audit.h"
 
 
-/* the value of "v", the format's version */
-#define IDEM_AUDIT_FILE_VERSION  1
+/* the value of "v" the module writes; 1 is still read */
+#define IDEM_AUDIT_FILE_VERSION  2
 
 /*
- * The most a line of e takes (seq, time and prev at their longest): a
- * byte of a field is at most 6 in JSON (\u00XX).
+ * The events of one line: a step's, at most 4 (a stream entry may carry
+ * more, the completions of a turn together; a line never does)
  */
-size_t idem_audit_file_line_max(const idem_audit_entry_t *e);
+#define IDEM_AUDIT_FILE_EVENTS   4
+
+#if (IDEM_AUDIT_BATCH_MAX < IDEM_AUDIT_FILE_EVENTS)
+#error "a line's events are read into idem_audit_events_t"
+#endif
 
 /*
- * Writes e's line at p (with e->seq and e->prev, 64 hex) and its hash
- * into hash; returns the end, or NULL when hashing fails.  A byte of a
- * field that is not UTF-8 is written as the character U+00XX of its value.
+ * The most the line of the events e[0..n) takes (seq, times and prev at
+ * their longest): a byte of a field is at most 6 in JSON (\u00XX).
  */
-char *idem_audit_file_line(char *p, const idem_audit_entry_t *e,
+size_t idem_audit_file_line_max(const idem_audit_entry_t *e, size_t n);
+
+/*
+ * Writes the line of the events e[0..n) of one step (1 <= n <=
+ * IDEM_AUDIT_FILE_EVENTS; with e[0].seq and e[0].prev, 64 hex) at p and its
+ * hash into hash; returns the end, or NULL when hashing fails.  A byte of
+ * a field that is not UTF-8 is written as the character U+00XX of its
+ * value.
+ */
+char *idem_audit_file_line(char *p, const idem_audit_entry_t *e, size_t n,
     const unsigned char *key, size_t key_len,
     char hash[IDEM_AUDIT_HASH_LEN + 1]);
 
@@ -55,17 +71,20 @@ int idem_audit_file_hash(idem_audit_file_hasher_t *h, const char *p,
     size_t len, char hash[IDEM_AUDIT_HASH_LEN + 1]);
 
 /* idem_audit_file_line() with the hash of h: the same line */
-char *idem_audit_file_line_h(char *p, const idem_audit_entry_t *e,
+char *idem_audit_file_line_h(char *p, const idem_audit_entry_t *e, size_t n,
     idem_audit_file_hasher_t *h, char hash[IDEM_AUDIT_HASH_LEN + 1]);
 
 /*
- * A line read back: 0 with *e (strings pointing into the parsed tree
- * *tree, which the caller frees with idem_audit_file_free()) and its
- * hash; -1 with why when the line is not one the module writes (not
- * JSON, a member the format does not define, one missing, a bad value).
+ * A line of either version read back: 0 with its events in *ev (each
+ * with the line's seq and prev; index 1... in a version-2 line, 0 in a
+ * version-1 line; strings pointing into the parsed tree *tree, which the
+ * caller frees with idem_audit_file_free()) and its hash; -1 with why
+ * when the line is not one the module writes (not JSON, a member the
+ * format does not define, one missing, a bad value, an event's field
+ * equal to the line's).
  */
 int idem_audit_file_parse(const char *line, size_t len,
-    idem_audit_entry_t *e, char hash[IDEM_AUDIT_HASH_LEN + 1], void **tree,
+    idem_audit_events_t *ev, char hash[IDEM_AUDIT_HASH_LEN + 1], void **tree,
     char *why, size_t why_len);
 void idem_audit_file_free(void *tree);
 
@@ -77,7 +96,8 @@ typedef struct {
     int                   partial;    /* the first entry may follow one
                                          not given (older files gone) */
     uint64_t              seq;        /* of the last entry read, 0: none */
-    uint64_t              count;
+    uint64_t              count;      /* lines */
+    uint64_t              events;     /* their events */
     uint64_t              first;      /* seq of the first entry read */
     char                  hash[IDEM_AUDIT_HASH_LEN + 1];
     char                  before[IDEM_AUDIT_HASH_LEN + 1];

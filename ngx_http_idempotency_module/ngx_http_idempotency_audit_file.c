@@ -30,7 +30,10 @@
 /* the most of the file's end read at start-up to learn the head */
 #define NGX_HTTP_IDEM_AUDIT_TAIL   (256 * 1024)
 
-/* the most entries one write() carries, and their strings' room */
+/*
+ * The most events one write() carries (each step's in a line of its own,
+ * at most 4 a step), and their strings' room
+ */
 #define NGX_HTTP_IDEM_AUDIT_BATCH  64
 #define NGX_HTTP_IDEM_AUDIT_ARENA  (64 * 1024)
 
@@ -56,7 +59,10 @@ typedef struct {
 typedef struct {
     idem_audit_entry_t           e[NGX_HTTP_IDEM_AUDIT_BATCH];
     ngx_uint_t                   n;
-    ngx_uint_t                   appends;   /* calls they came with */
+    u_char                       steps[NGX_HTTP_IDEM_AUDIT_BATCH];
+    ngx_uint_t                   nsteps;    /* the calls they came with,
+                                               one a step: its line has
+                                               steps[i] of the events */
     ngx_queue_t                  pending;   /* waiting for the write */
     ngx_queue_t                  decided;   /* written, or failed */
     size_t                       used;      /* of arena */
@@ -338,7 +344,8 @@ ngx_http_idem_audit_file_last(ngx_http_idem_audit_file_t *f,
     u_char              *end, *start;
     char                 hash[IDEM_AUDIT_HASH_LEN + 1], why[200];
     void                *tree;
-    idem_audit_entry_t   e;
+
+    static idem_audit_events_t  ev;
 
     end = buf + n;
 
@@ -359,7 +366,8 @@ ngx_http_idem_audit_file_last(ngx_http_idem_audit_file_t *f,
         /* void */
     }
 
-    if (idem_audit_file_parse((char *) start, end - 1 - start, &e, hash,
+    /* a line of either version: an upgraded module goes on after it */
+    if (idem_audit_file_parse((char *) start, end - 1 - start, &ev, hash,
                               &tree, why, sizeof(why)) != 0)
     {
         idem_audit_file_free(tree);
@@ -371,7 +379,7 @@ ngx_http_idem_audit_file_last(ngx_http_idem_audit_file_t *f,
         return NGX_ERROR;
     }
 
-    sh->seq = e.seq;
+    sh->seq = ev.e[0].seq;
     ngx_memcpy(sh->hash, hash, IDEM_AUDIT_HASH_LEN);
     idem_audit_file_free(tree);
 
@@ -562,26 +570,32 @@ ngx_http_idem_audit_file_current(ngx_http_idem_audit_file_t *f,
 }
 
 
-/* the lines of e chained on the head, in buf; ends[i] after line i */
+/*
+ * The batch's lines chained on the head, one a step, at p; ends[i] after
+ * line i
+ */
 static u_char *
 ngx_http_idem_audit_file_lines(ngx_http_idem_audit_file_t *f,
-    ngx_http_idem_audit_file_sh_t *sh, idem_audit_entry_t *e, ngx_uint_t n,
+    ngx_http_idem_audit_file_sh_t *sh, ngx_http_idem_audit_batch_t *b,
     u_char *p, u_char **ends, u_char (*hashes)[IDEM_AUDIT_HASH_LEN + 1])
 {
-    ngx_uint_t       i;
-    const u_char    *prev;
+    ngx_uint_t           i, n;
+    const u_char        *prev;
+    idem_audit_entry_t  *e;
 
     prev = sh->hash;
+    e = b->e;
 
-    for (i = 0; i < n; i++) {
-        e[i].seq = sh->seq + i + 1;
-        e[i].prev.data = (const char *) prev;
-        e[i].prev.len = IDEM_AUDIT_HASH_LEN;
+    for (i = 0; i < b->nsteps; i++) {
+        n = b->steps[i];
+        e->seq = sh->seq + i + 1;
+        e->prev.data = (const char *) prev;
+        e->prev.len = IDEM_AUDIT_HASH_LEN;
 
         p = (u_char *) (f->hasher
-            ? idem_audit_file_line_h((char *) p, &e[i], f->hasher,
+            ? idem_audit_file_line_h((char *) p, e, n, f->hasher,
                                      (char *) hashes[i])
-            : idem_audit_file_line((char *) p, &e[i],
+            : idem_audit_file_line((char *) p, e, n,
                                    f->key ? f->key->secret : NULL,
                                    f->key ? f->key->secret_len : 0,
                                    (char *) hashes[i]));
@@ -591,6 +605,7 @@ ngx_http_idem_audit_file_lines(ngx_http_idem_audit_file_t *f,
 
         ends[i] = p;
         prev = hashes[i];
+        e += n;
     }
 
     return p;
@@ -673,13 +688,13 @@ ngx_http_idem_audit_file_undo(ngx_http_idem_audit_file_t *f, ssize_t w,
 /* under the mutex: NGX_OK when every line is in the file */
 static ngx_int_t
 ngx_http_idem_audit_file_put(ngx_http_idem_audit_file_t *f,
-    ngx_http_idem_audit_file_sh_t *sh, idem_audit_entry_t *e, ngx_uint_t n,
-    u_char *buf, ngx_log_t *log)
+    ngx_http_idem_audit_file_sh_t *sh, ngx_http_idem_audit_batch_t *b,
+    ngx_log_t *log)
 {
     u_char           *p, *start, *ends[NGX_HTTP_IDEM_AUDIT_BATCH];
     u_char            hashes[NGX_HTTP_IDEM_AUDIT_BATCH][IDEM_AUDIT_HASH_LEN + 1];
     ssize_t           w;
-    ngx_uint_t        i, done;
+    ngx_uint_t        i, n, done;
 
     if (ngx_http_idem_audit_file_current(f, sh, log) != NGX_OK) {
         ngx_log_error(NGX_LOG_ALERT, log, ngx_errno,
@@ -688,14 +703,15 @@ ngx_http_idem_audit_file_put(ngx_http_idem_audit_file_t *f,
         return NGX_ERROR;
     }
 
-    start = buf;
-    p = buf;
+    start = b->buf;
+    p = b->buf;
+    n = b->nsteps;
 
     if (sh->torn) {
         *p++ = '\n';
     }
 
-    p = ngx_http_idem_audit_file_lines(f, sh, e, n, p, ends, hashes);
+    p = ngx_http_idem_audit_file_lines(f, sh, b, p, ends, hashes);
     if (p == NULL) {
         return NGX_ERROR;
     }
@@ -814,7 +830,7 @@ ngx_http_idem_audit_file_add(ngx_http_idem_audit_batch_t *b,
         ngx_http_idem_audit_file_keep(b, &k->request);
     }
 
-    b->appends++;
+    b->steps[b->nsteps++] = (u_char) n;
 }
 
 
@@ -947,10 +963,11 @@ static ngx_int_t
 ngx_http_idem_audit_file_flush_batch(ngx_http_idem_audit_file_t *f,
     ngx_http_idem_audit_batch_t *b, ngx_log_t *log)
 {
-    u_char      *buf;
-    size_t       size;
-    ngx_int_t    rc;
-    ngx_uint_t   i;
+    u_char              *buf;
+    size_t               size;
+    ngx_int_t            rc;
+    ngx_uint_t           i;
+    idem_audit_entry_t  *e;
 
     if (b->ev.posted) {
         ngx_delete_posted_event(&b->ev);
@@ -963,8 +980,8 @@ ngx_http_idem_audit_file_flush_batch(ngx_http_idem_audit_file_t *f,
 
     size = 1;
 
-    for (i = 0; i < b->n; i++) {
-        size += idem_audit_file_line_max(&b->e[i]);
+    for (i = 0, e = b->e; i < b->nsteps; e += b->steps[i++]) {
+        size += idem_audit_file_line_max(e, b->steps[i]);
     }
 
     /* one buffer per process, grown when needed: no allocation per line */
@@ -981,16 +998,16 @@ ngx_http_idem_audit_file_flush_batch(ngx_http_idem_audit_file_t *f,
 
     if (size <= b->size) {
         ngx_shmtx_lock(&f->shpool->mutex);
-        rc = ngx_http_idem_audit_file_put(f, f->sh, b->e, b->n, b->buf, log);
+        rc = ngx_http_idem_audit_file_put(f, f->sh, b, log);
         ngx_shmtx_unlock(&f->shpool->mutex);
     }
 
-    for (i = 0; rc != NGX_OK && i < b->appends; i++) {
+    for (i = 0; rc != NGX_OK && i < b->nsteps; i++) {
         ngx_http_idem_metrics_audit_error();
     }
 
     b->n = 0;
-    b->appends = 0;
+    b->nsteps = 0;
     b->used = 0;
 
     ngx_http_idem_audit_file_decide(b, rc);
@@ -1040,7 +1057,7 @@ ngx_http_idem_audit_file_room(ngx_http_idem_audit_file_t *f,
     ngx_http_idem_audit_batch_t  *b;
 
     b = ngx_http_idem_audit_file_batch(f, log);
-    if (b == NULL || n > 4) {
+    if (b == NULL || n > IDEM_AUDIT_FILE_EVENTS) {
         return NULL;
     }
 

@@ -5,11 +5,18 @@
 # location (no stream: Redis appends nothing). For each operation the file
 # holds the same sequence of events as the stream, read back with
 # `idempotency-audit show --file`; the lines carry the stream's fields (the
-# same op, key, fingerprint, request id, response digest); `verify --file`
-# passes, with seq 1..N; the file's head is anchored in the error log every
+# same op, key, fingerprint, request id, response digest), one line per step
+# as one stream entry per step (format version 2: a first write is two
+# lines, the claim's "attempted sent" and the completion's "accepted
+# completed"); `verify --file` passes, with seq 1..N; the file's head is anchored in the error log every
 # anchor= entries; a restart continues the chain from the file's last line;
 # `nginx -t` refuses bad file=/fsync= values, and the stream with a cluster
-# while it accepts the file. Row 16 of issue 35: verify of a stream that is
+# while it accepts the file. An upgrade: a file of version-1 lines (one line
+# per event, as the module wrote before) goes on with version-2 lines
+# chained on its last line, and the mixed file verifies and shows. A
+# version-2 line with an event field equal to the line's, no event, five
+# events or a member the format does not define is refused by verify, the
+# line named. Row 16 of issue 35: verify of a stream that is
 # not there, or of an empty file, fails ("no entries") unless --allow-empty;
 # an entry with a field the encoding does not define fails, named.
 
@@ -73,6 +80,15 @@ for my $c (
     like($out, qr/"idempotency_audit" cannot be used with "idempotency_redis_cluster"/, 'the stream stays refused with a cluster');
 }
 
+# a file an older module wrote: two version-1 lines, a claim's attempted and sent
+my $V1 = "$P/v1.log";
+my %v1 = (approver => '', fingerprint => 'ab' x 32, identity => 'alice', key => 'k-v1-old',
+          operation_id => '0123456789abcdef0123456789abcdef', ref => '', request_id => 'fe' x 16,
+          response_sha256 => '', route => '/v1up', status => undef, time => 1733460000123, v => 1);
+my ($v1a, $v1h) = $t->audit_file_forge({ %v1, event => 'attempted', seq => 1, prev => '0' x 64 });
+my $v1b = $t->audit_file_forge({ %v1, event => 'sent', seq => 2, prev => $v1h });
+Idem::Test::_spew($V1, "$v1a\n$v1b\n");
+
 $t->start_stack(<<"EOF", workers => 1, log_format => 'rid=$request_id key="$idempotency_key" outcome=$idempotency_outcome');
 idempotency_metrics_zone idem 64k;
 server {
@@ -115,6 +131,12 @@ server {
         idempotency_audit file=$SOLO fsync=every;
         idempotency_audit_identity \$http_x_user;
         idempotency_audit_stream idem:solo anchor=4;
+        proxy_pass http://%%UPSTREAM%%;
+    }
+    location /v1up {
+        idempotency on;
+        idempotency_redis %%REDIS%%;
+        idempotency_audit file=$V1;
         proxy_pass http://%%UPSTREAM%%;
     }
     location = /admin {
@@ -221,25 +243,38 @@ same_story(op_of($ke), [qw(attempted sent attempted unknown resolved attempted r
 is($t->effects(key => $ke), 1, 'E: one effect');
 
 # ---- the file's lines: the stream's fields, a chain of its own
-my @lines = map { decode_json($_) } grep { /\S/ } split /\n/, Idem::Test::_slurp($FILE);
+my @lines = @{ $t->audit_file_lines($FILE) };
+my $fev = $t->audit_file_events($FILE);
 my $all = $t->audit_entries('idem:story');
-is(scalar @lines, scalar @$all, 'the file has as many entries as the stream (' . scalar(@lines) . ')');
+is(scalar @lines, scalar @{ $t->audit_stream('idem:story') },
+   'the file has as many lines as the stream has entries, one a step (' . scalar(@lines) . ')');
+is(scalar @$fev, scalar @$all, 'and as many events (' . scalar(@$fev) . ')');
 my @diff;
-for my $i (0 .. $#lines) {
-    my ($l, $s) = ($lines[$i], $all->[$i]);
+for my $i (0 .. $#$fev) {
+    my ($l, $s) = ($fev->[$i], $all->[$i]);
     my %want = (event => $s->{event}, operation_id => $s->{op}, key => $s->{key}, fingerprint => $s->{fp},
                 route => $s->{route}, identity => $s->{identity}, approver => $s->{approver},
                 response_sha256 => $s->{response}, ref => $s->{ref}, request_id => $s->{request},
-                status => $s->{status} eq '' ? undef : 0 + $s->{status});
+                status => $s->{status} eq '' ? undef : 0 + $s->{status}, index => $s->{index});
     for (sort keys %want) {
-        push @diff, "line $i $_" unless (defined $l->{$_} ? $l->{$_} : 'null') eq (defined $want{$_} ? $want{$_} : 'null');
+        push @diff, "event $i $_" unless (defined $l->{$_} ? $l->{$_} : 'null') eq (defined $want{$_} ? $want{$_} : 'null');
     }
 }
-is("@diff", '', 'each line holds the fields of the stream entry written in the same step, in the same order');
+is("@diff", '', 'each event holds the fields of the stream\'s, at the same place of a line as in its entry');
 is_deeply([ map { $_->{seq} } @lines ], [ 1 .. @lines ], 'the file\'s seq: 1..N');
 is_deeply([ sort keys %{ $lines[0] } ],
-          [ sort qw(approver event fingerprint hash identity key operation_id prev ref request_id
-                    response_sha256 route seq status time v) ], 'the members of a line (docs/audit.md)');
+          [ sort qw(approver events fingerprint hash identity key operation_id prev ref request_id
+                    response_sha256 route seq status v) ], 'the members of a line (docs/audit.md)');
+is_deeply([ map { $_->{v} } @lines ], [ (2) x @lines ], 'every line is version 2');
+my @extra = grep { my $o = $_; grep { my $e = $_; grep { exists $e->{$_} && ($e->{$_} // '') eq ($o->{$_} // '') }
+                                      @Idem::Test::AUDIT_FILE_FIELDS } @{ $o->{events} } } @lines;
+is(scalar @extra, 0, 'no event repeats a field of its line');
+is_deeply([ map { join ',', sort keys %{ $_->{events}[-1] } } @lines ], [ ('event,time') x @lines ],
+          'the last event of each line is its name and time: the line\'s fields are its');
+my $ka_op = op_of($ka);
+is_deeply([ map { join ' ', map { $_->{event} } @{ $_->{events} } } grep { $_->{operation_id} eq $ka_op } @lines ],
+          [ 'attempted sent', 'accepted completed', 'attempted replayed', 'attempted conflict' ],
+          'A: a first write is two lines, the claim\'s and the completion\'s; a replay and a conflict one each');
 
 # the chain, computed here from docs/audit.md: canonical form without "hash"
 my $prev = '0' x 64;
@@ -308,20 +343,25 @@ is_deeply(events($out), [qw(attempted sent accepted completed attempted replayed
 ($rc, $out) = $t->audit_tool('--file', $SOLO, 'show', $kd2);
 is_deeply(events($out), [qw(attempted sent accepted released)], 'solo: and the released attempt');
 is($t->redis('EXISTS', 'idem:solo'), 0, 'solo: no stream in Redis');
+is_deeply([ map { join ' ', map { $_->{event} } @{ $_->{events} } } grep { $_->{key} eq $ks } @{ $t->audit_file_lines($SOLO) } ],
+          [ 'attempted sent', 'accepted completed', 'attempted replayed', 'attempted conflict' ],
+          'solo: the first write is exactly two lines (its claim, its completion), the replay and the conflict one each');
 is($t->effects(key => $ks), 1, 'solo: one effect');
 ($rc, $out, $err) = $t->audit_tool('verify', $SOLO);
 is($rc, 0, 'solo: verify FILE (a file after the command)') or diag("$out$err");
+my $nsolo = @{ $t->audit_file_lines($SOLO) };
 @anchors = $t->error_log =~ /audit file "\Q$SOLO\E" head (\d+) /g;
-is("@anchors", '4 8 12 16 20 24 28', 'solo: the head anchored every 4 entries (anchor=4)');
-($rc, $out) = $t->audit_tool('export', '--file', $SOLO, '--from', 27);
-is(scalar(() = $out =~ /\n/g), 2, 'export --file --from 27: the last two lines');
-like($out, qr/^\{"approver":"","event":"attempted".*"seq":27,/, 'export --file prints the lines as they are');
+is("@anchors", join(' ', grep { $_ % 4 == 0 } 1 .. $nsolo), "solo: the head anchored every 4 entries (anchor=4) of $nsolo");
+($rc, $out) = $t->audit_tool('export', '--file', $SOLO, '--from', $nsolo - 1);
+is(scalar(() = $out =~ /\n/g), 2, 'export --file --from N-1: the last two lines');
+like($out, qr/^\{"approver":"","events":\[\{"event":"accepted".*"seq":${\($nsolo - 1)},.*\n
+                \{"approver":"","events":\[\{"event":"attempted".*\{"event":"replayed".*"seq":$nsolo,/x,
+     'export --file prints the lines as they are (the last: the completion, then the waiter\'s replay)');
 
 # $request_id made by the module from its reserve of random bytes (docs/audit.md,
 # "The request id"): what the access log prints, one id per request
 my %rid_file;
-for (grep { /\S/ } split /\n/, Idem::Test::_slurp($SOLO)) {
-    my $o = decode_json($_);
+for my $o (@{ $t->audit_file_events($SOLO) }) {
     $rid_file{ $o->{request_id} } = 1 if $o->{key} eq $ks;
 }
 my %rid_log = map { /^rid=([0-9a-f]{32}) key="\Q$ks\E"/ ? ($1 => 1) : () } $t->access_log;
@@ -341,6 +381,24 @@ ok($t->wait_for(sub { ($t->audit_tool('show', $kr, '--file', "$P/rep.log"))[1] =
 ($rc, $out) = $t->audit_tool('show', $kr, '--file', "$P/rep.log");
 is_deeply(events($out), [qw(attempted sent released)], 'solo WAIT: attempted, sent, released');
 
+# ---- an upgrade: the version-1 file goes on in version 2
+my $kv = $t->key('v1up');
+$r = $t->http(POST => '/v1up', key => $kv, json => { v => 1 });
+is($r->{status}, 201, 'upgrade: a first write on a file of version-1 lines');
+ok($t->wait_state($kv, '', 'completed'), 'upgrade: recorded');
+my $vl = $t->audit_file_lines($V1);
+is_deeply([ map { "$_->{seq}:$_->{v}" } @$vl ], [ '1:1', '2:1', '3:2', '4:2' ],
+          'upgrade: two version-2 lines (claim, completion) after the two version-1 lines');
+is($vl->[2]{prev}, $vl->[1]{hash}, 'upgrade: the first version-2 line is chained on the last version-1 line');
+($rc, $out, $err) = $t->audit_tool('verify', '--file', $V1);
+is($rc, 0, 'upgrade: verify --file of the mixed file: intact') or diag("$out$err");
+like($err, qr/^4 entries \(1 to 4, 6 events\)/m, 'upgrade: 4 lines, 6 events') or diag($err);
+($rc, $out) = $t->audit_tool('show', 'k-v1-old', '--file', $V1);
+like($out, qr/^1 \S+ attempted .*\n2 \S+ sent /, 'upgrade: show names a version-1 line\'s event by its line') or diag($out);
+($rc, $out) = $t->audit_tool('show', $kv, '--file', $V1);
+like($out, qr/^3\.1 \S+ attempted .*\n3\.2 \S+ sent .*\n4\.1 \S+ accepted .*\n4\.2 \S+ completed /,
+     'upgrade: and a version-2 line\'s events by line and place') or diag($out);
+
 # ---- a restart: the chain goes on from the file's last line
 my $m = $t->http(GET => '/metrics');
 like($m->{content}, qr/^idempotency_audit_errors_total\{device="file"\} 0$/m, 'no audit error counted');
@@ -351,7 +409,7 @@ is($r->{status}, 201, 'after a restart: a first write');
 ok($t->wait_state($k2, $SCOPE, 'completed'), 'after a restart: recorded');
 ($rc, $out, $err) = $t->audit_tool('verify', '--file', $SOLO);
 is($rc, 0, 'after a restart: verify --file still intact (the chain went on)') or diag("$out$err");
-like($out, qr/^32 [0-9a-f]{64}$/, 'after a restart: entries 29..32 follow 28');
+like($out, qr/^${\($nsolo + 2)} [0-9a-f]{64}$/, "after a restart: the first write's 2 lines follow entry $nsolo");
 
 # ---- issue 35 row 16: nothing to verify is no proof
 ($rc, $out) = $t->audit_tool('--stream', 'idem:typo', 'verify');
@@ -378,6 +436,43 @@ Idem::Test::_spew("$P/extra.log", "$extra\n");
 is($rc, 1, 'a line with a member the format does not define: exit 1');
 like($out, qr/^\Q$P\E\/extra.log:1: modified: not an entry the module writes: a member the format does not define: "note"/m,
      'named, with the member') or diag($out);
+
+# version 2's own rules, each on the third line of a copy of the solo file
+# (re-hashed, so that only the rule can refuse it)
+my @solo = @{ $t->audit_file_lines($SOLO) };
+for my $c (
+    [ 'an event with a field equal to the line\'s', sub { $_[0]{events}[0]{key} = $_[0]{key} },
+      qr/event 1: "key" is the line's/ ],
+    [ 'the last event with a field of its own', sub { $_[0]{events}[-1]{route} = '/elsewhere' },
+      qr/event \d has fields of its own/ ],
+    [ 'no event', sub { $_[0]{events} = [] }, qr/"events" has 0 events, not 1 to 4/ ],
+    [ 'five events', sub { unshift @{ $_[0]{events} }, map { { event => 'attempted', time => 1, key => "x$_" } } 1 .. 5 - @{ $_[0]{events} } },
+      qr/"events" has 5 events, not 1 to 4/ ],
+    [ 'an unknown member in an event', sub { $_[0]{events}[0]{note} = 'x' },
+      qr/event 1: a member the format does not define: "note"/ ],
+    [ 'an unknown member', sub { $_[0]{note} = 'x' }, qr/a member the format does not define: "note"/ ],
+    [ 'a version-1 member in a version-2 line', sub { $_[0]{time} = 1 },
+      qr/a member the format does not define in version 2: "time"/ ],
+) {
+    my ($what, $edit, $why) = @$c;
+    my @l = map { JSON::PP->new->decode(JSON::PP->new->encode($_)) } @solo[0 .. 3];
+    $edit->($l[2]);
+    my ($text2, $h2) = $t->audit_file_forge($l[2]);
+    $l[3]{prev} = $h2;
+    Idem::Test::_spew("$P/v2rule.log", join '', map { "$_\n" } scalar($t->audit_file_forge($l[0])),
+                      scalar($t->audit_file_forge($l[1])), $text2, scalar($t->audit_file_forge($l[3])));
+    ($rc, $out) = $t->audit_tool('verify', '--file', "$P/v2rule.log");
+    is($rc, 1, "verify refuses $what");
+    like($out, qr/^\Q$P\E\/v2rule\.log:3: modified: not an entry the module writes: $why/m, "$what: line 3 named")
+        or diag($out);
+}
+{
+    my @l = map { JSON::PP->new->decode(JSON::PP->new->encode($_)) } @solo[0 .. 3];
+    Idem::Test::_spew("$P/v2rule.log", join '', map { scalar($t->audit_file_forge($_)) . "\n" } @l);
+    ($rc, $out) = $t->audit_tool('verify', '--file', "$P/v2rule.log");
+    is($rc, 0, 'the same four lines forged by the same code unchanged: intact (the cases above fail by their rule)')
+        or diag($out);
+}
 
 $t->check_logs(ignore => qr/worker process \d+ exited on signal 9/);
 done_testing;

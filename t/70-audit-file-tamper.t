@@ -14,6 +14,7 @@
 #     idempotency_audit_errors_total{device="file"} and logged at alert.
 #     A write whose completion comes after the disk failed still answers
 #     and completes (its retry replays), counted and logged at alert.
+#     Lines are format version 2, one per step: a first write is two lines.
 #     Back on a disk (USR1 again), the refused keys execute once, and
 #     `verify --file` passes across the three files: the lines that could
 #     not be written are not in the chain.
@@ -86,11 +87,7 @@ sub verify {
 # a line as the module would write it, hashed by someone without the key
 sub forge {
     my ($line, %set) = @_;
-    my $o = decode_json($line);
-    delete $o->{hash};
-    $o->{$_} = $set{$_} for keys %set;
-    my $body = JSON::PP->new->canonical->encode($o);
-    return substr($body, 0, -1) . ',"hash":"' . $t->sha256($body) . "\"}\n";
+    return $t->audit_file_forge({ %{ decode_json($line) }, %set }) . "\n";
 }
 
 for my $case ([ $PLAIN, [] ], [ $KEYED, [ '--key-file', $KEYFILE ] ]) {
@@ -98,30 +95,35 @@ for my $case ([ $PLAIN, [] ], [ $KEYED, [ '--key-file', $KEYFILE ] ]) {
     my $what = @$key ? 'HMAC chain' : 'SHA-256 chain';
     my $orig = lines($file);
     my $n = @$orig;
-    is($n, 24, "$what: 24 lines (4 x attempted sent accepted completed attempted replayed)");
+    is($n, 12, "$what: 12 lines (4 x [attempted sent] [accepted completed] [attempted replayed])");
     my ($rc, $out) = verify(join('', @$orig), @$key);
     is($rc, 0, "$what: the untouched file verifies") or diag($out);
 
     # a changed byte
     my @l = @$orig;
-    $l[6] =~ s/"event":"attempted"/"event":"attempteD"/ or die;
+    $l[3] =~ s/"event":"attempted"/"event":"attempteD"/ or die;
     ($rc, $out) = verify(join('', @l), @$key);
     is($rc, 1, "$what: a changed byte: exit 1");
-    like($out, qr/tampered\.log:7: modified: not an entry the module writes: "event" is not an event/, "$what: names line 7")
+    like($out, qr/tampered\.log:4: modified: not an entry the module writes: "event" is not an event/, "$what: names line 4")
         or diag($out);
     @l = @$orig;
-    $l[8] =~ s/"identity":""/"identity":"x"/ or die;
+    $l[4] =~ s/"identity":""/"identity":"x"/ or die;
     ($rc, $out) = verify(join('', @l), @$key);
-    like($out, qr/tampered\.log:9: modified: its (hash|HMAC) does not match its fields/, "$what: a changed value: line 9")
+    like($out, qr/tampered\.log:5: modified: its (hash|HMAC) does not match its fields/, "$what: a changed value: line 5")
         or diag($out);
+    @l = @$orig;
+    $l[4] =~ s/("event":"accepted"[^}]*"time":\d+)(\d)/$1 . (($2 + 1) % 10)/e or die;
+    ($rc, $out) = verify(join('', @l), @$key);
+    like($out, qr/tampered\.log:5: modified: its (hash|HMAC) does not match its fields/,
+         "$what: the time of one event of a line changed: line 5") or diag($out);
 
     # a deleted line
     @l = @$orig;
-    splice @l, 10, 1;
+    splice @l, 5, 1;
     ($rc, $out) = verify(join('', @l), @$key);
     is($rc, 1, "$what: a deleted line: exit 1");
-    like($out, qr/tampered\.log:11: missing: entry 12 follows entry 10: entries 11 to 11 are not there/,
-         "$what: names line 11") or diag($out);
+    like($out, qr/tampered\.log:6: missing: entry 7 follows entry 5: entries 6 to 6 are not there/,
+         "$what: names line 6") or diag($out);
 
     # the first line deleted: the file no longer starts at entry 1
     @l = @$orig;
@@ -134,34 +136,34 @@ for my $case ([ $PLAIN, [] ], [ $KEYED, [ '--key-file', $KEYFILE ] ]) {
 
     # two lines swapped
     @l = @$orig;
-    @l[12, 13] = @l[13, 12];
+    @l[6, 7] = @l[7, 6];
     ($rc, $out) = verify(join('', @l), @$key);
     is($rc, 1, "$what: two lines swapped: exit 1");
-    like($out, qr/tampered\.log:13: missing: entry 14 follows entry 12/, "$what: names line 13") or diag($out);
+    like($out, qr/tampered\.log:7: missing: entry 8 follows entry 6/, "$what: names line 7") or diag($out);
 
     # a forged line put in: chained on the line before it, hashed anew
     @l = @$orig;
-    my $prev = decode_json($l[15])->{hash};
-    splice @l, 16, 0, forge($l[16], identity => 'mallory', prev => $prev, seq => 17);
+    my $prev = decode_json($l[7])->{hash};
+    splice @l, 8, 0, forge($l[8], identity => 'mallory', prev => $prev, seq => 9);
     ($rc, $out) = verify(join('', @l), @$key);
     is($rc, 1, "$what: a forged line put in: exit 1");
     if (@$key) {
-        like($out, qr/tampered\.log:17: wrong HMAC: its hash is a plain SHA-256/, "$what: the forged line 17: wrong HMAC")
+        like($out, qr/tampered\.log:9: wrong HMAC: its hash is a plain SHA-256/, "$what: the forged line 9: wrong HMAC")
             or diag($out);
     } else {
-        like($out, qr/tampered\.log:18: reordered: entry 17 follows entry 17/, "$what: line 18 repeats entry 17")
+        like($out, qr/tampered\.log:10: reordered: entry 9 follows entry 9/, "$what: line 10 repeats entry 9")
             or diag($out);
     }
 
     # a forged line replacing one (same place, same chain link)
     @l = @$orig;
-    $l[19] = forge($l[19], identity => 'mallory');
+    $l[9] = forge($l[9], identity => 'mallory');
     ($rc, $out) = verify(join('', @l), @$key);
     if (@$key) {
-        like($out, qr/tampered\.log:20: wrong HMAC/, "$what: a line replaced: wrong HMAC at line 20") or diag($out);
+        like($out, qr/tampered\.log:10: wrong HMAC/, "$what: a line replaced: wrong HMAC at line 10") or diag($out);
     } else {
-        like($out, qr/tampered\.log:21: modified: entry 21 is chained on another hash than the previous line's/,
-             "$what: a line replaced: line 21 was chained on another") or diag($out);
+        like($out, qr/tampered\.log:11: modified: entry 11 is chained on another hash than the previous line's/,
+             "$what: a line replaced: line 11 was chained on another") or diag($out);
     }
     # without the key, an HMAC file does not verify
     if (@$key) {
@@ -174,15 +176,15 @@ for my $case ([ $PLAIN, [] ], [ $KEYED, [ '--key-file', $KEYFILE ] ]) {
 # the tail cut, then the module appends after it (its head is in memory)
 {
     my $orig = lines($PLAIN);
-    Idem::Test::_spew($PLAIN, join '', @$orig[0 .. 21]);
+    Idem::Test::_spew($PLAIN, join '', @$orig[0 .. 9]);
     my $k = $t->key('after-cut');
     my $r = $t->http(POST => '/plain/x', key => $k, json => { cut => 1 });
     is($r->{status}, 201, 'cut at a line\'s end: the next write');
     $t->wait_state($k, '', 'completed');
     my ($rc, $out, $err) = $t->audit_tool('verify', '--file', $PLAIN);
     is($rc, 1, 'the tail cut at a line\'s end, appended after: exit 1');
-    like($out, qr/plain\.log:23: missing: entry 25 follows entry 22: entries 23 to 24 are not there/,
-         'names line 23, the first written after the cut') or diag("$out$err");
+    like($out, qr/plain\.log:11: missing: entry 13 follows entry 10: entries 11 to 12 are not there/,
+         'names line 11, the first written after the cut') or diag("$out$err");
 
     my $text = join '', @$orig;
     Idem::Test::_spew($PLAIN, substr($text, 0, length($text) - 40));
@@ -191,7 +193,7 @@ for my $case ([ $PLAIN, [] ], [ $KEYED, [ '--key-file', $KEYFILE ] ]) {
     is($r->{status}, 201, 'cut inside a line: the next write');
     $t->wait_state($k, '', 'completed');
     ($rc, $out, $err) = $t->audit_tool('verify', '--file', $PLAIN);
-    like($out, qr/plain\.log:24: modified: not an entry the module writes: not a JSON object/,
+    like($out, qr/plain\.log:12: modified: not an entry the module writes: not a JSON object/,
          'the tail cut inside a line, appended after: the joined line is named') or diag("$out$err");
 }
 
@@ -240,9 +242,10 @@ is("$r->{status} $r->{headers}{'idempotent-replayed'}", '201 true', 'full: its r
 $m = $t->http(GET => '/metrics');
 my ($errors2) = $m->{content} =~ /^idempotency_audit_errors_total\{device="file"\} (\d+)$/m;
 cmp_ok($errors2, '>=', $errors + 2, "full: the completion's and the replay's failures counted ($errors2)");
-like($t->error_log, qr/\[alert\].*write\(\) of 2 audit entries to "\Q$FULL\E" failed/, 'full: logged at alert');
-is(join(' ', map { decode_json($_)->{event} } @{ lines("$FULL.2") }), 'attempted sent',
-   'full: the file before the failure has the claim; its end is not in the chain');
+like($t->error_log, qr/\[alert\].*write\(\) of 1 audit entries to "\Q$FULL\E" failed/,
+     'full: logged at alert (the completion\'s one line)');
+is(join(' ', map { "$_->{line}:$_->{event}" } @{ $t->audit_file_events("$FULL.2") }), '1:attempted 1:sent',
+   'full: the file before the failure has the claim, one line; its end is not in the chain');
 
 unlink $FULL;
 kill 'USR1', $t->nginx_pid;
@@ -255,8 +258,8 @@ for my $k (@refused) {
 }
 my ($rc, $out, $err) = $t->audit_tool('verify', "$FULL.1", "$FULL.2", $FULL);
 is($rc, 0, 'full: verify --file old new: intact across the failure') or diag("$out$err");
-like($out, qr/^22 /, 'full: 4 + 2 + 16 entries: none of the failed writes is in the chain');
-is(scalar @{ lines("$FULL.1") }, 4, 'full: the old file has the 4 written before the failure');
+like($out, qr/^11 /, 'full: 2 + 1 + 8 lines: none of the failed writes is in the chain');
+is(scalar @{ lines("$FULL.1") }, 2, 'full: the old file has the 2 written before the failure (a first write)');
 
 $t->check_logs(ignore => [ qr/audit file could not record|write\(\) of \d+ audit entries/ ]);
 done_testing;

@@ -7,8 +7,10 @@
 # (with the HMAC key) passes, the sequence numbers are 1..N without a gap
 # across the files, no two lines name the same previous hash, the new
 # file's first line carries the old file's last hash, every key executed
-# once with its four events once, and no line went to the old file after
-# one went to the new (the workers reopen at different instants).
+# once with its four events once, in two lines (the claim's "attempted
+# sent", the completion's "accepted completed": one line per step), and no
+# line went to the old file after one went to the new (the workers reopen
+# at different instants).
 
 use strict;
 use warnings;
@@ -73,8 +75,8 @@ is(scalar(grep { $_->[1] != 201 } @all), 0, 'every key ended executed (201)')
     or diag(explain [ grep { $_->[1] != 201 } @all[0 .. 4] ]);
 is($t->effects, scalar @all, 'upstream effects: exactly one per key');
 
-my @old = map { decode_json($_) } split /\n/, Idem::Test::_slurp("$FILE.1");
-my @new = map { decode_json($_) } split /\n/, Idem::Test::_slurp($FILE);
+my @old = @{ $t->audit_file_lines("$FILE.1") };
+my @new = @{ $t->audit_file_lines($FILE) };
 my @e = (@old, @new);
 my $n = @e;
 ok(@old > 0 && @new > 0, scalar(@old) . ' lines in the old file, ' . scalar(@new) . ' in the new');
@@ -85,7 +87,7 @@ $prev{ $_->{prev} }++ for @e;
 is(scalar(grep { $_ > 1 } values %prev), 0, 'no fork: no two lines name the same previous hash');
 
 my %events;
-push @{ $events{ $_->{key} } }, $_->{event} for @e;
+push @{ $events{ $_->{key} } }, $_->{event} for @{ $t->audit_file_events("$FILE.1") }, @{ $t->audit_file_events($FILE) };
 my @odd = grep {
     my @ev = @{ $events{ $_->[0] } // [] };
     my $c = grep { $_ eq 'completed' } @ev;
@@ -95,6 +97,11 @@ my @odd = grep {
 } @all;
 is(scalar @odd, 0, 'each key: one completed operation, every other claim released')
     or diag(explain [ map { [ $_->[0], $events{ $_->[0] } ] } @odd[0 .. 4] ]);
+my %steps = map { (join ' ', map { $_->{event} } @{ $_->{events} }) => 1 } @e;
+is(join(',', sort keys %steps), join(',', sort grep { $steps{$_} } 'attempted sent', 'accepted completed',
+                                                     'accepted released', 'attempted', 'released'),
+   'one line per step: ' . join(',', sort keys %steps));
+ok($steps{'attempted sent'} && $steps{'accepted completed'}, 'a claim\'s line and a completion\'s');
 
 my ($rc, $out, $err) = $t->audit_tool('verify', '--key-file', $KEYFILE, '--file', "$FILE.1", $FILE);
 is($rc, 0, 'verify --file old new (with the key): intact') or diag("$out$err");

@@ -88,6 +88,12 @@ sub shown {
     my ($rc, $out) = $t->audit_tool('show', $what, '--file', $FILE, '--redis', "127.0.0.1:$ports[0]");
     return [ map { (split ' ')[2] } grep { /\S/ } split /\n/, $out ];
 }
+# the events' places, LINE.INDEX each (show's first column)
+sub placed {
+    my ($what) = @_;
+    my ($rc, $out) = $t->audit_tool('show', $what, '--file', $FILE, '--redis', "127.0.0.1:$ports[0]");
+    return join ' ', map { (split ' ')[0] } grep { /\S/ } split /\n/, $out;
+}
 sub post { my ($k, $json, @h) = @_; $t->http(POST => '/pay', key => $k, json => $json, headers => [ 'X-User' => 'alice', @h ]) }
 
 for my $m (@masters) {
@@ -101,6 +107,9 @@ for my $m (@masters) {
     $r = post($ka, { n => 2 });
     is($r->{status}, 409, "master $m: A: another body: 409");
     is_deeply(shown($ka), [qw(attempted sent accepted completed attempted replayed attempted conflict)], "master $m: A: the story in the file");
+    like(placed($ka), qr/^(\d+)\.1 (\d+)\.2 (\d+)\.1 \3\.2 (\d+)\.1 \4\.2 (\d+)\.1 \5\.2$/,
+         "master $m: A: one line per step, two events each (the first write: two lines)") or diag(placed($ka));
+    like(placed($ka), qr/^(\d+)\.1 \1\.2 /, "master $m: A: the claim's attempted and sent in one line");
     is($t->effects(key => $ka), 1, "master $m: A: one effect");
 
     # C: a duplicate while the first attempt is in flight

@@ -56,6 +56,12 @@ is($r->{headers}{'idempotent-replayed'}, 'true', 'A: replayed');
 $r = $t->http(POST => '/pay', key => $ka, json => { a => 2 });
 is($r->{status}, 409, 'A: another body: 409');
 is(shown($ka), 'attempted sent accepted completed attempted replayed attempted conflict', 'A: the story in the file');
+{
+    my ($rc, $out) = $t->audit_tool('show', $ka, '--file', $FILE);
+    my $placed = join ' ', map { (split ' ')[0] } grep { /\S/ } split /\n/, $out;
+    like($placed, qr/^(\d+)\.1 \1\.2 (\d+)\.1 \2\.2 (\d+)\.1 \3\.2 (\d+)\.1 \4\.2$/,
+         'A: one line per step, two events each (the first write: its claim\'s line, its completion\'s)') or diag($placed);
+}
 my $kd = $t->key('d');
 $r = $t->http(POST => '/pay', key => $kd, json => { d => 1 }, headers => [ 'X-Status' => 503 ]);
 # the 503 reaches the client before its own worker writes `accepted released`; a retry

@@ -64,4 +64,12 @@ for my $round (1 .. 3) {
 my ($rc, $out) = $t->audit_tool('verify', '--file', "$P/turn.log");
 is($rc, 0, 'the file verifies') or diag($out);
 
+# one line per step (format version 2), also for the steps of one turn
+# that shared a write(): each claim, completion and replay is its own line
+my %steps;
+$steps{ join ' ', map { $_->{event} // '?' } @{ $_->{events} // [] } }++ for @{ $t->audit_file_lines("$P/turn.log") };
+is(join(', ', map { "$_ x$steps{$_}" } sort keys %steps),
+   'accepted completed x4, attempted replayed x7, attempted sent x4',
+   'one line per step: 4 claims, 4 completions, 7 replays');
+
 done_testing;

@@ -720,10 +720,12 @@ audit_verify_series(audit_t *a)
 
     if (rc == 0) {
         printf("%llu %s\n", (unsigned long long) sv->v.seq, sv->v.hash);
-        fprintf(stderr, "%llu entries (%llu to %llu) in %d file%s, the chain "
-                "is intact\n", (unsigned long long) sv->v.count,
+        fprintf(stderr, "%llu entries (%llu to %llu, %llu events) in %d "
+                "file%s, the chain is intact\n",
+                (unsigned long long) sv->v.count,
                 (unsigned long long) sv->v.first,
-                (unsigned long long) sv->v.seq, a->nfiles,
+                (unsigned long long) sv->v.seq,
+                (unsigned long long) sv->v.events, a->nfiles,
                 a->nfiles == 1 ? "" : "s");
     }
 
@@ -936,16 +938,16 @@ audit_show_each(audit_t *a, audit_read_t *en, void *data)
 
 
 /*
- * A line of an audit file as an entry: 0, or -1 after saying on stderr
+ * A line of an audit file as its events: 0, or -1 after saying on stderr
  * why it is none.  *tree is the caller's to free either way.
  */
 static int
 audit_file_entry(const char *file, unsigned long lineno, char *line,
-    size_t len, idem_audit_entry_t *e, void **tree)
+    size_t len, idem_audit_events_t *ev, void **tree)
 {
     char  hash[IDEM_AUDIT_HASH_LEN + 1], why[200];
 
-    if (idem_audit_file_parse(line, len, e, hash, tree, why, sizeof(why))
+    if (idem_audit_file_parse(line, len, ev, hash, tree, why, sizeof(why))
         != 0)
     {
         fprintf(stderr, "idempotency-audit: %s:%lu: not an entry (%s)\n",
@@ -957,16 +959,22 @@ audit_file_entry(const char *file, unsigned long lineno, char *line,
 }
 
 
-/* a line of an audit file: shown when it names a->what */
+/*
+ * A line of an audit file: its events that name a->what, each shown as
+ * LINE.INDEX (LINE for a version-1 line)
+ */
 static int
 audit_show_line(audit_t *a, const char *file, unsigned long lineno,
     char *line, size_t len, void *data)
 {
     void                *tree;
-    idem_audit_entry_t   e;
+    size_t               i;
+    idem_audit_events_t  ev;
 
-    if (audit_file_entry(file, lineno, line, len, &e, &tree) == 0) {
-        (*(uint64_t *) data) += audit_show_entry(a, &e);
+    if (audit_file_entry(file, lineno, line, len, &ev, &tree) == 0) {
+        for (i = 0; i < ev.n; i++) {
+            (*(uint64_t *) data) += audit_show_entry(a, &ev.e[i]);
+        }
     }
 
     idem_audit_file_free(tree);
@@ -1124,10 +1132,10 @@ audit_export_line(audit_t *a, const char *file, unsigned long lineno,
     char *line, size_t len, void *data)
 {
     void                *tree;
-    idem_audit_entry_t   e;
+    idem_audit_events_t  ev;
 
-    if (audit_file_entry(file, lineno, line, len, &e, &tree) == 0
-        && e.seq >= a->from)
+    if (audit_file_entry(file, lineno, line, len, &ev, &tree) == 0
+        && ev.e[0].seq >= a->from)
     {
         fwrite(line, 1, len, stdout);
         putchar('\n');

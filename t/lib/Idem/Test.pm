@@ -1676,6 +1676,68 @@ sub audit_entries {
     return \@out;
 }
 
+# ---------------------------------------------------------------- the audit file
+# Lines of the file device (docs/audit.md, "The format"), written from the
+# doc, not from the C: version 2, one line per step, its events in "events"
+# with only the fields that are not the line's; version 1, one line per event.
+
+our @AUDIT_FILE_FIELDS = qw(approver fingerprint identity key operation_id ref request_id
+                            response_sha256 route status);
+
+# audit_file_lines($path): the file's lines in order, each decoded (a hashref,
+# or undef for a line that is not a JSON object).
+sub audit_file_lines {
+    my ($self, $path) = @_;
+    my $json = JSON::PP->new->utf8;
+    return [ map { my $o = eval { $json->decode($_) }; ref $o eq 'HASH' ? $o : undef }
+             grep { /\S/ } split /\n/, _slurp($path) ];
+}
+
+# audit_file_events($path): the events of the file's lines in order, each a
+# hashref: the event's fields under the line's names (event, time,
+# operation_id, key, ..., status: a number or undef), its line's seq, prev,
+# hash and v, the line's number in the file (line), the event's place in
+# its line (index, from 1) and how many the line has (events). A line that
+# is not JSON gives { line => N, bad => 1 }.
+sub audit_file_events {
+    my ($self, $path) = @_;
+    my ($n, @out) = (0);
+    for my $o (@{ $self->audit_file_lines($path) }) {
+        $n++;
+        if (!$o) {
+            push @out, { line => $n, bad => 1 };
+            next;
+        }
+        my %line = map { $_ => $o->{$_} } qw(seq prev hash v);
+        my @ev = ($o->{v} // 0) == 1 ? ({ event => $o->{event}, time => $o->{time} }) : @{ $o->{events} // [] };
+        my $i = 0;
+        for my $e (@ev) {
+            my %f = map { $_ => (exists $e->{$_} ? $e->{$_} : $o->{$_}) } @AUDIT_FILE_FIELDS;
+            push @out, { %f, %line, event => $e->{event}, time => $e->{time}, line => $n, index => ++$i,
+                         events => scalar @ev };
+        }
+    }
+    return \@out;
+}
+
+# audit_file_forge(\%line, $key): the text of a line (no newline) as the
+# module writes it: the RFC 8785 form of %line without "hash" (members
+# sorted, no spaces; seq, v, times and statuses as numbers), hashed with
+# SHA-256, or HMAC-SHA256 with $key, and "hash" last. In list context also
+# the hash.
+sub audit_file_forge {
+    my ($self, $o, $key) = @_;
+    my $num = sub { my ($h) = @_; $h->{$_} = 0 + $h->{$_} for grep { defined $h->{$_} } qw(seq v time status) };
+    my %c = %$o;
+    delete $c{hash};
+    $num->(\%c);
+    $c{events} = [ map { my %e = %$_; $num->(\%e); \%e } @{ $c{events} } ] if ref $c{events};
+    my $body = JSON::PP->new->utf8->canonical->encode(\%c);
+    my $h = $self->audit_hash($body, $key);
+    my $text = substr($body, 0, -1) . ",\"hash\":\"$h\"}";
+    return wantarray ? ($text, $h) : $text;
+}
+
 # redis_cli(@args): the redis-cli binary against this test's Redis (as an
 # operator with write access would tamper with it); its output, chomped.
 sub redis_cli {
