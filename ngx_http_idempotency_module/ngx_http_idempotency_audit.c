@@ -52,6 +52,8 @@ typedef struct {
     ngx_uint_t                   gen;       /* of the prediction */
     int64_t                      offset;    /* Redis's clock - ours, ms */
     int64_t                      checked;   /* our ms of the last time sent */
+    ngx_uint_t                   scratch;   /* a waiting completion's own:
+                                               its entry is not hashed */
 } ngx_http_idem_audit_head_t;
 
 
@@ -676,6 +678,28 @@ ngx_http_idem_audit_write_packed(ngx_http_idem_cmd_t *cmd, ngx_uint_t at,
 }
 
 
+/* the head's hash: the entry's p[0..end), hashed (with the key, if any) */
+static ngx_int_t
+ngx_http_idem_audit_seal(ngx_http_idem_audit_head_t *head, u_char *p,
+    u_char *end)
+{
+    size_t                key_len;
+    const unsigned char  *key;
+
+    /* a waiting completion's entry is hashed again when it is sent */
+    if (head->scratch) {
+        ngx_memzero(head->hash, IDEM_AUDIT_DIGEST_LEN);
+        return NGX_OK;
+    }
+
+    key = head->audit->key ? head->audit->key->secret : NULL;
+    key_len = head->audit->key ? head->audit->key->secret_len : 0;
+
+    return idem_audit_digest((char *) p, end - p, key, key_len, head->hash)
+           == 0 ? NGX_OK : NGX_ERROR;
+}
+
+
 /*
  * The audit arguments, written at cmd->pos: the meta, then "expect",
  * the head expected and one entry chained on it that carries the events
@@ -687,11 +711,9 @@ ngx_http_idem_audit_write(ngx_http_idem_cmd_t *cmd,
     idem_audit_entry_t *e, ngx_uint_t n)
 {
     u_char                      *h, *p, *end;
-    size_t                       key_len;
     int64_t                      now, local;
     ngx_uint_t                   i, at;
     ngx_http_idem_audit_head_t  *head;
-    const unsigned char         *key;
 
     head = meta->head;
     meta->gen = head->gen;
@@ -699,8 +721,6 @@ ngx_http_idem_audit_write(ngx_http_idem_cmd_t *cmd,
     cmd->pos += sizeof(ngx_http_idem_audit_meta_t);
 
     at = cmd->redis->scripts[cmd->script].nargs;
-    key = head->audit->key ? head->audit->key->secret : NULL;
-    key_len = head->audit->key ? head->audit->key->secret_len : 0;
 
     /* nothing expected is ngx_null_string, whose NULL memcpy must not see */
     ngx_http_idem_cmd_set(cmd, at + NGX_HTTP_IDEM_AUDIT_EXPECT,
@@ -754,8 +774,7 @@ ngx_http_idem_audit_write(ngx_http_idem_cmd_t *cmd,
     end = (u_char *) idem_audit_batch_encode((char *) p, e, n);
     ngx_http_idem_cmd_end(cmd, at + NGX_HTTP_IDEM_AUDIT_ENTRIES + 1, end);
 
-    if (idem_audit_digest((char *) p, end - p, key, key_len, head->hash) != 0)
-    {
+    if (ngx_http_idem_audit_seal(head, p, end) != NGX_OK) {
         return NGX_ERROR;
     }
 
@@ -896,6 +915,7 @@ ngx_http_idem_audit_write_first(ngx_http_idem_cmd_t *cmd,
 
     start = cmd->pos;
     own = *real;
+    own.scratch = 1;
     meta->head = &own;
 
     if (ngx_http_idem_audit_write(cmd, meta, expect, e, n) != NGX_OK) {
