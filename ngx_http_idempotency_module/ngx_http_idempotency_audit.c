@@ -37,10 +37,18 @@
 /* events of one command at most: one stream entry (idem_audit.h) */
 #define NGX_HTTP_IDEM_AUDIT_MAX      IDEM_AUDIT_BATCH_MAX
 
-/* completes.lua: two events a completion, one entry; no named args */
+/*
+ * completes.lua: two events a completion, one entry; no named args, then
+ * each completion's owner, value and ttl at ARGV[3i+4..3i+6], in
+ * complete.lua's order
+ */
 typedef char ngx_http_idem_audit_batch_fits_t[
     (NGX_HTTP_IDEM_AUDIT_BATCH * 2 <= IDEM_AUDIT_BATCH_MAX
-     && NGX_HTTP_IDEM_COMPLETES_NARGS == 0) ? 1 : -1];
+     && NGX_HTTP_IDEM_COMPLETES_NARGS == 0
+     && NGX_HTTP_IDEM_COMPLETE_NARGS == 3
+     && NGX_HTTP_IDEM_COMPLETE_OWNER == 0
+     && NGX_HTTP_IDEM_COMPLETE_VALUE == 1
+     && NGX_HTTP_IDEM_COMPLETE_TTL == 2) ? 1 : -1];
 
 
 /* a worker's view of one stream */
@@ -77,6 +85,10 @@ enum {
     NGX_HTTP_IDEM_AUDIT_TIME,
     NGX_HTTP_IDEM_AUDIT_ENTRIES
 };
+
+/* completes.lua reads the first completion's owner at ARGV[7] */
+typedef char ngx_http_idem_audit_completes_at_t[
+    (NGX_HTTP_IDEM_AUDIT_ENTRIES + 2 == 6) ? 1 : -1];
 
 
 static ngx_array_t  *ngx_http_idem_audit_heads;

@@ -186,6 +186,9 @@ ngx_http_idem_close_batch_send(ngx_http_idem_cmd_t **m, ngx_uint_t n)
             return;
         }
 
+        /* ngx_http_idem_cmd_send() freed it */
+        cmd = NULL;
+
     } else if (cmd) {
         b = ngx_alloc(sizeof(ngx_http_idem_batch_t), cmd->redis->log);
     }

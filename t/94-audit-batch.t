@@ -169,5 +169,51 @@ is($t->redis('XLEN', 'idem:batch'), $len, 'C: nothing appended');
 is($t->redis('GET', 'idem:batch:head'), $head, 'C: the head key unchanged');
 is($t->redis('GET', $t->record_name($two[0])), $taken, 'C: the records unchanged');
 
+# ---- D. a batch after SCRIPT FLUSH: NOSCRIPT, sent again as EVAL with its text
+sub check_all {
+    my ($what, $keys) = @_;
+    my @bad = grep { my $r = $t->record($_); !$r || $r->{state} ne 'completed' } @$keys;
+    is(scalar @bad, 0, "$what: every record completed") or diag("@bad");
+    my %ev;
+    push @{ $ev{ $_->{key} // '' } }, $_->{event} for @{ $t->audit_entries('idem:batch') };
+    my @odd = grep { join(' ', @{ $ev{$_} // [] }) ne 'attempted sent accepted completed' } @$keys;
+    is(scalar @odd, 0, "$what: each operation's events once") or diag(explain [ map { [$_, $ev{$_}] } @odd ]);
+    my ($rc, $out, $err) = $t->audit_tool('--stream', 'idem:batch', 'verify');
+    is($rc, 0, "$what: verify passes") or diag("$out$err");
+}
+sub largest_since {
+    my ($n0) = @_;
+    my ($max) = sort { $b <=> $a } map { scalar @{ $_->{decoded}{events} } }
+                grep { $_->{seq} > $n0 } @{ $t->audit_stream('idem:batch') };
+    return $max // 0;
+}
+
+is($t->redis('SCRIPT', 'FLUSH'), 'OK', 'D: SCRIPT FLUSH');
+my @k4 = map { "k-ns-$$-$_" } 1 .. 5;
+$n0 = $t->redis('XLEN', 'idem:batch');
+$res = held_batch(\@k4);
+is(scalar(grep { $_ && $_->[0] == 201 } @$res), 5, 'D: the five answered 201');
+is(largest_since($n0), 10, 'D: their completions in one entry');
+check_all('D', \@k4);
+
+# ---- E. a batch that loses the race for the head: an entry appended by
+# another writer while the worker is stopped; the batch is hashed again on it
+my @k5 = map { "k-race-$$-$_" } 1 .. 5;
+my $foreign;
+$n0 = $t->redis('XLEN', 'idem:batch');
+$res = held_batch(\@k5, before => sub {
+    my ($seq) = $t->redis('GET', 'idem:batch:head') =~ /^(\d+):/;
+    my $n = $foreign = $seq + 1;
+    $t->redis('XADD', 'idem:batch', "$n-0", 'h', 'z' x 32, 'e', 'foreign');
+    $t->redis('SET', 'idem:batch:head', "$n:" . ('z' x 32));
+});
+is(scalar(grep { $_ && $_->[0] == 201 } @$res), 5, 'E: the five answered 201');
+is(largest_since($n0 + 1), 10, 'E: their completions in one entry, after the foreign one');
+my @bad = grep { my $r = $t->record($_); !$r || $r->{state} ne 'completed' } @k5;
+is(scalar @bad, 0, 'E: every record completed');
+my ($rcE, $outE) = $t->audit_tool('--stream', 'idem:batch', 'verify');
+like($outE, qr/^entry $foreign: modified/, 'E: verify names the foreign entry (and no entry of the module\'s before it)')
+    or diag($outE);
+
 $t->check_logs;
 done_testing;
