@@ -228,6 +228,27 @@ ngx_http_idem_bkeys_answered(ngx_http_idem_bkeys_t *p,
 }
 
 
+/*
+ * A reply that is not one of the script's: Redis's error about reaching
+ * the data (TRYAGAIN while a slot of two of the script's keys moves,
+ * CLUSTERDOWN, ...: the transport has asked for the slot map again) is
+ * store-unavailable, as for the claim; a complaint about the data itself,
+ * or a reply of the wrong shape, is store-error.
+ */
+static ngx_http_idem_answer_e
+ngx_http_idem_bkeys_failed(redisReply *reply)
+{
+    if (reply == NULL
+        || (reply->type == REDIS_REPLY_ERROR
+            && !ngx_http_idem_reply_corrupt(reply)))
+    {
+        return NGX_HTTP_IDEM_ANS_STORE_DOWN;
+    }
+
+    return NGX_HTTP_IDEM_ANS_STORE_ERROR;
+}
+
+
 /* {"free"}: the name seen holds nothing; anything else refuses */
 static void
 ngx_http_idem_bkeys_looked(ngx_http_idem_cmd_t *cmd, redisReply *reply)
@@ -250,9 +271,7 @@ ngx_http_idem_bkeys_looked(ngx_http_idem_cmd_t *cmd, redisReply *reply)
         || reply->elements == 0
         || ngx_http_idem_reply_str(reply->element[0], &s) != NGX_OK)
     {
-        ngx_http_idem_bkeys_answered(p, reply == NULL
-                                        ? NGX_HTTP_IDEM_ANS_STORE_DOWN
-                                        : NGX_HTTP_IDEM_ANS_STORE_ERROR);
+        ngx_http_idem_bkeys_answered(p, ngx_http_idem_bkeys_failed(reply));
         return;
     }
 
@@ -470,7 +489,7 @@ ngx_http_idem_bkeys_taken(ngx_http_idem_cmd_t *cmd, redisReply *reply)
         return;
     }
 
-    ngx_http_idem_bkeys_answered(p, NGX_HTTP_IDEM_ANS_STORE_ERROR);
+    ngx_http_idem_bkeys_answered(p, ngx_http_idem_bkeys_failed(reply));
 }
 
 
