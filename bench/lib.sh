@@ -278,7 +278,7 @@ ${BENCH_HTTP_EXTRA:-}
 
     upstream backend {
         server 127.0.0.1:$UPSTREAM_PORT;
-        keepalive 32;
+        keepalive ${BENCH_KEEPALIVE:-32};
         keepalive_requests 100000;
     }
 EOF

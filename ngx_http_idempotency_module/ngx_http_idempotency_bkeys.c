@@ -245,6 +245,15 @@ ngx_http_idem_bkeys_failed(redisReply *reply)
         return NGX_HTTP_IDEM_ANS_STORE_DOWN;
     }
 
+    ngx_log_error(NGX_LOG_ERR, ngx_cycle->log, 0,
+                  "idempotency: unexpected reply to a business key's script "
+                  "(type %d): %*s", reply->type,
+                  reply->type == REDIS_REPLY_ERROR
+                  || reply->type == REDIS_REPLY_STRING
+                  ? ngx_min((size_t) reply->len, 120) : 0,
+                  reply->type == REDIS_REPLY_ERROR
+                  || reply->type == REDIS_REPLY_STRING ? reply->str : "");
+
     return NGX_HTTP_IDEM_ANS_STORE_ERROR;
 }
 
@@ -285,9 +294,17 @@ ngx_http_idem_bkeys_looked(ngx_http_idem_cmd_t *cmd, redisReply *reply)
 
     answer = p->answer(ctx->request, ctx, reply);
 
-    ngx_http_idem_bkeys_answered(p, answer == NGX_HTTP_IDEM_ANS_CLAIMED
-                                    ? NGX_HTTP_IDEM_ANS_STORE_ERROR
-                                    : answer);
+    if (answer == NGX_HTTP_IDEM_ANS_CLAIMED
+        || answer == NGX_HTTP_IDEM_ANS_STORE_ERROR)
+    {
+        ngx_log_error(NGX_LOG_ERR, ctx->request->connection->log, 0,
+                      "idempotency: the record a business key of key "
+                      "\"%V\" names cannot be read (%*s)",
+                      ngx_http_idem_log_key(ctx), ngx_min(s.len, 40), s.data);
+        answer = NGX_HTTP_IDEM_ANS_STORE_ERROR;
+    }
+
+    ngx_http_idem_bkeys_answered(p, answer);
 }
 
 

@@ -147,7 +147,8 @@ for my $x (@$res) {
     }
 }
 diag(join ', ', map { "$_: $seen{$_}" } sort keys %seen);
-is(join('; ', @bad[0 .. ($#bad < 9 ? $#bad : 9)]), '', 'every answer is documented');
+is(join('; ', @bad[0 .. ($#bad < 9 ? $#bad : 9)]), '', 'every answer is documented')
+    or diag(join '', grep { /\[(error|alert|crit)\]/ } split /^/m, $t->error_log);
 ok(scalar(grep { $_->[0] eq 'ticket' } @during) && scalar(grep { $_->[0] eq 'deploy' } @during),
    'tickets and deployments were answered while the reshard ran');
 
