@@ -1629,14 +1629,7 @@ ngx_http_idem_audit_batch(ngx_http_idem_cmd_t **m, ngx_uint_t n)
 static ngx_uint_t
 ngx_http_idem_audit_is(redisReply *reply, const char *what, size_t n)
 {
-    size_t  len;
-
-    len = ngx_strlen(what);
-
-    return reply->type == REDIS_REPLY_ARRAY && reply->elements == n
-           && reply->element[0]->type == REDIS_REPLY_STRING
-           && reply->element[0]->len == len
-           && ngx_strncmp(reply->element[0]->str, what, len) == 0;
+    return ngx_http_idem_reply_tagged(reply, what) && reply->elements == n;
 }
 
 

@@ -238,6 +238,8 @@ ngx_http_idem_bkeys_answered(ngx_http_idem_bkeys_t *p,
 static ngx_http_idem_answer_e
 ngx_http_idem_bkeys_failed(redisReply *reply)
 {
+    ngx_str_t  text = ngx_string("");  /* never NULL: %V copies it */
+
     if (reply == NULL
         || (reply->type == REDIS_REPLY_ERROR
             && !ngx_http_idem_reply_corrupt(reply)))
@@ -245,14 +247,14 @@ ngx_http_idem_bkeys_failed(redisReply *reply)
         return NGX_HTTP_IDEM_ANS_STORE_DOWN;
     }
 
+    if (reply->type == REDIS_REPLY_ERROR || reply->type == REDIS_REPLY_STRING) {
+        text.data = (u_char *) reply->str;
+        text.len = ngx_min((size_t) reply->len, 120);
+    }
+
     ngx_log_error(NGX_LOG_ERR, ngx_cycle->log, 0,
                   "idempotency: unexpected reply to a business key's script "
-                  "(type %d): %*s", reply->type,
-                  reply->type == REDIS_REPLY_ERROR
-                  || reply->type == REDIS_REPLY_STRING
-                  ? ngx_min((size_t) reply->len, 120) : 0,
-                  reply->type == REDIS_REPLY_ERROR
-                  || reply->type == REDIS_REPLY_STRING ? reply->str : "");
+                  "(type %d): %V", reply->type, &text);
 
     return NGX_HTTP_IDEM_ANS_STORE_ERROR;
 }

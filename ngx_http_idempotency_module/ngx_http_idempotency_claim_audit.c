@@ -402,12 +402,7 @@ ngx_http_idem_claim_audit_parse(ngx_http_request_t *r,
         return NGX_OK;
     }
 
-    if (reply->type == REDIS_REPLY_ARRAY
-        && reply->elements > 0
-        && reply->element[0]->type == REDIS_REPLY_STRING
-        && reply->element[0]->len == 12
-        && ngx_strncmp(reply->element[0]->str, "audit-decide", 12) == 0)
-    {
+    if (ngx_http_idem_reply_tagged(reply, "audit-decide")) {
         *answer = ngx_http_idem_claim_decide(r, ctx, reply);
         return NGX_OK;
     }

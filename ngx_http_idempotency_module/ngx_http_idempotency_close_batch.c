@@ -97,10 +97,8 @@ ngx_http_idem_close_lost(ngx_http_idem_batch_t *b, redisReply *reply)
 static ngx_uint_t
 ngx_http_idem_close_is_lost(redisReply *reply)
 {
-    return reply && reply->type == REDIS_REPLY_ARRAY && reply->elements > 1
-           && reply->element[0]->type == REDIS_REPLY_STRING
-           && reply->element[0]->len == 4
-           && ngx_strncmp(reply->element[0]->str, "lost", 4) == 0;
+    return reply && ngx_http_idem_reply_tagged(reply, "lost")
+           && reply->elements > 1;
 }
 
 

@@ -353,6 +353,24 @@ ngx_http_idem_reply_str(redisReply *e, ngx_str_t *s)
 
 
 /*
+ * A script's answer of the form {"<word>", ...}: an array whose first
+ * element is that string.
+ */
+ngx_uint_t
+ngx_http_idem_reply_tagged(redisReply *reply, const char *word)
+{
+    size_t  len;
+
+    len = ngx_strlen(word);
+
+    return reply->type == REDIS_REPLY_ARRAY && reply->elements > 0
+           && reply->element[0]->type == REDIS_REPLY_STRING
+           && reply->element[0]->len == len
+           && ngx_strncmp(reply->element[0]->str, word, len) == 0;
+}
+
+
+/*
  * An error reply that is about the data under the module's key (our own
  * script's complaint, or a foreign value), not about reaching Redis:
  * store-error rather than store-unavailable.

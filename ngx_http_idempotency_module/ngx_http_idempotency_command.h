@@ -62,6 +62,7 @@ ngx_str_t ngx_http_idem_cmd_key(ngx_http_idem_cmd_t *cmd);
 /* reply helpers */
 ngx_int_t ngx_http_idem_reply_str(redisReply *e, ngx_str_t *s);
 ngx_uint_t ngx_http_idem_reply_corrupt(redisReply *reply);
+ngx_uint_t ngx_http_idem_reply_tagged(redisReply *reply, const char *word);
 size_t ngx_http_idem_reply_elements(redisReply *reply, idem_rv_t *el,
     size_t max);
 
