@@ -212,6 +212,7 @@ is(largest_since($n0 + 1), 10, 'E: their completions in one entry, after the for
 my @notdone = grep { my $r = $t->record($_); !$r || $r->{state} ne 'completed' } @k5;
 is(scalar @notdone, 0, 'E: every record completed');
 my ($rcE, $outE) = $t->audit_tool('--stream', 'idem:batch', 'verify');
+is($t->effects, 40 + 2 + 5 + 5, 'every first write of A, B, D and E executed once, the replay not at all');
 like($outE, qr/^entry $foreign: modified/, 'E: verify names the foreign entry (and no entry of the module\'s before it)')
     or diag($outE);
 

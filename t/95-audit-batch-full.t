@@ -58,6 +58,7 @@ my @got = map {
 } 0 .. $N - 1;
 is(scalar(grep { $_ eq '201 1000000' } @got), $N, "the $N clients got the upstream's 1 MB answer")
     or diag("@got[0 .. 9]");
+is($t->effects, $N, "$N effects: each executed once");
 my $log = $t->error_log;
 unlike($log, qr/exited on signal|double free|corruption/, 'the worker did not crash');
 is(($t->worker_pids)[0], $worker, 'the same worker process');
