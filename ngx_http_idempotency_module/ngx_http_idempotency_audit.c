@@ -565,14 +565,21 @@ ngx_int_t
 ngx_http_idem_audit_digest(ngx_pool_t *pool, ngx_chain_t *cl,
     ngx_str_t *body, idem_str_t *hex)
 {
-    int            ok;
-    u_char        *out;
-    unsigned int   n;
-    EVP_MD_CTX    *md;
-    unsigned char  digest[EVP_MAX_MD_SIZE];
+    int                  ok;
+    u_char              *out;
+    unsigned int         n;
+    unsigned char        digest[EVP_MAX_MD_SIZE];
+    static EVP_MD_CTX   *md;
+
+    /*
+     * one context for the process (only its event loop calls this): a
+     * completion's digest then costs no allocation of a context
+     */
+    if (md == NULL) {
+        md = EVP_MD_CTX_new();
+    }
 
     out = ngx_pnalloc(pool, IDEM_AUDIT_HASH_LEN + 1);
-    md = EVP_MD_CTX_new();
 
     ok = out && md && EVP_DigestInit_ex(md, idem_sha256(), NULL);
 
@@ -588,7 +595,6 @@ ngx_http_idem_audit_digest(ngx_pool_t *pool, ngx_chain_t *cl,
     }
 
     ok = ok && EVP_DigestFinal_ex(md, digest, &n);
-    EVP_MD_CTX_free(md);
 
     if (!ok) {
         return NGX_ERROR;

@@ -609,11 +609,55 @@ test_runs(void)
 }
 
 
+/* the numbers of a line (seq, time, status) as printf writes them */
+static void
+test_numbers(void)
+{
+    int                  good;
+    char                 buf[8192], hash[IDEM_AUDIT_HASH_LEN + 1], want[64];
+    char                *end;
+    size_t               i, n;
+    idem_audit_entry_t   e[4];
+
+    static const uint64_t  v[] = {
+        1, 9, 10, 11, 99, 100, 101, 999, 1000, 1009, 12345, 99999, 100000,
+        1733460000123ULL, 9007199254740991ULL
+    };
+    static const int       st[] = { 100, 109, 200, 201, 999 };
+
+    good = 1;
+
+    for (i = 0; i < sizeof(v) / sizeof(v[0]); i++) {
+        n = step(0, e);
+        e[0].seq = v[i];
+        e[0].prev.data = idem_audit_genesis;
+        e[0].prev.len = IDEM_AUDIT_HASH_LEN;
+        e[n - 1].time = (long long) v[i];
+        e[n - 1].status = st[i % 5];
+
+        end = idem_audit_file_line(buf, e, n, NULL, 0, hash);
+        *end = '\0';
+
+        snprintf(want, sizeof(want), "\"seq\":%llu,", (unsigned long long) v[i]);
+        good &= strstr(buf, want) != NULL;
+        snprintf(want, sizeof(want), "\"time\":%llu}]",
+                 (unsigned long long) v[i]);
+        good &= strstr(buf, want) != NULL;
+        snprintf(want, sizeof(want), "\"status\":%d,\"v\"", st[i % 5]);
+        good &= strstr(buf, want) != NULL;
+        good &= canonical(buf, hash);
+    }
+
+    ok(good, "seq, time and status from 1 digit to 16, as printf writes them");
+}
+
+
 int
 main(void)
 {
     test_example();
     test_line();
+    test_numbers();
     test_refused();
     test_hasher();
     test_runs();
