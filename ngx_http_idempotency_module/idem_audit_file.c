@@ -120,12 +120,13 @@ idem_audit_file_line_max(const idem_audit_entry_t *e, size_t n)
 
 
 /*
- * The length of the run at d (at most len) of bytes written as they are:
- * printable ASCII but '"' and '\\'.  Eight bytes at a time while they
- * all are (most of a line: hex digests, ids, paths).
+ * The run at d (at most len bytes) of bytes written as they are, copied to
+ * p; its length.  Printable ASCII but '"' and '\\', eight bytes at a time
+ * while they all are (most of a line: hex digests, ids, paths): one pass
+ * reads and writes them.
  */
 static size_t
-idem_audit_file_plain(const unsigned char *d, size_t len)
+idem_audit_file_plain(char *p, const unsigned char *d, size_t len)
 {
     size_t    i;
     uint64_t  x, bad;
@@ -144,12 +145,14 @@ idem_audit_file_plain(const unsigned char *d, size_t len)
         if (bad) {
             break;
         }
+
+        memcpy(p + i, &x, 8);
     }
 
     for ( /* void */ ; i < len && d[i] >= 0x20 && d[i] < 0x80
                        && d[i] != '"' && d[i] != '\\'; i++)
     {
-        /* void */
+        p[i] = (char) d[i];
     }
 
     return i;
@@ -162,7 +165,7 @@ idem_audit_file_str(char *p, const char *name, size_t name_len,
     const idem_str_t *s)
 {
     char                  esc[6];
-    size_t                i, n, k, run;
+    size_t                i, n, k;
     uint32_t              cp;
     const unsigned char  *d;
 
@@ -175,11 +178,10 @@ idem_audit_file_str(char *p, const char *name, size_t name_len,
 
     for (i = 0; i < s->len; i += n) {
         /* most bytes are printable ASCII: copied in runs */
-        run = i + idem_audit_file_plain(d + i, s->len - i);
+        n = idem_audit_file_plain(p, d + i, s->len - i);
 
-        if (run > i) {
-            p = (char *) memcpy(p, d + i, run - i) + (run - i);
-            n = run - i;
+        if (n) {
+            p += n;
             continue;
         }
 
@@ -263,8 +265,10 @@ idem_audit_file_same(const idem_audit_entry_t *a, const idem_audit_entry_t *b,
     x = idem_audit_file_cs(a, i);
     y = idem_audit_file_cs(b, i);
 
+    /* the steps' events mostly share their request's strings */
     return x->len == y->len
-           && (x->len == 0 || memcmp(x->data, y->data, x->len) == 0);
+           && (x->data == y->data || x->len == 0
+               || memcmp(x->data, y->data, x->len) == 0);
 }
 
 

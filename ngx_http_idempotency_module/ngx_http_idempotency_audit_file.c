@@ -781,11 +781,21 @@ ngx_http_idem_audit_file_batch(ngx_http_idem_audit_file_t *f, ngx_log_t *log)
 }
 
 
-/* s copied into the batch's arena (room checked by the caller) */
+/*
+ * s copied into the batch's arena (room checked by the caller), or the
+ * copy of the step's event before when s is the same string: a step's
+ * events mostly name one request, and its line then compares pointers
+ */
 static void
-ngx_http_idem_audit_file_keep(ngx_http_idem_audit_batch_t *b, idem_str_t *s)
+ngx_http_idem_audit_file_keep(ngx_http_idem_audit_batch_t *b, idem_str_t *s,
+    const idem_str_t *was, const idem_str_t *kept)
 {
     u_char  *p;
+
+    if (was && was->data == s->data && was->len == s->len) {
+        s->data = kept->data;
+        return;
+    }
 
     p = b->arena + b->used;
 
@@ -815,20 +825,26 @@ ngx_http_idem_audit_file_add(ngx_http_idem_audit_batch_t *b,
     ngx_uint_t           i;
     idem_audit_entry_t  *k;
 
+#define ngx_http_idem_audit_file_keep_f(f)                                   \
+    ngx_http_idem_audit_file_keep(b, &k->f, i ? &e[i - 1].f : NULL,         \
+                                  i ? &k[-1].f : NULL)
+
     for (i = 0; i < n; i++) {
         k = &b->e[b->n++];
         *k = e[i];
 
-        ngx_http_idem_audit_file_keep(b, &k->op);
-        ngx_http_idem_audit_file_keep(b, &k->key);
-        ngx_http_idem_audit_file_keep(b, &k->fp);
-        ngx_http_idem_audit_file_keep(b, &k->route);
-        ngx_http_idem_audit_file_keep(b, &k->identity);
-        ngx_http_idem_audit_file_keep(b, &k->approver);
-        ngx_http_idem_audit_file_keep(b, &k->response);
-        ngx_http_idem_audit_file_keep(b, &k->ref);
-        ngx_http_idem_audit_file_keep(b, &k->request);
+        ngx_http_idem_audit_file_keep_f(op);
+        ngx_http_idem_audit_file_keep_f(key);
+        ngx_http_idem_audit_file_keep_f(fp);
+        ngx_http_idem_audit_file_keep_f(route);
+        ngx_http_idem_audit_file_keep_f(identity);
+        ngx_http_idem_audit_file_keep_f(approver);
+        ngx_http_idem_audit_file_keep_f(response);
+        ngx_http_idem_audit_file_keep_f(ref);
+        ngx_http_idem_audit_file_keep_f(request);
     }
+
+#undef ngx_http_idem_audit_file_keep_f
 
     b->steps[b->nsteps++] = (u_char) n;
 }
