@@ -572,8 +572,9 @@ ngx_http_idem_audit_digest(ngx_pool_t *pool, ngx_chain_t *cl,
     static EVP_MD_CTX   *md;
 
     /*
-     * one context for the process (only its event loop calls this): a
-     * completion's digest then costs no allocation of a context
+     * one context for the process: a completion's digest then costs no
+     * allocation of a context.  Only the event loop may call this, never
+     * a thread pool's task (ngx_http_idem_body_run).
      */
     if (md == NULL) {
         md = EVP_MD_CTX_new();

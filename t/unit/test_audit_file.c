@@ -620,7 +620,7 @@ test_numbers(void)
     idem_audit_entry_t   e[4];
 
     static const uint64_t  v[] = {
-        1, 9, 10, 11, 99, 100, 101, 999, 1000, 1009, 12345, 99999, 100000,
+        0, 1, 9, 10, 11, 99, 100, 101, 999, 1000, 1009, 12345, 99999, 100000,
         1733460000123ULL, 9007199254740991ULL
     };
     static const int       st[] = { 100, 109, 200, 201, 999 };
@@ -648,7 +648,7 @@ test_numbers(void)
         good &= canonical(buf, hash);
     }
 
-    ok(good, "seq, time and status from 1 digit to 16, as printf writes them");
+    ok(good, "seq, time and status from 0 to 2^53 - 1, as printf writes them");
 }
 
 
