@@ -207,44 +207,6 @@ idem_audit_file_str(char *p, const char *name, size_t name_len,
 }
 
 
-static const char  idem_audit_file_pairs[] =
-    "00010203040506070809101112131415161718192021222324252627282930313233"
-    "34353637383940414243444546474849505152535455565758596061626364656667"
-    "6869707172737475767778798081828384858687888990919293949596979899";
-
-
-/*
- * the decimal digits of n at p; two a division (a line's times are 13
- * digits, the most frequent numbers of a line)
- */
-static char *
-idem_audit_file_num(char *p, uint64_t n)
-{
-    char    tmp[24], *t;
-    size_t  len;
-
-    t = tmp + sizeof(tmp);
-
-    while (n >= 100) {
-        t -= 2;
-        memcpy(t, &idem_audit_file_pairs[2 * (n % 100)], 2);
-        n /= 100;
-    }
-
-    if (n >= 10) {
-        t -= 2;
-        memcpy(t, &idem_audit_file_pairs[2 * n], 2);
-
-    } else {
-        *--t = (char) ('0' + n);
-    }
-
-    len = tmp + sizeof(tmp) - t;
-
-    return (char *) memcpy(p, t, len) + len;
-}
-
-
 #define idem_audit_file_put(p, lit)                                          \
     ((char *) memcpy(p, lit, sizeof(lit) - 1) + sizeof(lit) - 1)
 
@@ -285,7 +247,7 @@ idem_audit_file_put_field(char *p, const idem_audit_entry_t *e, int i)
     p = idem_audit_file_put(p, "\"status\":");
 
     if (e->status) {
-        p = idem_audit_file_num(p, (uint64_t) e->status);
+        p = idem_decimal(p, (uint64_t) e->status);
     } else {
         p = idem_audit_file_put(p, "null");
     }
@@ -321,7 +283,7 @@ idem_audit_file_event(char *p, const idem_audit_entry_t *ev,
     }
 
     p = idem_audit_file_put(p, "\"time\":");
-    p = idem_audit_file_num(p, (uint64_t) ev->time);
+    p = idem_decimal(p, (uint64_t) ev->time);
     *p++ = '}';
 
     return p;
@@ -362,7 +324,7 @@ idem_audit_file_body(char *p, const idem_audit_entry_t *e, size_t n)
     for (f = R_REF; f < R_N; f++) {
         if (f == R_STATUS) {
             p = idem_audit_file_put(p, "\"seq\":");
-            p = idem_audit_file_num(p, e[0].seq);
+            p = idem_decimal(p, e[0].seq);
             *p++ = ',';
         }
 

@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "idem_number.h"
+#include "idem_text.h"
 
 
 /* shortest digits */
@@ -225,21 +226,9 @@ num_shortest(double v, char *digits, int *n)
 static int
 num_integer_digits(double v, char *digits, int *n)
 {
-    uint64_t  u;
-    char      tmp[24];
-    int       len, i;
+    int  len;
 
-    u = (uint64_t) v;
-    len = 0;
-
-    do {
-        tmp[len++] = (char) ('0' + u % 10);
-        u /= 10;
-    } while (u != 0);
-
-    for (i = 0; i < len; i++) {
-        digits[i] = tmp[len - 1 - i];
-    }
+    len = (int) (idem_decimal(digits, (uint64_t) v) - digits);
 
     *n = len;
     return len;

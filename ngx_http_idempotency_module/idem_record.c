@@ -101,23 +101,6 @@ idem_hdrs_pair_len(size_t name_len, size_t value_len)
 }
 
 
-/* n in decimal, no NUL after it */
-static char *
-idem_dec_put(char *p, size_t n)
-{
-    size_t  len, i;
-
-    len = idem_dec_len(n);
-
-    for (i = len; i > 0; i--) {
-        p[i - 1] = (char) ('0' + n % 10);
-        n /= 10;
-    }
-
-    return p + len;
-}
-
-
 size_t
 idem_netstring_len(size_t len)
 {
@@ -128,7 +111,7 @@ idem_netstring_len(size_t len)
 char *
 idem_netstring_put(char *p, const char *s, size_t len)
 {
-    p = idem_dec_put(p, len);
+    p = idem_decimal(p, len);
     *p++ = ':';
 
     /* an empty field may have no bytes at all (NULL), which memcpy must not see */
@@ -516,9 +499,9 @@ idem_num_put(char *p, long long n)
         return idem_netstring_put(p, "", 0);
     }
 
-    p = idem_dec_put(p, idem_dec_len((size_t) n));
+    p = idem_decimal(p, idem_dec_len((size_t) n));
     *p++ = ':';
-    p = idem_dec_put(p, (size_t) n);
+    p = idem_decimal(p, (size_t) n);
     *p++ = ',';
 
     return p;
@@ -614,7 +597,7 @@ idem_value_encode(char *p, const idem_value_t *v)
 
         if (v->body == NULL) {
             /* the caller copies the body into its place, just before ',' */
-            p = idem_dec_put(p, v->body_len);
+            p = idem_decimal(p, v->body_len);
             *p++ = ':';
             p += v->body_len;
             *p++ = ',';

@@ -27,6 +27,44 @@ idem_hex(const unsigned char *in, size_t n, char *out)
 }
 
 
+static const char  idem_decpairs[] =
+    "00010203040506070809101112131415161718192021222324252627282930313233"
+    "34353637383940414243444546474849505152535455565758596061626364656667"
+    "6869707172737475767778798081828384858687888990919293949596979899";
+
+
+/*
+ * Two digits a division: the audit file's 13-digit times, the records'
+ * lengths and the canonical form's integers all go through here.
+ */
+char *
+idem_decimal(char *p, uint64_t n)
+{
+    char    tmp[24], *t;
+    size_t  len;
+
+    t = tmp + sizeof(tmp);
+
+    while (n >= 100) {
+        t -= 2;
+        memcpy(t, &idem_decpairs[2 * (n % 100)], 2);
+        n /= 100;
+    }
+
+    if (n >= 10) {
+        t -= 2;
+        memcpy(t, &idem_decpairs[2 * n], 2);
+
+    } else {
+        *--t = (char) ('0' + n);
+    }
+
+    len = tmp + sizeof(tmp) - t;
+
+    return (char *) memcpy(p, t, len) + len;
+}
+
+
 /* UTF-8 */
 
 /*

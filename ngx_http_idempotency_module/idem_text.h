@@ -1,6 +1,7 @@
 /*
  * The text layer of the pure-C core: UTF-8, the RFC 8785 escapes of a
- * JSON string, the UTF-16 order of member names, and lowercase hex.
+ * JSON string, the UTF-16 order of member names, lowercase hex and
+ * decimal.
  * Pure C: no nginx types, no JSON grammar.
  */
 
@@ -15,6 +16,9 @@ extern const char  idem_hexdigits[16];
 
 /* out gets 2 * n lowercase hex digits and a NUL */
 void idem_hex(const unsigned char *in, size_t n, char *out);
+
+/* n in decimal at p (1 to 20 digits, no NUL); the end */
+char *idem_decimal(char *p, uint64_t n);
 
 /*
  * The value of the four hex digits (either case) at p, or -1.  Inline:

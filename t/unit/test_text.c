@@ -4,6 +4,8 @@
  * the backslash as \xNN; printable ASCII and well-formed UTF-8 kept).
  */
 
+#include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -33,6 +35,40 @@ check(const char *in, size_t len, const char *want, const char *name)
 }
 
 #define S(s)  s, sizeof(s) - 1
+
+
+/* idem_decimal against printf: every digit count, each end of it */
+static void
+test_decimal(void)
+{
+    int       good, k;
+    char      got[32], want[32], *end;
+    uint64_t  v, p;
+
+    good = 1;
+
+    for (v = 0; v < 100000; v++) {
+        end = idem_decimal(got, v);
+        *end = '\0';
+        snprintf(want, sizeof(want), "%" PRIu64, v);
+        good &= strcmp(got, want) == 0;
+    }
+
+    for (k = 0, p = 1; k < 20; k++, p *= 10) {
+        for (v = p - 1; v <= p + 1 && v >= p - 1; v++) {
+            end = idem_decimal(got, v);
+            *end = '\0';
+            snprintf(want, sizeof(want), "%" PRIu64, v);
+            good &= strcmp(got, want) == 0;
+        }
+    }
+
+    end = idem_decimal(got, UINT64_MAX);
+    *end = '\0';
+    good &= strcmp(got, "18446744073709551615") == 0;
+
+    ok(good, "decimal: 0 to 99999, 10^k - 1 to 10^k + 1, 2^64 - 1 as printf");
+}
 
 
 int
@@ -82,6 +118,8 @@ main(void)
 
     ok(i == n, "all 256 bytes: no control character is left");
     free(out);
+
+    test_decimal();
 
     return done_testing();
 }
